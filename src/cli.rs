@@ -1,0 +1,105 @@
+//! Command line: `serve`, `check-config`. Every flag also reads an environment
+//! variable `BUCKET_RLS_<FLAG>`.
+
+use crate::settings::OnStorageError;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// bucket-rls: Envoy rate limit service with exact token buckets.
+#[derive(Debug, Parser)]
+#[command(name = "bucket-rls", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve ShouldRateLimit over gRPC and the admin API over HTTP.
+    Serve(Box<ServeArgs>),
+    /// Load config files or directories with the service's loader and print
+    /// every problem; exit 0 only when all are valid.
+    CheckConfig {
+        /// Files or directories to check (each checked as one config source).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flags of `serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Config file, or directory of `*.yaml`/`*.yml` files (one domain each).
+    #[arg(long, env = "BUCKET_RLS_CONFIG")]
+    pub config: PathBuf,
+    /// gRPC listen address (RateLimitService and grpc.health.v1.Health).
+    #[arg(long, env = "BUCKET_RLS_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub grpc_addr: SocketAddr,
+    /// HTTP admin listen address (/healthcheck and the admin API).
+    #[arg(long, env = "BUCKET_RLS_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+    /// Redis URL (`redis://[user:password@]host:port/db` or `rediss://...`).
+    /// Without it (and without Sentinel or Cluster) the backend is `memory`.
+    #[arg(long, env = "BUCKET_RLS_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Redis Sentinel addresses, `host:port,host:port,...` (with `--redis-master-name`).
+    #[arg(long, env = "BUCKET_RLS_REDIS_SENTINEL", value_delimiter = ',')]
+    pub redis_sentinel: Vec<String>,
+    /// Master name watched by the Sentinels.
+    #[arg(long, env = "BUCKET_RLS_REDIS_MASTER_NAME")]
+    pub redis_master_name: Option<String>,
+    /// Redis Cluster seed nodes, `host:port,host:port,...`.
+    #[arg(long, env = "BUCKET_RLS_REDIS_CLUSTER", value_delimiter = ',')]
+    pub redis_cluster: Vec<String>,
+    /// Prefix of every bucket key in Redis.
+    #[arg(long, env = "BUCKET_RLS_REDIS_KEY_PREFIX", default_value = "rls:")]
+    pub redis_key_prefix: String,
+    /// Redis response timeout in milliseconds.
+    #[arg(long, env = "BUCKET_RLS_REDIS_TIMEOUT", default_value_t = 50)]
+    pub redis_timeout: u64,
+    /// What to answer when storage fails: `unavailable` (gRPC UNAVAILABLE, so
+    /// Envoy's failure_mode_deny decides), `allow` (OK) or `deny` (OVER_LIMIT).
+    #[arg(
+        long,
+        env = "BUCKET_RLS_ON_STORAGE_ERROR",
+        value_enum,
+        default_value = "unavailable"
+    )]
+    pub on_storage_error: OnStorageError,
+    /// Entries of the local over-limit cache (0 disables it).
+    #[arg(long, env = "BUCKET_RLS_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
+    pub local_cache_size: u64,
+    /// An admitted hit leaving fewer than (1 - ratio) x capacity tokens counts as near_limit.
+    #[arg(long, env = "BUCKET_RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
+    /// Most descriptors accepted per request.
+    #[arg(long, env = "BUCKET_RLS_MAX_DESCRIPTORS", default_value_t = 1024)]
+    pub max_descriptors: usize,
+    /// Send duration_until_reset in exact milliseconds instead of whole seconds
+    /// rounded up (Envoy reads only whole seconds; leave off for Envoy).
+    #[arg(long, env = "BUCKET_RLS_EXACT_DURATIONS", default_value_t = false)]
+    pub exact_durations: bool,
+    /// Log level or filter (`info`, `debug`, `bucket_rls=debug,info`).
+    #[arg(long, env = "BUCKET_RLS_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Log format.
+    #[arg(
+        long,
+        env = "BUCKET_RLS_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}

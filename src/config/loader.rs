@@ -1,0 +1,526 @@
+//! Reads config sources, validates them and compiles them into a [`Config`].
+//!
+//! Parsing is separated from file reading: [`compile_file`] takes a file name
+//! and its text, [`load_source`] reads a file or a directory. Every problem is
+//! collected (not only the first) and each names the file, the line where the
+//! parser can give it, and the descriptor path.
+
+use super::schema::{self, RawDescriptor, RawFile, RawRateLimit, RawReplace, StrayKey, Text};
+use super::{Config, ConfigError, ConfigErrors, DomainConfig, Policy, Rule, Unit};
+use crate::matcher::{Level, Pattern, Selector};
+use sha2::{Digest, Sha256};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// Keys the reference service accepts that bucket-rls does not implement yet.
+pub const UNSUPPORTED_KEYS: &[&str] = &["quota_mode", "value_to_metric", "metadata"];
+
+const FILE_KEYS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "replaces",
+    "shadow_mode",
+    "detailed_metric",
+    "share_threshold",
+    "descriptors",
+];
+const RATE_LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "burst",
+    "name",
+    "unlimited",
+    "replaces",
+];
+
+struct Ctx<'a> {
+    file: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+impl Ctx<'_> {
+    fn err(&mut self, line: impl TryInto<u32>, path: &str, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            file: self.file.to_owned(),
+            line: line.try_into().ok().filter(|l: &u32| *l > 0),
+            path: path.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    fn stray(&mut self, keys: &[StrayKey], path: &str, here: &[&str]) {
+        for k in keys {
+            let msg = if UNSUPPORTED_KEYS.contains(&k.name.as_str()) {
+                format!(
+                    "unsupported key '{}': accepted by envoyproxy/ratelimit but not implemented by bucket-rls",
+                    k.name
+                )
+            } else if let Some(level) = [
+                ("the top level", FILE_KEYS),
+                ("a descriptor", DESCRIPTOR_KEYS),
+                ("rate_limit", RATE_LIMIT_KEYS),
+            ]
+            .iter()
+            .find(|(_, ks)| ks.contains(&k.name.as_str()) && !std::ptr::eq(*ks, here))
+            .map(|(l, _)| *l)
+            {
+                format!("unknown key '{}' here: it belongs in {level}", k.name)
+            } else {
+                format!(
+                    "unknown key '{}' (expected one of: {})",
+                    k.name,
+                    here.join(", ")
+                )
+            };
+            self.err(k.line, path, msg);
+        }
+    }
+
+    fn boolean(&mut self, t: Option<&Text>, path: &str, what: &str) -> bool {
+        let Some(t) = t else { return false };
+        match t.value.to_ascii_lowercase().as_str() {
+            "true" | "yes" | "on" => true,
+            "false" | "no" | "off" | "" | "~" | "null" => false,
+            other => {
+                self.err(
+                    t.referenced.line(),
+                    path,
+                    format!("{what}: expected true or false, got '{other}'"),
+                );
+                false
+            }
+        }
+    }
+
+    fn uint(&mut self, t: &Text, path: &str, what: &str) -> Option<u32> {
+        let s = t.value.trim().replace('_', "");
+        if let Ok(v) = s.parse::<u32>() {
+            return Some(v);
+        }
+        self.err(
+            t.referenced.line(),
+            path,
+            format!(
+                "{what}: expected an integer from 0 to 4294967295, got '{}'",
+                t.value
+            ),
+        );
+        None
+    }
+}
+
+/// Compiles one file's text into its domain.
+///
+/// # Errors
+/// Every problem found, each naming `file`, the line and the descriptor path.
+pub fn compile_file(file: &str, text: &str) -> Result<DomainConfig, Vec<ConfigError>> {
+    let mut cx = Ctx {
+        file,
+        errors: Vec::new(),
+    };
+    let raw = match schema::parse(text) {
+        Ok(Some(raw)) => raw,
+        Ok(None) => {
+            cx.err(
+                0,
+                "",
+                "empty file: expected a mapping with 'domain' and 'descriptors'",
+            );
+            return Err(cx.errors);
+        }
+        Err(e) => {
+            let line = e.location().map_or(0, |l| l.line());
+            let msg = e.to_string();
+            let first = msg.lines().next().unwrap_or("invalid YAML").to_owned();
+            cx.err(line, "", format!("invalid YAML: {first}"));
+            return Err(cx.errors);
+        }
+    };
+    let domain = compile_raw(&mut cx, raw);
+    match domain {
+        Some(d) if cx.errors.is_empty() => Ok(d),
+        _ => Err(cx.errors),
+    }
+}
+
+fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
+    cx.stray(&raw.stray, "", FILE_KEYS);
+    let name = match &raw.domain {
+        Some(d) if !d.value.trim().is_empty() => d.value.clone(),
+        Some(d) => {
+            cx.err(d.referenced.line(), "domain", "domain must not be empty");
+            String::new()
+        }
+        None => {
+            cx.err(1, "", "missing 'domain'");
+            String::new()
+        }
+    };
+    let mut out = DomainConfig {
+        name: name.clone(),
+        file: cx.file.to_owned(),
+        rules: Vec::new(),
+        root: Level::default(),
+    };
+    let descs = raw.descriptors.unwrap_or_default();
+    let mut root = Level::default();
+    compile_level(cx, &descs, "descriptors", &name, &mut root, &mut out.rules);
+    out.root = root;
+    // Names and replaces.
+    let names: HashSet<&str> = out.rules.iter().filter_map(|r| r.name.as_deref()).collect();
+    for r in &out.rules {
+        for n in &r.replaces {
+            if !names.contains(n.as_str()) {
+                tracing::debug!(rule = %r.path, replaced = %n, "replaces names no rule of this domain");
+            }
+        }
+    }
+    Some(out)
+}
+
+fn selector_text(key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(v) => format!("{key}_{v}"),
+        None => key.to_owned(),
+    }
+}
+
+fn compile_level(
+    cx: &mut Ctx<'_>,
+    descs: &[RawDescriptor],
+    path: &str,
+    rule_prefix: &str,
+    level: &mut Level,
+    rules: &mut Vec<Rule>,
+) {
+    let mut siblings: HashMap<(String, Option<String>), u32> = HashMap::new();
+    for (i, d) in descs.iter().enumerate() {
+        let here = format!("{path}[{i}]");
+        cx.stray(&d.stray, &here, DESCRIPTOR_KEYS);
+        let Some(key) = d.key.as_ref().filter(|k| !k.value.is_empty()) else {
+            cx.err(d.line, &here, "descriptor without 'key'");
+            continue;
+        };
+        let value = d.value.as_ref().map(|v| v.value.clone());
+        let composite = format!(
+            "{rule_prefix}.{}",
+            selector_text(&key.value, value.as_deref())
+        );
+        if let Some(first) = siblings.insert((key.value.clone(), value.clone()), d.line) {
+            cx.err(
+                d.line,
+                &here,
+                format!("duplicate descriptor composite key '{composite}' (first defined on line {first}); give each key/value one entry"),
+            );
+            continue;
+        }
+        let share_threshold = cx.boolean(d.share_threshold.as_ref(), &here, "share_threshold");
+        let is_wild = value.as_deref().is_some_and(|v| v.contains('*'));
+        if share_threshold && !is_wild {
+            cx.err(
+                d.line,
+                &here,
+                "share_threshold needs a wildcard value (one containing '*')",
+            );
+        }
+        let shadow_mode = cx.boolean(d.shadow_mode.as_ref(), &here, "shadow_mode");
+        let detailed_metric = cx.boolean(d.detailed_metric.as_ref(), &here, "detailed_metric");
+        let sel = match &value {
+            None => Selector::KeyOnly,
+            Some(v) if is_wild => Selector::Wildcard(Pattern::new(v)),
+            Some(v) => Selector::Exact(v.clone()),
+        };
+        let node = level.insert(&key.value, sel);
+        node.share_threshold = share_threshold;
+        let mut replaces = Vec::new();
+        if let Some(r) = &d.replaces {
+            replaces.extend(compile_replaces(cx, r, &format!("{here}.replaces")));
+        }
+        if let Some(rl) = &d.rate_limit {
+            let rl_path = format!("{here}.rate_limit");
+            if let Some(r) = &rl.replaces {
+                if d.replaces.is_some() {
+                    cx.err(
+                        rl.line,
+                        &rl_path,
+                        "'replaces' given both on the descriptor and in rate_limit; use one",
+                    );
+                }
+                replaces.extend(compile_replaces(cx, r, &format!("{rl_path}.replaces")));
+            }
+            if let Some((policy, name)) = compile_rate_limit(cx, rl, &rl_path) {
+                if let Some(n) = &name
+                    && replaces.iter().any(|r| r == n)
+                {
+                    cx.err(rl.line, &rl_path, format!("rule '{n}' replaces itself"));
+                }
+                node.rule = Some(rules.len());
+                rules.push(Rule {
+                    path: composite.clone(),
+                    name,
+                    policy,
+                    replaces,
+                    shadow_mode,
+                    detailed_metric,
+                    source: format!("{}:{}", cx.file, d.line),
+                });
+            }
+        } else if !replaces.is_empty() {
+            cx.err(
+                d.line,
+                &here,
+                "'replaces' needs a rate_limit on the same descriptor",
+            );
+        }
+        if let Some(children) = &d.descriptors {
+            compile_level(
+                cx,
+                children,
+                &format!("{here}.descriptors"),
+                &composite,
+                &mut node.children,
+                rules,
+            );
+        }
+    }
+}
+
+fn compile_replaces(cx: &mut Ctx<'_>, list: &[RawReplace], path: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, r) in list.iter().enumerate() {
+        let here = format!("{path}[{i}]");
+        cx.stray(&r.stray, &here, &["name"]);
+        match &r.name {
+            Some(n) if !n.value.trim().is_empty() => out.push(n.value.clone()),
+            _ => cx.err(r.line, &here, "replaces entry needs a non-empty 'name'"),
+        }
+    }
+    out
+}
+
+fn compile_rate_limit(
+    cx: &mut Ctx<'_>,
+    rl: &RawRateLimit,
+    path: &str,
+) -> Option<(Policy, Option<String>)> {
+    let errors_before = cx.errors.len();
+    cx.stray(&rl.stray, path, RATE_LIMIT_KEYS);
+    let name = match &rl.name {
+        Some(n) if n.value.trim().is_empty() => {
+            cx.err(n.referenced.line(), path, "name must not be empty");
+            None
+        }
+        Some(n) => Some(n.value.clone()),
+        None => None,
+    };
+    let unlimited = cx.boolean(rl.unlimited.as_ref(), path, "unlimited");
+    if unlimited {
+        for (field, given) in [
+            ("unit", rl.unit.is_some()),
+            ("requests_per_unit", rl.requests_per_unit.is_some()),
+            ("burst", rl.burst.is_some()),
+        ] {
+            if given {
+                cx.err(
+                    rl.line,
+                    path,
+                    format!("'{field}' must not be given with 'unlimited: true'"),
+                );
+            }
+        }
+        return (cx.errors.len() == errors_before).then_some((Policy::Unlimited, name));
+    }
+    let unit = match &rl.unit {
+        None => {
+            cx.err(
+                rl.line,
+                path,
+                "missing 'unit' (second, minute, hour, day, week, month or year)",
+            );
+            None
+        }
+        Some(u) => {
+            let parsed = Unit::parse(u.value.trim());
+            if parsed.is_none() {
+                cx.err(
+                    u.referenced.line(),
+                    path,
+                    format!(
+                        "bad unit '{}': expected second, minute, hour, day, week, month or year",
+                        u.value
+                    ),
+                );
+            }
+            parsed
+        }
+    };
+    let rpu = match &rl.requests_per_unit {
+        None => {
+            cx.err(rl.line, path, "missing 'requests_per_unit'");
+            None
+        }
+        Some(t) => cx.uint(t, path, "requests_per_unit"),
+    };
+    let burst = match &rl.burst {
+        None => rpu,
+        Some(t) => {
+            let b = cx.uint(t, path, "burst");
+            if b == Some(0) && rpu.is_some_and(|r| r > 0) {
+                cx.err(t.referenced.line(), path, "burst must be at least 1 when requests_per_unit > 0 (a bucket of capacity 0 admits nothing)");
+            }
+            b
+        }
+    };
+    match (unit, rpu, burst) {
+        (Some(unit), Some(requests_per_unit), Some(burst)) if cx.errors.len() == errors_before => {
+            let burst = if requests_per_unit == 0 { 0 } else { burst };
+            Some((
+                Policy::Limited {
+                    requests_per_unit,
+                    unit,
+                    burst,
+                },
+                name,
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// SHA-256 (hex) over `(name, bytes)` pairs in name order.
+#[must_use]
+pub fn hash_files(files: &[(String, Vec<u8>)]) -> String {
+    let mut sorted: Vec<&(String, Vec<u8>)> = files.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut h = Sha256::new();
+    for (name, bytes) in sorted {
+        h.update((name.len() as u64).to_be_bytes());
+        h.update(name.as_bytes());
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    }
+    hex::encode(h.finalize())
+}
+
+/// The files a source stands for: the file itself, or for a directory every
+/// visible regular `*.yaml`/`*.yml` entry (symlinks followed; hidden entries
+/// such as Kubernetes `..data` skipped, so a ConfigMap mount loads each file
+/// once), sorted by name.
+///
+/// # Errors
+/// The source cannot be read.
+pub fn source_files(source: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let io_err = |e: std::io::Error| ConfigError {
+        file: source.display().to_string(),
+        line: None,
+        path: String::new(),
+        message: format!("cannot read: {e}"),
+    };
+    let meta = std::fs::metadata(source).map_err(io_err)?;
+    if !meta.is_dir() {
+        return Ok(vec![source.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(source).map_err(io_err)? {
+        let entry = entry.map_err(io_err)?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+            continue;
+        }
+        let path = entry.path();
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Loads a file or directory into a complete [`Config`].
+///
+/// # Errors
+/// Every problem of every file, plus duplicate domains across files.
+pub fn load_source(source: &Path) -> Result<Config, ConfigErrors> {
+    let files = source_files(source).map_err(|e| ConfigErrors(vec![e]))?;
+    let mut texts = Vec::with_capacity(files.len());
+    let mut errors = Vec::new();
+    for f in &files {
+        let name = f.display().to_string();
+        match std::fs::read(f) {
+            Ok(bytes) => texts.push((name, bytes)),
+            Err(e) => errors.push(ConfigError {
+                file: name,
+                line: None,
+                path: String::new(),
+                message: format!("cannot read: {e}"),
+            }),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ConfigErrors(errors));
+    }
+    compile_texts(&texts)
+}
+
+/// Compiles already-read files `(name, bytes)` into a [`Config`].
+///
+/// # Errors
+/// Every problem of every file (invalid UTF-8 included), plus duplicate domains.
+pub fn compile_texts(texts: &[(String, Vec<u8>)]) -> Result<Config, ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut domains: HashMap<String, Arc<DomainConfig>> = HashMap::new();
+    for (name, bytes) in texts {
+        let text = match std::str::from_utf8(bytes) {
+            Ok(t) => t,
+            Err(e) => {
+                let line = bytes[..e.valid_up_to()]
+                    .iter()
+                    .filter(|b| **b == b'\n')
+                    .count()
+                    + 1;
+                errors.push(ConfigError {
+                    file: name.clone(),
+                    line: u32::try_from(line).ok(),
+                    path: String::new(),
+                    message: format!(
+                        "not valid UTF-8 (invalid byte at offset {})",
+                        e.valid_up_to()
+                    ),
+                });
+                continue;
+            }
+        };
+        match compile_file(name, text) {
+            Ok(d) => {
+                if let Some(prev) = domains.get(&d.name) {
+                    errors.push(ConfigError {
+                        file: name.clone(),
+                        line: None,
+                        path: "domain".into(),
+                        message: format!(
+                            "duplicate domain '{}' (also defined in {})",
+                            d.name, prev.file
+                        ),
+                    });
+                } else {
+                    domains.insert(d.name.clone(), Arc::new(d));
+                }
+            }
+            Err(mut e) => errors.append(&mut e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(Config {
+            domains,
+            hash: hash_files(texts),
+            loaded_at: SystemTime::now(),
+        })
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}

@@ -1,0 +1,258 @@
+//! Raw YAML schema: what a config file says, before validation.
+//!
+//! Every scalar is read as its literal text (`value: 010` is the string `"010"`,
+//! DESIGN 1) with its source location. Mappings are read key by key so that
+//! every unknown, unsupported or misplaced key is *recorded* (with its line)
+//! rather than stopping the parse at the first one; [`super::loader`] turns the
+//! records into errors that name the file, line and descriptor path.
+
+use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::{Location, Spanned};
+use std::fmt;
+
+/// A scalar's literal text and where it was written.
+pub type Text = Spanned<String>;
+
+/// A key that the schema does not accept at the level where it appeared.
+#[derive(Debug, Clone)]
+pub struct StrayKey {
+    /// The key as written.
+    pub name: String,
+    /// Line of the key, 1-based (0 when unknown).
+    pub line: u32,
+}
+
+/// A whole file: `domain` and `descriptors`.
+#[derive(Debug, Default)]
+pub struct RawFile {
+    /// `domain:` text.
+    pub domain: Option<Text>,
+    /// `descriptors:` list.
+    pub descriptors: Option<Vec<RawDescriptor>>,
+    /// Keys that do not belong at the top level.
+    pub stray: Vec<StrayKey>,
+}
+
+/// One node of the descriptor tree.
+#[derive(Debug, Default)]
+pub struct RawDescriptor {
+    /// Line where the node starts, 1-based.
+    pub line: u32,
+    /// `key:`
+    pub key: Option<Text>,
+    /// `value:`
+    pub value: Option<Text>,
+    /// `rate_limit:`
+    pub rate_limit: Option<RawRateLimit>,
+    /// `replaces:` written at descriptor level (also accepted inside `rate_limit`).
+    pub replaces: Option<Vec<RawReplace>>,
+    /// `shadow_mode:`
+    pub shadow_mode: Option<Text>,
+    /// `detailed_metric:`
+    pub detailed_metric: Option<Text>,
+    /// `share_threshold:`
+    pub share_threshold: Option<Text>,
+    /// `descriptors:`
+    pub descriptors: Option<Vec<RawDescriptor>>,
+    /// Keys that do not belong on a descriptor.
+    pub stray: Vec<StrayKey>,
+}
+
+/// A `rate_limit:` block.
+#[derive(Debug, Default)]
+pub struct RawRateLimit {
+    /// Line where the block starts, 1-based.
+    pub line: u32,
+    /// `unit:`
+    pub unit: Option<Text>,
+    /// `requests_per_unit:`
+    pub requests_per_unit: Option<Text>,
+    /// `burst:`
+    pub burst: Option<Text>,
+    /// `name:`
+    pub name: Option<Text>,
+    /// `unlimited:`
+    pub unlimited: Option<Text>,
+    /// `replaces:`
+    pub replaces: Option<Vec<RawReplace>>,
+    /// Keys that do not belong in `rate_limit`.
+    pub stray: Vec<StrayKey>,
+}
+
+/// One `replaces:` entry, `{name: ...}`.
+#[derive(Debug, Default)]
+pub struct RawReplace {
+    /// Line of the entry, 1-based.
+    pub line: u32,
+    /// `name:`
+    pub name: Option<Text>,
+    /// Keys other than `name`.
+    pub stray: Vec<StrayKey>,
+}
+
+fn line_of(loc: &Location) -> u32 {
+    u32::try_from(loc.line()).unwrap_or(u32::MAX)
+}
+
+macro_rules! map_visitor {
+    ($ty:ident, $expect:literal, |$out:ident, $key:ident, $map:ident| $body:block) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($expect)
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, mut $map: A) -> Result<$ty, A::Error> {
+                        let mut $out = $ty::default();
+                        while let Some($key) = $map.next_key::<Spanned<String>>()? {
+                            if $out.line_unset() {
+                                $out.set_line(line_of(&$key.referenced));
+                            }
+                            $body
+                        }
+                        Ok($out)
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
+    };
+}
+
+trait LineSlot {
+    fn line_unset(&self) -> bool;
+    fn set_line(&mut self, line: u32);
+}
+
+impl LineSlot for RawFile {
+    fn line_unset(&self) -> bool {
+        false
+    }
+    fn set_line(&mut self, _: u32) {}
+}
+
+macro_rules! line_slot {
+    ($($t:ident),*) => {$(
+        impl LineSlot for $t {
+            fn line_unset(&self) -> bool { self.line == 0 }
+            fn set_line(&mut self, line: u32) { self.line = line; }
+        }
+    )*};
+}
+line_slot!(RawDescriptor, RawRateLimit, RawReplace);
+
+fn stray<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    key: &Spanned<String>,
+    out: &mut Vec<StrayKey>,
+) -> Result<(), A::Error> {
+    map.next_value::<IgnoredAny>()?;
+    out.push(StrayKey {
+        name: key.value.clone(),
+        line: line_of(&key.referenced),
+    });
+    Ok(())
+}
+
+map_visitor!(
+    RawFile,
+    "a mapping with `domain` and `descriptors`",
+    |out, key, map| {
+        match key.value.as_str() {
+            "domain" => out.domain = map.next_value()?,
+            "descriptors" => {
+                out.descriptors = map
+                    .next_value::<Option<SeqOf<RawDescriptor>>>()?
+                    .map(|s| s.0)
+            }
+            _ => stray(&mut map, &key, &mut out.stray)?,
+        }
+    }
+);
+
+map_visitor!(
+    RawDescriptor,
+    "a descriptor mapping (`key`, `value`, `rate_limit`, ...)",
+    |out, key, map| {
+        match key.value.as_str() {
+            "key" => out.key = map.next_value()?,
+            "value" => out.value = map.next_value()?,
+            "rate_limit" => out.rate_limit = map.next_value()?,
+            "replaces" => {
+                out.replaces = map.next_value::<Option<SeqOf<RawReplace>>>()?.map(|s| s.0)
+            }
+            "shadow_mode" => out.shadow_mode = map.next_value()?,
+            "detailed_metric" => out.detailed_metric = map.next_value()?,
+            "share_threshold" => out.share_threshold = map.next_value()?,
+            "descriptors" => {
+                out.descriptors = map
+                    .next_value::<Option<SeqOf<RawDescriptor>>>()?
+                    .map(|s| s.0)
+            }
+            _ => stray(&mut map, &key, &mut out.stray)?,
+        }
+    }
+);
+
+map_visitor!(
+    RawRateLimit,
+    "a rate_limit mapping (`unit`, `requests_per_unit`, ...)",
+    |out, key, map| {
+        match key.value.as_str() {
+            "unit" => out.unit = map.next_value()?,
+            "requests_per_unit" => out.requests_per_unit = map.next_value()?,
+            "burst" => out.burst = map.next_value()?,
+            "name" => out.name = map.next_value()?,
+            "unlimited" => out.unlimited = map.next_value()?,
+            "replaces" => {
+                out.replaces = map.next_value::<Option<SeqOf<RawReplace>>>()?.map(|s| s.0)
+            }
+            _ => stray(&mut map, &key, &mut out.stray)?,
+        }
+    }
+);
+
+map_visitor!(
+    RawReplace,
+    "a replaces entry `{name: ...}`",
+    |out, key, map| {
+        match key.value.as_str() {
+            "name" => out.name = map.next_value()?,
+            _ => stray(&mut map, &key, &mut out.stray)?,
+        }
+    }
+);
+
+/// A sequence (an explicit `null` is read as absent by the `Option` around it).
+struct SeqOf<T>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for SeqOf<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = SeqOf<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SeqOf<T>, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = seq.next_element()? {
+                    v.push(x);
+                }
+                Ok(SeqOf(v))
+            }
+        }
+        d.deserialize_seq(V(std::marker::PhantomData))
+    }
+}
+
+/// Parses one file's text. `Ok(None)` for an empty document.
+///
+/// # Errors
+/// The YAML syntax or shape error, with its location.
+pub fn parse(text: &str) -> Result<Option<RawFile>, serde_saphyr::Error> {
+    serde_saphyr::from_str::<Option<RawFile>>(text)
+}

@@ -1,0 +1,403 @@
+//! Token bucket arithmetic: the single definition of what a bucket does.
+//!
+//! Units: tokens are counted in **micro-tokens** (1 token = 1,000,000) and time in
+//! **microseconds**, both as integers, so fractional refill accumulates without
+//! loss and nothing depends on floating point. The memory backend runs this code
+//! directly; `lua/token_bucket.lua` implements the same rules and is tested
+//! against [`apply_request`] as its reference model.
+//!
+//! A bucket with rate `R` tokens per `U` seconds and capacity `C` tokens gains
+//! `R / U` micro-tokens per microsecond, up to `C`. A bucket that has never been
+//! seen (or whose state expired) is full.
+
+/// Micro-tokens per token.
+pub const MICRO: u64 = 1_000_000;
+
+/// The limit a bucket is evaluated under; taken from the rule (or a per-request
+/// override) on every call, never stored with the bucket, so a config change
+/// applies at once and never refills a bucket (DESIGN 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    /// `R`: tokens added per unit. 0 blocks everything (capacity is then 0).
+    pub requests_per_unit: u32,
+    /// `U`: length of the unit in seconds (second = 1 ... year = 31,536,000).
+    pub unit_secs: u64,
+    /// `C`: capacity in tokens (`burst`, default `R`).
+    pub burst: u64,
+}
+
+impl Limit {
+    /// Capacity in micro-tokens; 0 when `R = 0`.
+    #[must_use]
+    pub fn capacity_micro(&self) -> u128 {
+        if self.requests_per_unit == 0 {
+            0
+        } else {
+            u128::from(self.burst) * u128::from(MICRO)
+        }
+    }
+
+    /// Micro-tokens gained in `elapsed_us` microseconds (floor), capped by nothing.
+    #[must_use]
+    pub fn refill_micro(&self, elapsed_us: u64) -> u128 {
+        u128::from(elapsed_us) * u128::from(self.requests_per_unit) / u128::from(self.unit_secs)
+    }
+
+    /// Microseconds until `deficit_micro` micro-tokens have been refilled (ceil).
+    /// `None` when the rate is 0 (never).
+    #[must_use]
+    pub fn wait_us(&self, deficit_micro: u128) -> Option<u128> {
+        if self.requests_per_unit == 0 {
+            return None;
+        }
+        let r = u128::from(self.requests_per_unit);
+        Some((deficit_micro * u128::from(self.unit_secs)).div_ceil(r))
+    }
+}
+
+/// Stored state of one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BucketState {
+    /// Tokens present at `updated_us`, in micro-tokens.
+    pub tokens_micro: u64,
+    /// Time of the last write, microseconds since the Unix epoch.
+    pub updated_us: u64,
+}
+
+impl BucketState {
+    /// Tokens at `now_us` under `limit`: refilled since `updated_us` and capped at
+    /// the capacity. A clock behind `updated_us` refills nothing (a stored
+    /// timestamp never moves backwards).
+    #[must_use]
+    pub fn tokens_at(&self, limit: &Limit, now_us: u64) -> u128 {
+        let cap = limit.capacity_micro();
+        let have = u128::from(self.tokens_micro).min(cap);
+        if have >= cap {
+            return cap;
+        }
+        let elapsed = now_us.saturating_sub(self.updated_us);
+        (have + limit.refill_micro(elapsed)).min(cap)
+    }
+}
+
+/// What to do with one bucket in a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChargeKind {
+    /// Take `cost` tokens if the whole request is admitted. Cost 0 only checks.
+    Consume,
+    /// Give `cost` tokens back (`is_negative_hits`), capped at the capacity.
+    Refund,
+}
+
+/// One descriptor's charge against one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChargeSpec {
+    /// Limit to evaluate under.
+    pub limit: Limit,
+    /// Cost in tokens (0 = check only).
+    pub cost: u64,
+    /// Consume or refund.
+    pub kind: ChargeKind,
+    /// Shadow mode: evaluated, never denies the request.
+    pub shadow: bool,
+}
+
+impl ChargeSpec {
+    /// Micro-tokens this charge needs to be admitted: `max(cost, 1)` (a check-only
+    /// call is answered as a 1-token request would be, BR-14), and anything above
+    /// the capacity is clamped to capacity + 1 token (it can never be admitted).
+    #[must_use]
+    pub fn need_micro(&self) -> u128 {
+        let cap = self.limit.capacity_micro();
+        let need = u128::from(self.cost.max(1)) * u128::from(MICRO);
+        need.min(cap + u128::from(MICRO))
+    }
+}
+
+/// Result for one charge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChargeResult {
+    /// The bucket had enough tokens for this charge (always true for refunds).
+    pub enough: bool,
+    /// Micro-tokens in the bucket after the request (after charging when the
+    /// request was admitted, unchanged otherwise).
+    pub tokens_micro: u64,
+}
+
+/// Result for a whole request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestResult {
+    /// Every non-shadow consume charge had enough tokens, so all were charged.
+    pub admitted: bool,
+    /// One result per charge, in request order.
+    pub charges: Vec<ChargeResult>,
+}
+
+/// Evaluates and applies all charges of one request atomically (DESIGN 3):
+///
+/// 1. Charges are simulated in order on working copies, so two charges on the
+///    same bucket add up. A shadow charge that lacks tokens is skipped (not
+///    charged) and does not deny.
+/// 2. If every non-shadow consume charge had enough tokens, the simulated states
+///    are written (`put`); otherwise nothing is written at all, refunds included.
+///
+/// `slots[i]` is the stored state of charge `i`'s bucket (`None` = full / never
+/// seen); charges on the same bucket must carry the same `bucket` index. `put`
+/// receives `(bucket index, new state)` for every bucket whose state changed.
+/// Cost-0 checks and refunds on a full bucket write nothing.
+pub fn apply_request(
+    charges: &[(usize, ChargeSpec)],
+    states: &[Option<BucketState>],
+    now_us: u64,
+    mut put: impl FnMut(usize, BucketState),
+) -> RequestResult {
+    // Working state per bucket: micro-tokens now (u128, capped), dirty flag.
+    let mut work: Vec<Option<(u128, bool)>> = vec![None; states.len()];
+    let mut results = Vec::with_capacity(charges.len());
+    let mut admitted = true;
+    for (bucket, spec) in charges {
+        let cap = spec.limit.capacity_micro();
+        let slot = work[*bucket].get_or_insert_with(|| {
+            let t = states[*bucket].map_or(cap, |s| s.tokens_at(&spec.limit, now_us));
+            (t, false)
+        });
+        // A later charge on the same bucket may carry another limit; cap again.
+        if slot.0 > cap {
+            slot.0 = cap;
+        }
+        match spec.kind {
+            ChargeKind::Refund => {
+                let add = u128::from(spec.cost) * u128::from(MICRO);
+                let new = (slot.0 + add).min(cap);
+                if new != slot.0 {
+                    slot.0 = new;
+                    slot.1 = true;
+                }
+                results.push(ChargeResult {
+                    enough: true,
+                    tokens_micro: 0,
+                });
+            }
+            ChargeKind::Consume => {
+                let enough = slot.0 >= spec.need_micro();
+                if enough && spec.cost > 0 {
+                    slot.0 -= u128::from(spec.cost) * u128::from(MICRO);
+                    slot.1 = true;
+                }
+                if !enough && !spec.shadow {
+                    admitted = false;
+                }
+                results.push(ChargeResult {
+                    enough,
+                    tokens_micro: 0,
+                });
+            }
+        }
+    }
+    if admitted {
+        for (i, w) in work.iter().enumerate() {
+            if let Some((t, true)) = w {
+                put(
+                    i,
+                    BucketState {
+                        tokens_micro: to_u64(*t),
+                        updated_us: now_us.max(states[i].map_or(0, |s| s.updated_us)),
+                    },
+                );
+            }
+        }
+        // Report tokens after the whole request.
+        for ((bucket, _), r) in charges.iter().zip(results.iter_mut()) {
+            r.tokens_micro = to_u64(work[*bucket].map_or(0, |w| w.0));
+        }
+    } else {
+        // Nothing charged: report tokens as they are now.
+        for ((bucket, spec), r) in charges.iter().zip(results.iter_mut()) {
+            let cap = spec.limit.capacity_micro();
+            let t = states[*bucket].map_or(cap, |s| s.tokens_at(&spec.limit, now_us));
+            r.tokens_micro = to_u64(t.min(cap));
+        }
+    }
+    RequestResult {
+        admitted,
+        charges: results,
+    }
+}
+
+fn to_u64(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+/// Microseconds until a bucket holding `tokens_micro` is full under `limit`
+/// (0 when already full; `None` only when `R = 0`, which has capacity 0 and is
+/// therefore always full).
+#[must_use]
+pub fn time_to_full_us(limit: &Limit, tokens_micro: u64) -> u128 {
+    let cap = limit.capacity_micro();
+    let deficit = cap.saturating_sub(u128::from(tokens_micro));
+    if deficit == 0 {
+        return 0;
+    }
+    limit.wait_us(deficit).unwrap_or(0)
+}
+
+/// Whole seconds, rounded up, for a wait in microseconds (DESIGN 4: Envoy reads
+/// only `seconds`, so 2.5 s must be sent as 3).
+#[must_use]
+pub fn ceil_secs(us: u128) -> u64 {
+    u64::try_from(us.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim(r: u32, u: u64, c: u64) -> Limit {
+        Limit {
+            requests_per_unit: r,
+            unit_secs: u,
+            burst: c,
+        }
+    }
+
+    fn spec(l: Limit, cost: u64) -> ChargeSpec {
+        ChargeSpec {
+            limit: l,
+            cost,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        }
+    }
+
+    #[test]
+    fn fractional_refill_accumulates() {
+        // 3 per 2 s = 1.5 tokens/s; one call per second for 10 s after draining.
+        let l = lim(3, 2, 3);
+        let mut st = BucketState {
+            tokens_micro: 0,
+            updated_us: 0,
+        };
+        for s in 1..=10u64 {
+            let t = st.tokens_at(&l, s * 1_000_000);
+            st = BucketState {
+                tokens_micro: to_u64(t),
+                updated_us: s * 1_000_000,
+            };
+        }
+        assert_eq!(st.tokens_micro, 3 * MICRO); // capped
+        let mut st = BucketState {
+            tokens_micro: 0,
+            updated_us: 0,
+        };
+        let l = lim(3, 2, 100);
+        let mut admitted = 0;
+        for s in 1..=10u64 {
+            let mut t = st.tokens_at(&l, s * 1_000_000);
+            while t >= u128::from(MICRO) {
+                t -= u128::from(MICRO);
+                admitted += 1;
+            }
+            st = BucketState {
+                tokens_micro: to_u64(t),
+                updated_us: s * 1_000_000,
+            };
+        }
+        assert_eq!(admitted, 15);
+    }
+
+    #[test]
+    fn extremes_do_not_overflow() {
+        let l = lim(u32::MAX, 1, u64::from(u32::MAX));
+        let st = BucketState {
+            tokens_micro: 0,
+            updated_us: 0,
+        };
+        assert_eq!(st.tokens_at(&l, u64::MAX), l.capacity_micro());
+        let s = ChargeSpec {
+            limit: l,
+            cost: u64::MAX,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        };
+        let r = apply_request(&[(0, s)], &[None], 5, |_, _| panic!("no write"));
+        assert!(!r.admitted);
+        assert_eq!(
+            time_to_full_us(&lim(u32::MAX, 31_536_000, u64::from(u32::MAX)), 0),
+            31_536_000_000_000
+        );
+    }
+
+    #[test]
+    fn denied_request_writes_nothing() {
+        let a = spec(lim(10, 60, 10), 3);
+        let b = spec(lim(1, 60, 1), 2);
+        let r = apply_request(&[(0, a), (1, b)], &[None, None], 0, |_, _| {
+            panic!("no write")
+        });
+        assert!(!r.admitted);
+        assert_eq!(
+            r.charges[0],
+            ChargeResult {
+                enough: true,
+                tokens_micro: 10 * MICRO
+            }
+        );
+        assert_eq!(
+            r.charges[1],
+            ChargeResult {
+                enough: false,
+                tokens_micro: MICRO
+            }
+        );
+    }
+
+    #[test]
+    fn same_bucket_twice_adds_up() {
+        let a = spec(lim(5, 60, 5), 3);
+        let r = apply_request(&[(0, a), (0, a)], &[None], 0, |_, _| panic!("no write"));
+        assert!(!r.admitted);
+        let mut wrote = None;
+        let b = spec(lim(5, 60, 5), 2);
+        let r = apply_request(&[(0, a), (0, b)], &[None], 7, |i, s| wrote = Some((i, s)));
+        assert!(r.admitted);
+        assert_eq!(
+            wrote,
+            Some((
+                0,
+                BucketState {
+                    tokens_micro: 0,
+                    updated_us: 7
+                }
+            ))
+        );
+    }
+
+    #[test]
+    fn zero_rate_is_always_denied_and_never_written() {
+        let a = spec(lim(0, 60, 0), 0);
+        let r = apply_request(&[(0, a)], &[None], 0, |_, _| panic!("no write"));
+        assert!(!r.admitted);
+        assert_eq!(r.charges[0].tokens_micro, 0);
+    }
+
+    #[test]
+    fn timestamp_never_moves_back() {
+        let l = lim(10, 1, 10);
+        let st = BucketState {
+            tokens_micro: 0,
+            updated_us: 5_000_000,
+        };
+        assert_eq!(st.tokens_at(&l, 1_000_000), 0);
+        let mut wrote = None;
+        let refund = ChargeSpec {
+            limit: l,
+            cost: 1,
+            kind: ChargeKind::Refund,
+            shadow: false,
+        };
+        apply_request(&[(0, refund)], &[Some(st)], 1_000_000, |_, s| {
+            wrote = Some(s)
+        });
+        assert_eq!(wrote.map(|s| s.updated_us), Some(5_000_000));
+    }
+}

@@ -1,0 +1,119 @@
+//! Bucket key encoding: `<prefix>` followed by an injective encoding of the
+//! domain and the request's entries.
+//!
+//! Shape: `<prefix>d<len>:<domain>` then, per entry, `|k<len>:<key>` and one of
+//! `=v<len>:<value>` (a per-value bucket), `=p<len>:<pattern>` (a wildcard rule
+//! with `share_threshold`, one bucket for every value) or `=h<sha256 hex>` (a
+//! value longer than [`MAX_VERBATIM_VALUE_BYTES`] bytes, so keys stay short and
+//! secrets sent as descriptor values are not stored verbatim).
+//!
+//! Each component is length-prefixed, so the encoding is injective: `key a_b`
+//! and `key a, value b` can never share a bucket. `{`, `}` and `%` in client
+//! text are percent-escaped before measuring, so no client character can form a
+//! Redis Cluster hash tag and move a key to another slot (BR-05, BR-28). The rate
+//! is never part of the key: a config change must not reset a bucket (BR-21).
+
+use sha2::{Digest, Sha256};
+use std::fmt::Write;
+
+/// Values longer than this many bytes are stored as their SHA-256.
+pub const MAX_VERBATIM_VALUE_BYTES: usize = 64;
+
+/// The value part of one entry of a bucket identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyValue<'a> {
+    /// The request's own value (exact, key-only and wildcard rules).
+    Value(&'a str),
+    /// A wildcard pattern whose values share one bucket (`share_threshold`).
+    Shared(&'a str),
+}
+
+fn push_escaped(out: &mut String, tag: char, s: &str) {
+    let needs = s.bytes().any(|b| matches!(b, b'{' | b'}' | b'%'));
+    if needs {
+        let mut esc = String::with_capacity(s.len() + 8);
+        for c in s.chars() {
+            match c {
+                '{' => esc.push_str("%7B"),
+                '}' => esc.push_str("%7D"),
+                '%' => esc.push_str("%25"),
+                c => esc.push(c),
+            }
+        }
+        let _ = write!(out, "{tag}{}:{esc}", esc.len());
+    } else {
+        let _ = write!(out, "{tag}{}:{s}", s.len());
+    }
+}
+
+/// Encodes a bucket key. `entries` are the request's entries, in order.
+#[must_use]
+pub fn encode(prefix: &str, domain: &str, entries: &[(&str, KeyValue<'_>)]) -> String {
+    let mut out = String::with_capacity(
+        prefix.len() + domain.len() + 8 + entries.iter().map(|(k, _)| k.len() + 24).sum::<usize>(),
+    );
+    out.push_str(prefix);
+    push_escaped(&mut out, 'd', domain);
+    for (k, v) in entries {
+        out.push('|');
+        push_escaped(&mut out, 'k', k);
+        out.push('=');
+        match v {
+            KeyValue::Value(v) if v.len() > MAX_VERBATIM_VALUE_BYTES => {
+                out.push('h');
+                out.push_str(&hex::encode(Sha256::digest(v.as_bytes())));
+            }
+            KeyValue::Value(v) => push_escaped(&mut out, 'v', v),
+            KeyValue::Shared(p) => push_escaped(&mut out, 'p', p),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn underscore_does_not_merge_key_and_value() {
+        let a = encode("rls:", "d", &[("a_b", KeyValue::Value(""))]);
+        let b = encode("rls:", "d", &[("a", KeyValue::Value("b"))]);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn braces_never_form_a_hash_tag() {
+        let k = encode("rls:", "d{x}", &[("{k}", KeyValue::Value("}{v}"))]);
+        assert!(!k.contains('{') && !k.contains('}'), "{k}");
+    }
+
+    #[test]
+    fn long_values_are_hashed() {
+        let v = "s".repeat(65);
+        let k = encode("rls:", "d", &[("token", KeyValue::Value(&v))]);
+        assert!(!k.contains(&v));
+        assert!(k.len() < 120);
+        let v64 = "s".repeat(64);
+        assert!(encode("rls:", "d", &[("token", KeyValue::Value(&v64))]).contains(&v64));
+    }
+
+    #[test]
+    fn shared_pattern_differs_from_literal_value() {
+        let a = encode("", "d", &[("p", KeyValue::Value("/a/*"))]);
+        let b = encode("", "d", &[("p", KeyValue::Shared("/a/*"))]);
+        assert_ne!(a, b);
+    }
+
+    proptest! {
+        #[test]
+        fn injective(a in proptest::collection::vec(("[a-z_{}%|=:]{0,4}", "[a-z_{}%|=:]{0,4}"), 0..4),
+                     b in proptest::collection::vec(("[a-z_{}%|=:]{0,4}", "[a-z_{}%|=:]{0,4}"), 0..4),
+                     da in "[a-z_{}]{0,3}", db in "[a-z_{}]{0,3}") {
+            let ea: Vec<_> = a.iter().map(|(k, v)| (k.as_str(), KeyValue::Value(v.as_str()))).collect();
+            let eb: Vec<_> = b.iter().map(|(k, v)| (k.as_str(), KeyValue::Value(v.as_str()))).collect();
+            let same = da == db && a == b;
+            prop_assert_eq!(encode("rls:", &da, &ea) == encode("rls:", &db, &eb), same);
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! bucket-rls binary: wiring only.
+
+use anyhow::Context;
+use bucket_rls::app::{self, Listeners};
+use bucket_rls::cli::{Cli, Command, LogFormat, ServeArgs};
+use bucket_rls::config::loader;
+use bucket_rls::limiter::Storage;
+use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::service::Limiter;
+use bucket_rls::settings::ServiceSettings;
+use clap::Parser;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { paths } => check_config(&paths),
+        Command::Serve(args) => {
+            init_tracing(&args.log_level, args.log_format);
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(serve(*args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn check_config(paths: &[std::path::PathBuf]) -> ExitCode {
+    let mut ok = true;
+    for p in paths {
+        match loader::load_source(p) {
+            Ok(c) => println!(
+                "{}: OK ({} domains, {} rules, sha256 {})",
+                p.display(),
+                c.domains.len(),
+                c.rule_count(),
+                c.hash
+            ),
+            Err(errs) => {
+                ok = false;
+                for e in errs.0 {
+                    eprintln!("{e}");
+                }
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn init_tracing(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => b.init(),
+        LogFormat::Json => b.json().init(),
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = loader::load_source(&args.config)
+        .map_err(|e| anyhow::anyhow!("invalid config, not starting:\n{e}"))?;
+    tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
+    let storage: Arc<dyn Storage> = if args.redis_url.is_some()
+        || !args.redis_sentinel.is_empty()
+        || !args.redis_cluster.is_empty()
+    {
+        anyhow::bail!(
+            "the Redis backend is not available in this build yet; run without --redis-url to use the memory backend"
+        );
+    } else {
+        Arc::new(MemoryStorage::default())
+    };
+    let settings = ServiceSettings {
+        key_prefix: args.redis_key_prefix.clone(),
+        on_storage_error: args.on_storage_error,
+        near_limit_ratio: args.near_limit_ratio,
+        max_descriptors: args.max_descriptors,
+        exact_durations: args.exact_durations,
+        ..ServiceSettings::default()
+    };
+    let limiter = Arc::new(Limiter::new(config, storage, settings));
+    let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC on {}", args.grpc_addr))?;
+    let http = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .with_context(|| format!("binding HTTP on {}", args.http_addr))?;
+    tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, backend = limiter.storage().name(), "serving");
+    app::run(Listeners { grpc, http }, limiter, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the server");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
