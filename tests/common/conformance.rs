@@ -1,0 +1,719 @@
+//! The service-level conformance suite: written once, run against every
+//! storage backend (`conformance_tests!`). Cases come from
+//! `shared/cases/reported-failures.md` with their exact expected values.
+//!
+//! Time is a paused [`ManualClock`]: the memory backend reads it directly; the
+//! Redis backend passes it to the script as the test-only explicit `now`.
+
+use super::{config, desc, desc_hits, req, unique_prefix};
+use async_trait::async_trait;
+use bucket_rls::limiter::clock::ManualClock;
+use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::limiter::{Charge, RequestResult, Storage, StorageError};
+use bucket_rls::service::Limiter;
+use bucket_rls::settings::ServiceSettings;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A storage backend under test.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// A storage whose notion of "now" is `clock`.
+    async fn storage(&self, clock: ManualClock) -> Arc<dyn Storage>;
+}
+
+/// The embedded memory backend.
+pub struct MemoryBackend;
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn storage(&self, clock: ManualClock) -> Arc<dyn Storage> {
+        Arc::new(MemoryStorage::new(Arc::new(clock)))
+    }
+}
+
+/// Wraps a storage and counts calls, to assert "no storage access".
+#[derive(Debug)]
+pub struct Counting {
+    inner: Arc<dyn Storage>,
+    calls: AtomicU64,
+}
+
+#[async_trait]
+impl Storage for Counting {
+    async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.apply(charges).await
+    }
+    async fn ping(&self) -> Result<(), StorageError> {
+        self.inner.ping().await
+    }
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn invalidate_local_cache(&self) {
+        self.inner.invalidate_local_cache();
+    }
+}
+
+/// One case: a limiter on a fresh key prefix, its clock and a storage call counter.
+pub struct Case {
+    /// The service core.
+    pub limiter: Arc<Limiter>,
+    /// The paused clock.
+    pub clock: ManualClock,
+    storage: Arc<Counting>,
+}
+
+/// A realistic epoch start (2023-11-14), in microseconds.
+pub const T0_US: u64 = 1_700_000_000_000_000;
+
+impl Case {
+    /// Builds a case for one YAML file.
+    pub async fn new(b: &dyn Backend, yaml: &str) -> Self {
+        let clock = ManualClock::new(T0_US);
+        let storage = Arc::new(Counting { inner: b.storage(clock.clone()).await, calls: AtomicU64::new(0) });
+        let settings = ServiceSettings { key_prefix: unique_prefix("conf"), ..ServiceSettings::default() };
+        let limiter = Arc::new(Limiter::new(config(&[("test.yaml", yaml)]), storage.clone(), settings));
+        Self { limiter, clock, storage }
+    }
+
+    /// Calls the service; panics on a gRPC error.
+    pub async fn call(&self, r: RateLimitRequest) -> RateLimitResponse {
+        self.limiter.should_rate_limit(&r).await.unwrap_or_else(|s| panic!("unexpected gRPC error {s:?} for {r:?}"))
+    }
+
+    /// One-descriptor call with request-level `hits`.
+    pub async fn one(&self, domain: &str, entries: &[(&str, &str)], hits: u32) -> RateLimitResponse {
+        self.call(req(domain, vec![desc(entries)], hits)).await
+    }
+
+    /// Moves the paused clock forward.
+    pub fn advance_ms(&self, ms: u64) {
+        self.clock.advance(Duration::from_millis(ms));
+    }
+
+    /// Number of storage calls so far.
+    pub fn storage_calls(&self) -> u64 {
+        self.storage.calls.load(Ordering::SeqCst)
+    }
+
+    /// Applies a new config as a reload would.
+    pub fn reload(&self, yaml: &str) {
+        self.limiter.swap_config(config(&[("test.yaml", yaml)]));
+    }
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// `(code, limit_remaining, duration seconds)` of status `i`.
+pub fn st(r: &RateLimitResponse, i: usize) -> (i32, u32, Option<i64>) {
+    let s = &r.statuses[i];
+    if let Some(d) = &s.duration_until_reset {
+        assert_eq!(d.nanos, 0, "durations are whole seconds");
+    }
+    (s.code, s.limit_remaining, s.duration_until_reset.as_ref().map(|d| d.seconds))
+}
+
+/// `(code, remaining)` of status `i`.
+pub fn cr(r: &RateLimitResponse, i: usize) -> (i32, u32) {
+    (r.statuses[i].code, r.statuses[i].limit_remaining)
+}
+
+/// Asserts status `i` is "no limit": OK, no current_limit, remaining 0, no duration.
+pub fn assert_no_limit(r: &RateLimitResponse, i: usize) {
+    let s = &r.statuses[i];
+    assert_eq!((s.code, s.current_limit.is_none(), s.limit_remaining, s.duration_until_reset.is_none()), (OK, true, 0, true), "{s:?}");
+}
+
+fn rpu(r: &RateLimitResponse, i: usize) -> u32 {
+    r.statuses[i].current_limit.as_ref().map_or(u32::MAX, |l| l.requests_per_unit)
+}
+
+fn retry_after(r: &RateLimitResponse) -> Option<String> {
+    r.response_headers_to_add.iter().find(|h| h.key.eq_ignore_ascii_case("retry-after")).map(|h| h.value.clone())
+}
+
+/// BR-01: a misspelt key never loads; a rejected reload keeps the old config.
+pub async fn br_01(b: &dyn Backend) {
+    let v1 = "domain: edge\ndescriptors:\n  - key: remote_address\n    value: 10.0.0.7\n    descriptors:\n      - key: api_path\n        value: /api\n        rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    let typo = v1.replace("rate_limit: {unit: minute, requests_per_unit: 1}", "rate_limit:\n          unlimied: true");
+    let err = bucket_rls::config::loader::compile_texts(&[("edge.yaml".into(), typo.clone().into_bytes())]).unwrap_err().to_string();
+    assert!(err.contains("edge.yaml") && err.contains("unknown key 'unlimied'") && err.contains("descriptors[0].descriptors[0].rate_limit"), "{err}");
+    let c = Case::new(b, v1).await;
+    let e = [("remote_address", "10.0.0.7"), ("api_path", "/api")];
+    assert_eq!(cr(&c.one("edge", &e, 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one("edge", &e, 1).await, 0).0, OVER);
+    // The reload fails to compile, so nothing is swapped: v1 still applies.
+    assert!(bucket_rls::config::loader::compile_texts(&[("edge.yaml".into(), typo.into_bytes())]).is_err());
+    assert_eq!(cr(&c.one("edge", &e, 1).await, 0).0, OVER);
+    // The other IP has no rule at depth 2 with that value.
+    assert_no_limit(&c.one("edge", &[("remote_address", "10.0.0.8"), ("api_path", "/api")], 1).await, 0);
+}
+
+/// BR-04: `requests_per_unit: 0` blocks; duration one unit; nothing stored.
+pub async fn br_04(b: &dyn Backend) {
+    let c = Case::new(b, "domain: block\ndescriptors:\n  - key: user_agent\n    value: bad-scanner\n    rate_limit: {unit: minute, requests_per_unit: 0}\n").await;
+    for hits in [1, 1, 1, 0] {
+        let r = c.one("block", &[("user_agent", "bad-scanner")], hits).await;
+        assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
+        assert_eq!(r.overall_code, OVER);
+        let l = r.statuses[0].current_limit.as_ref().expect("current_limit");
+        assert_eq!((l.requests_per_unit, l.unit), (0, 2 /* MINUTE */));
+        assert_eq!(retry_after(&r).as_deref(), Some("60"));
+    }
+    let r = c.call(req("block", vec![desc_hits(&[("user_agent", "bad-scanner")], 0)], 0)).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
+}
+
+/// BR-06: wildcards at every level, one bucket per value, exact beats wildcard.
+pub async fn br_06(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        r"
+domain: test-domain
+descriptors:
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /api/special
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: path
+        value: /files/*
+        rate_limit: {unit: minute, requests_per_unit: 1}
+",
+    )
+    .await;
+    let d = "test-domain";
+    assert_eq!(cr(&c.one(d, &[("path", "/api/a")], 1).await, 0), (OK, 1));
+    assert_eq!(cr(&c.one(d, &[("path", "/api/a")], 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one(d, &[("path", "/api/a")], 1).await, 0).0, OVER);
+    assert_eq!(cr(&c.one(d, &[("path", "/api/b")], 1).await, 0), (OK, 1));
+    for want in (0..5).rev() {
+        let r = c.one(d, &[("path", "/api/special")], 1).await;
+        assert_eq!(cr(&r, 0), (OK, want));
+        assert_eq!(rpu(&r, 0), 5);
+    }
+    assert_no_limit(&c.one(d, &[("path", "/api")], 1).await, 0);
+    assert_eq!(cr(&c.one(d, &[("path", "/api/")], 1).await, 0), (OK, 1));
+    assert_eq!(cr(&c.one(d, &[("tenant", "acme"), ("path", "/files/x")], 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one(d, &[("tenant", "acme"), ("path", "/files/x")], 1).await, 0).0, OVER);
+    assert_no_limit(&c.one(d, &[("tenant", "other"), ("path", "/files/x")], 1).await, 0);
+}
+
+/// `share_threshold`: all values of a wildcard share one bucket.
+pub async fn share_threshold(b: &dyn Backend) {
+    let c = Case::new(b, "domain: s\ndescriptors:\n  - key: path\n    value: /api/*\n    share_threshold: true\n    rate_limit: {unit: minute, requests_per_unit: 2}\n").await;
+    assert_eq!(cr(&c.one("s", &[("path", "/api/a")], 1).await, 0), (OK, 1));
+    assert_eq!(cr(&c.one("s", &[("path", "/api/b")], 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one("s", &[("path", "/api/c")], 1).await, 0).0, OVER);
+}
+
+/// BR-07: depth must match; key-only rules have one bucket per value.
+pub async fn br_07(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: example\ndescriptors:\n  - key: svc\n    value: api\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    descriptors:\n      - key: caller\n        rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .await;
+    let d = "example";
+    assert_eq!(cr(&c.one(d, &[("svc", "api")], 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one(d, &[("svc", "api")], 1).await, 0).0, OVER);
+    assert_eq!(cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0), (OK, 1));
+    assert_eq!(cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0).0, OVER);
+    assert_eq!(cr(&c.one(d, &[("svc", "api"), ("caller", "b")], 1).await, 0), (OK, 1));
+    let calls = c.storage_calls();
+    assert_no_limit(&c.one(d, &[("svc", "api"), ("caller", "a"), ("extra", "x")], 1).await, 0);
+    assert_eq!(c.storage_calls(), calls, "no storage access without a rule");
+}
+
+/// BR-08: `unlimited` applies only to its own tuple and never touches storage.
+pub async fn br_08(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        r"
+domain: edge
+descriptors:
+  - key: remote_address
+    value: 10.0.0.7
+    rate_limit: {unlimited: true}
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: PATH
+    value: /v2/items
+    descriptors:
+      - key: remote_address
+        rate_limit: {unit: second, requests_per_unit: 5}
+",
+    )
+    .await;
+    for _ in 0..100 {
+        let r = c.one("edge", &[("remote_address", "10.0.0.7")], 1).await;
+        let s = &r.statuses[0];
+        assert_eq!((s.code, s.current_limit.is_none(), s.limit_remaining, s.duration_until_reset.is_none()), (OK, true, u32::MAX, true));
+    }
+    assert_eq!(c.storage_calls(), 0, "unlimited never touches storage");
+    for want in (0..5).rev() {
+        assert_eq!(cr(&c.one("edge", &[("remote_address", "10.0.0.8")], 1).await, 0), (OK, want));
+    }
+    assert_eq!(cr(&c.one("edge", &[("remote_address", "10.0.0.8")], 1).await, 0).0, OVER);
+    for want in (0..5).rev() {
+        assert_eq!(cr(&c.one("edge", &[("PATH", "/v2/items"), ("remote_address", "10.0.0.7")], 1).await, 0), (OK, want));
+    }
+    assert_eq!(cr(&c.one("edge", &[("PATH", "/v2/items"), ("remote_address", "10.0.0.7")], 1).await, 0).0, OVER);
+}
+
+/// BR-10: `replaces` drops the named limit for that request only.
+pub async fn br_10(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        r"
+domain: quota
+descriptors:
+  - key: group
+    value: reads
+    descriptors:
+      - key: user
+        value: alice
+        rate_limit: {name: reads_user, unit: minute, requests_per_unit: 2}
+  - key: endpoint
+    value: get_item
+    descriptors:
+      - key: user
+        value: alice
+        rate_limit:
+          replaces: [{name: reads_user}]
+          unit: minute
+          requests_per_unit: 5
+",
+    )
+    .await;
+    let both = || req("quota", vec![desc(&[("group", "reads"), ("user", "alice")]), desc(&[("endpoint", "get_item"), ("user", "alice")])], 1);
+    for want in (0..5).rev() {
+        let r = c.call(both()).await;
+        assert_eq!(r.overall_code, OK);
+        assert_no_limit(&r, 0);
+        assert_eq!(cr(&r, 1), (OK, want));
+    }
+    let r = c.call(both()).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_no_limit(&r, 0);
+    assert_eq!(cr(&r, 1).0, OVER);
+    assert_eq!(cr(&c.one("quota", &[("group", "reads"), ("user", "alice")], 1).await, 0), (OK, 1));
+    assert_eq!(cr(&c.one("quota", &[("group", "reads"), ("user", "alice")], 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one("quota", &[("group", "reads"), ("user", "alice")], 1).await, 0).0, OVER);
+}
+
+/// BR-11: shadow mode keeps accounting, answers OK, never short-circuits.
+pub async fn br_11(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: sm\ndescriptors:\n  - key: user\n    value: bob\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: route\n    value: r1\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+    )
+    .await;
+    let call = || req("sm", vec![desc(&[("user", "bob")]), desc(&[("route", "r1")])], 1);
+    let r = c.call(call()).await;
+    assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1)), (OK, (OK, 1), (OK, 2)));
+    let r = c.call(call()).await;
+    assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1)), (OK, (OK, 0), (OK, 1)));
+    let r = c.call(call()).await;
+    assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1)), (OK, (OK, 0), (OK, 0)));
+    assert!(st(&r, 0).2.is_some_and(|d| d >= 1), "shadowed status carries the wait");
+    assert!(retry_after(&r).is_none());
+    let r = c.call(call()).await;
+    assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1).0), (OVER, (OK, 0), OVER));
+}
+
+/// BR-13: a cost above the remaining tokens is denied without consuming.
+pub async fn br_13(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: d\ndescriptors:\n  - key: api_key\n    value: k1\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: api_key\n    value: k2\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    )
+    .await;
+    let k1 = [("api_key", "k1")];
+    assert_eq!(st(&c.one("d", &k1, 8).await, 0), (OK, 2, Some(48)));
+    assert_eq!(st(&c.one("d", &k1, 5).await, 0), (OVER, 0, Some(18)));
+    assert_eq!(st(&c.one("d", &k1, 2).await, 0), (OK, 0, Some(60)));
+    let r = c.one("d", &k1, 1).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(6)));
+    assert_eq!(retry_after(&r).as_deref(), Some("6"));
+    let r = c.call(req("d", vec![desc_hits(&k1, 1_000_000)], 0)).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
+    // The huge cost changed nothing: still one token after 6 s.
+    c.advance_ms(6_000);
+    assert_eq!(st(&c.one("d", &k1, 1).await, 0), (OK, 0, Some(60)));
+    let k2 = [("api_key", "k2")];
+    for want in [2, 1, 0] {
+        let hits = if want == 2 { 8 } else { 1 };
+        assert_eq!(cr(&c.one("d", &k2, hits).await, 0), (OK, want));
+    }
+    assert_eq!(cr(&c.one("d", &k2, 1).await, 0).0, OVER);
+}
+
+/// BR-14: request-level 0 means 1; a per-descriptor explicit 0 only checks.
+pub async fn br_14(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: d\ndescriptors:\n  - key: tenant\n    value: t1\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: tenant\n    value: t2\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: tenant\n    value: t3\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    )
+    .await;
+    let t1 = [("tenant", "t1")];
+    assert_eq!(cr(&c.one("d", &t1, 0).await, 0), (OK, 9));
+    assert_eq!(cr(&c.one("d", &t1, 3).await, 0), (OK, 6));
+    assert_eq!(cr(&c.call(req("d", vec![desc_hits(&t1, 0)], 0)).await, 0), (OK, 6));
+    assert_eq!(cr(&c.call(req("d", vec![desc_hits(&t1, 6)], 0)).await, 0), (OK, 0));
+    let r = c.call(req("d", vec![desc_hits(&t1, 0)], 0)).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(6)));
+    let r = c.call(req("d", vec![desc(&[("tenant", "t2")]), desc_hits(&[("tenant", "t3")], 5)], 2)).await;
+    assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 8), (OK, 5)));
+}
+
+/// BR-15 A: 3/s polled every 100 ms for 3 s admits exactly 11; no impossible remaining.
+pub async fn br_15a(b: &dyn Backend) {
+    let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: second, requests_per_unit: 3}\n").await;
+    let mut admitted = 0;
+    let mut after_over = false;
+    for i in 0..30 {
+        if i > 0 {
+            c.advance_ms(100);
+        }
+        let r = c.one("d", &[("k", "a")], 1).await;
+        let (code, rem) = cr(&r, 0);
+        if code == OK {
+            admitted += 1;
+            if after_over {
+                assert_eq!(rem, 0, "call {i}: remaining after an OVER_LIMIT must be explained by refill");
+            }
+            if i >= 2 {
+                assert_ne!(rem, 2, "call {i}");
+            }
+        } else {
+            after_over = true;
+            assert!(st(&r, 0).2.is_some_and(|d| d >= 1));
+        }
+    }
+    assert_eq!(admitted, 11);
+}
+
+/// Deterministic xorshift for reproducible pseudo-random sequences.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// BR-15 B: random costs and gaps; every answer equals the reference model,
+/// admissions never exceed `C + r*T + 1`, remaining never exceeds `C`, and
+/// every OVER_LIMIT duration is at least 1 s and honest (a retry after it is admitted).
+pub async fn br_15b(b: &dyn Backend) {
+    use bucket_rls::limiter::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit, MICRO};
+    for (ci, cap) in [1u64, 7, 100, 4_294_967_295].into_iter().enumerate() {
+        for unit in ["second", "minute"] {
+            let unit_secs = if unit == "second" { 1 } else { 60 };
+            let yaml = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: {cap}}}\n");
+            let c = Case::new(b, &yaml).await;
+            let limit = Limit { requests_per_unit: u32::try_from(cap).unwrap_or(u32::MAX), unit_secs, burst: cap };
+            let mut model: Option<BucketState> = None;
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (ci as u64 * 31 + unit_secs));
+            let mut admitted_log: Vec<(u64, u64)> = Vec::new(); // (time us, hits)
+            let mut t_us = 0u64;
+            for step in 0..400 {
+                let gap_ms = rng.below(2001);
+                c.advance_ms(gap_ms);
+                t_us += gap_ms * 1000;
+                let hits = 1 + rng.below(cap.min(1 << 20));
+                let r = c.call(req("d", vec![desc_hits(&[("k", "v")], hits)], 0)).await;
+                let now = T0_US + t_us;
+                let spec = ChargeSpec { limit, cost: hits, kind: ChargeKind::Consume, shadow: false };
+                let mut put = None;
+                let want = bucket::apply_request(&[(0, spec)], &[model], now, |_, s| put = Some(s));
+                if let Some(s) = put {
+                    model = Some(s);
+                }
+                let (code, rem, dur) = st(&r, 0);
+                assert_eq!(code == OK, want.admitted, "cap {cap} {unit} step {step}");
+                assert_eq!(u64::from(rem), want.charges[0].tokens_micro / MICRO * u64::from(want.admitted), "cap {cap} {unit} step {step}");
+                assert!(u64::from(rem) <= cap);
+                if code == OK {
+                    admitted_log.push((t_us, hits));
+                } else {
+                    assert!(dur.is_some_and(|d| d >= 1));
+                }
+            }
+            // Admissions over any window [a, b] stay within C + r*(b-a) + 1.
+            for i in 0..admitted_log.len() {
+                let mut sum = 0u128;
+                for j in i..admitted_log.len() {
+                    sum += u128::from(admitted_log[j].1);
+                    let span_us = u128::from(admitted_log[j].0 - admitted_log[i].0);
+                    let bound = u128::from(cap) + u128::from(cap) * span_us / (u128::from(unit_secs) * 1_000_000) + 1;
+                    assert!(sum <= bound, "cap {cap} {unit}: {sum} hits in {span_us} us");
+                }
+            }
+        }
+    }
+}
+
+/// BR-18 / property: a retry after the reported duration is admitted.
+pub async fn br_18(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: d\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: minute, requests_per_unit: 6}\n  - key: k\n    value: b\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+    )
+    .await;
+    let a = [("k", "a")];
+    assert_eq!(st(&c.one("d", &a, 6).await, 0), (OK, 0, Some(60)));
+    c.advance_ms(2_500);
+    assert_eq!(st(&c.one("d", &a, 1).await, 0), (OVER, 0, Some(8)));
+    c.advance_ms(2_500);
+    assert_eq!(st(&c.one("d", &a, 1).await, 0), (OVER, 0, Some(5)));
+    c.advance_ms(4_500);
+    assert_eq!(st(&c.one("d", &a, 1).await, 0), (OVER, 0, Some(1)));
+    c.advance_ms(550);
+    assert_eq!(cr(&c.one("d", &a, 1).await, 0).0, OK);
+    let bb = [("k", "b")];
+    assert_eq!(st(&c.one("d", &bb, 2).await, 0), (OK, 0, Some(1)));
+    c.advance_ms(100);
+    let r = c.one("d", &bb, 1).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(1)));
+    assert_eq!(retry_after(&r).as_deref(), Some("1"));
+    c.advance_ms(1_000);
+    assert_eq!(cr(&c.one("d", &bb, 1).await, 0).0, OK);
+}
+
+/// BR-16: a request denied by one descriptor consumes none of the others.
+pub async fn br_16(b: &dyn Backend) {
+    let yaml = "domain: api\ndescriptors:\n  - key: group\n    value: reports\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: special\n    value: export\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
+    let c = Case::new(b, yaml).await;
+    let both = || req("api", vec![desc(&[("group", "reports")]), desc(&[("special", "export")])], 1);
+    for (g, s) in [(9, 2), (8, 1), (7, 0)] {
+        let r = c.call(both()).await;
+        assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1)), (OK, (OK, g), (OK, s)));
+    }
+    for _ in 0..2 {
+        let r = c.call(both()).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!(cr(&r, 0), (OK, 7));
+        assert_eq!(st(&r, 1), (OVER, 0, Some(20)));
+    }
+    for want in (0..7).rev() {
+        assert_eq!(cr(&c.one("api", &[("group", "reports")], 1).await, 0), (OK, want));
+    }
+    assert_eq!(cr(&c.one("api", &[("group", "reports")], 1).await, 0).0, OVER);
+    // 50 concurrent callers: at most 3 admitted on special, and group charged only for those.
+    let c = Arc::new(Case::new(b, yaml).await);
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.call(req("api", vec![desc(&[("group", "reports")]), desc(&[("special", "export")])], 1)).await.overall_code == OK })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        if t.await.expect("task") {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3);
+    assert_eq!(cr(&c.one("api", &[("group", "reports")], 1).await, 0), (OK, 6));
+}
+
+/// BR-17: very high rates and huge costs neither overflow nor disable limiting.
+pub async fn br_17(b: &dyn Backend) {
+    let c = Arc::new(
+        Case::new(
+            b,
+            "domain: d\ndescriptors:\n  - key: k\n    value: fast\n    rate_limit: {unit: second, requests_per_unit: 6000}\n  - key: k\n    value: huge\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n  - key: k\n    value: max\n    rate_limit: {unit: day, requests_per_unit: 4294967295}\n",
+        )
+        .await,
+    );
+    // 64 concurrent streams, 12,000 calls, paused clock: exactly the burst.
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let mut ok = 0u32;
+                for _ in 0..(12_000 / 64 + u32::from(i < 12_000 % 64)) {
+                    if c.one("d", &[("k", "fast")], 1).await.overall_code == OK {
+                        ok += 1;
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.expect("task");
+    }
+    assert_eq!(admitted, 6000);
+    let huge = [("k", "huge")];
+    assert_eq!(cr(&c.one("d", &huge, 1_000_000).await, 0), (OK, 0));
+    assert_eq!(st(&c.one("d", &huge, 1_000_000).await, 0), (OVER, 0, Some(1)));
+    c.advance_ms(1_100);
+    assert_eq!(cr(&c.one("d", &huge, 1_000_000).await, 0).0, OK);
+    let max = [("k", "max")];
+    assert_eq!(st(&c.one("d", &max, 1).await, 0), (OK, 4_294_967_294, Some(1)));
+    c.advance_ms(10);
+    assert_eq!(st(&c.call(req("d", vec![desc_hits(&max, 4_294_967_295)], 0)).await, 0), (OK, 0, Some(86_400)));
+    assert_eq!(st(&c.call(req("d", vec![desc_hits(&max, 4_294_967_295)], 0)).await, 0), (OVER, 0, Some(86_400)));
+    assert_eq!(st(&c.call(req("d", vec![desc_hits(&max, 1 << 40)], 0)).await, 0), (OVER, 0, Some(86_400)));
+    assert_eq!(st(&c.call(req("d", vec![desc_hits(&max, u64::MAX)], 0)).await, 0), (OVER, 0, Some(86_400)));
+}
+
+/// BR-19: durations are always set; the denying status has remaining 0.
+pub async fn br_19(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 60}\n  - key: spend\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
+    )
+    .await;
+    assert_eq!(st(&c.one("llm", &[("user", "u1")], 1).await, 0), (OK, 59, Some(1)));
+    let mut last = None;
+    for _ in 0..5 {
+        last = Some(c.one("llm", &[("spend", "u1")], 1).await);
+    }
+    assert_eq!(st(&last.expect("calls"), 0), (OK, 0, Some(3600)));
+    c.advance_ms(500);
+    let r = c.call(req("llm", vec![desc(&[("user", "u1")]), desc(&[("spend", "u1")])], 1)).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(st(&r, 0), (OK, 59, Some(1)));
+    assert_eq!(st(&r, 1), (OVER, 0, Some(720)));
+    assert_eq!(retry_after(&r).as_deref(), Some("720"));
+    // Variant: an over-cost request on a bucket with 2 tokens left still reports 0.
+    assert_eq!(cr(&c.one("llm", &[("spend", "u2")], 3).await, 0), (OK, 2));
+    assert_eq!(cr(&c.one("llm", &[("spend", "u2")], 3).await, 0), (OVER, 0));
+    // A full bucket: duration 0 only when checking without consuming.
+    let r = c.call(req("llm", vec![desc_hits(&[("user", "fresh")], 0)], 0)).await;
+    assert_eq!(st(&r, 0), (OK, 60, Some(0)));
+}
+
+/// BR-21: a changed limit applies to existing buckets at once, both ways.
+pub async fn br_21(b: &dyn Backend) {
+    let cfg = |rate: u32| format!("domain: d\ndescriptors:\n  - key: tenant\n    value: t1\n    rate_limit: {{unit: minute, requests_per_unit: {rate}}}\n");
+    let t1 = [("tenant", "t1")];
+    // Lower.
+    let c = Case::new(b, &cfg(100)).await;
+    assert_eq!(cr(&c.one("d", &t1, 10).await, 0), (OK, 90));
+    c.advance_ms(1_000);
+    c.reload(&cfg(10));
+    c.advance_ms(1_000);
+    let r = c.one("d", &t1, 1).await;
+    assert_eq!((cr(&r, 0), rpu(&r, 0)), ((OK, 9), 10));
+    for want in (0..9).rev() {
+        assert_eq!(cr(&c.one("d", &t1, 1).await, 0), (OK, want));
+    }
+    assert_eq!(cr(&c.one("d", &t1, 1).await, 0).0, OVER);
+    // Raise.
+    let c = Case::new(b, &cfg(10)).await;
+    assert_eq!(cr(&c.one("d", &t1, 3).await, 0), (OK, 7));
+    c.advance_ms(1_000);
+    c.reload(&cfg(1000));
+    c.advance_ms(1_000);
+    let r = c.one("d", &t1, 1).await;
+    assert_eq!((r.statuses[0].code, rpu(&r, 0)), (OK, 1000));
+    assert!((6..=39).contains(&r.statuses[0].limit_remaining), "{r:?}");
+    // A cached OVER_LIMIT must not survive a raise.
+    let c = Case::new(b, &cfg(1)).await;
+    assert_eq!(cr(&c.one("d", &t1, 1).await, 0).0, OK);
+    assert_eq!(cr(&c.one("d", &t1, 1).await, 0).0, OVER);
+    assert_eq!(cr(&c.one("d", &t1, 1).await, 0).0, OVER);
+    // A reload takes a moment; at 100/min one second refills 1.67 tokens, while
+    // a stale "empty until +60 s" cache entry would still deny.
+    c.advance_ms(1_000);
+    c.reload(&cfg(100));
+    assert_eq!(cr(&c.one("d", &t1, 1).await, 0).0, OK);
+}
+
+/// BR-22 style: reloading an identical config never refills a bucket.
+pub async fn br_22(b: &dyn Backend) {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let c = Case::new(b, yaml).await;
+    assert_eq!(cr(&c.one("d", &[("k", "v")], 2).await, 0), (OK, 0));
+    c.reload(yaml);
+    assert_eq!(cr(&c.one("d", &[("k", "v")], 1).await, 0).0, OVER);
+}
+
+/// Refunds (`is_negative_hits`) give tokens back, capped, and are never OVER_LIMIT.
+pub async fn refunds(b: &dyn Backend) {
+    let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: hour, requests_per_unit: 3}\n").await;
+    let v = [("k", "v")];
+    assert_eq!(cr(&c.one("d", &v, 3).await, 0), (OK, 0));
+    let refund = |n: u64| RateLimitDescriptor { is_negative_hits: true, ..desc_hits(&v, n) };
+    let r = c.call(req("d", vec![refund(1)], 0)).await;
+    assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, 1)));
+    assert_eq!(cr(&c.one("d", &v, 1).await, 0), (OK, 0));
+    // A refund never raises a bucket above full.
+    let r = c.call(req("d", vec![refund(100)], 0)).await;
+    assert_eq!(cr(&r, 0), (OK, 3));
+    assert_eq!(cr(&c.one("d", &v, 3).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one("d", &v, 1).await, 0).0, OVER);
+}
+
+/// Per-request `limit` overrides replace the rule's rate; UNKNOWN unit is invalid.
+pub async fn overrides(b: &dyn Backend) {
+    let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n").await;
+    let with = |rpu: u32, unit: i32| RateLimitDescriptor { limit: Some(RateLimitOverride { requests_per_unit: rpu, unit }), ..desc(&[("k", "v")]) };
+    let r = c.call(req("d", vec![with(2, 1 /* SECOND */)], 1)).await;
+    assert_eq!((cr(&r, 0), rpu(&r, 0)), ((OK, 1), 2));
+    assert_eq!(cr(&c.call(req("d", vec![with(2, 1)], 1)).await, 0), (OK, 0));
+    assert_eq!(st(&c.call(req("d", vec![with(2, 1)], 1)).await, 0), (OVER, 0, Some(1)));
+    let e = c.limiter.should_rate_limit(&req("d", vec![with(2, 0 /* UNKNOWN */)], 1)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+}
+
+/// BR-32: unknown domain is OK/no limit; empty domain or list is INVALID_ARGUMENT.
+pub async fn br_32(b: &dyn Backend) {
+    let c = Case::new(b, "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 10}\n").await;
+    for _ in 0..100 {
+        let r = c.one("ambassador", &[("remote_address", "10.0.0.9")], 1).await;
+        assert_eq!(r.overall_code, OK);
+        assert_no_limit(&r, 0);
+    }
+    assert_eq!(c.storage_calls(), 0);
+    let e = c.limiter.should_rate_limit(&req("", vec![desc(&[("remote_address", "10.0.0.9")])], 1)).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (tonic::Code::InvalidArgument, "domain must not be empty"));
+    let e = c.limiter.should_rate_limit(&req("api", vec![], 1)).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (tonic::Code::InvalidArgument, "descriptor list must not be empty"));
+    let r = c.call(req("api", vec![desc(&[])], 1)).await;
+    assert_eq!(r.overall_code, OK);
+    assert_no_limit(&r, 0);
+}
+
+/// Generates one `#[tokio::test]` per conformance case for a backend.
+/// `$make` is an async fn returning a value implementing [`Backend`].
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:path) => {
+        $crate::conformance_tests!(@cases $make; br_01 br_04 br_06 share_threshold br_07 br_08 br_10 br_11 br_13 br_14
+            br_15a br_15b br_16 br_17 br_18 br_19 br_21 br_22 refunds overrides br_32);
+    };
+    (@cases $make:path; $($case:ident)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let backend = $make().await;
+                $crate::common::conformance::$case(&backend).await;
+            }
+        )*
+    };
+}
