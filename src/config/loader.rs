@@ -360,7 +360,9 @@ fn compile_rate_limit(
     };
     let rpu = match &rl.requests_per_unit {
         None => {
-            cx.err(rl.line, path, "missing 'requests_per_unit'");
+            if report_missing {
+                cx.err(rl.line, path, "missing 'requests_per_unit'");
+            }
             None
         }
         Some(t) => cx.uint(t, path, "requests_per_unit"),

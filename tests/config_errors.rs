@@ -1,0 +1,402 @@
+//! One test per config rejection rule (DESIGN 1): each error names the file,
+//! the line where the parser can give it, and the descriptor path.
+
+use bucket_rls::config::loader::{compile_texts, load_source};
+
+/// Compiles one file and returns every error as text (panics if it loads).
+fn errors(name: &str, yaml: &str) -> Vec<String> {
+    match compile_texts(&[(name.to_owned(), yaml.as_bytes().to_vec())]) {
+        Ok(_) => panic!("{name} must not load:\n{yaml}"),
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// Asserts that exactly one error is reported and that it contains every needle.
+fn one_error(name: &str, yaml: &str, needles: &[&str]) -> String {
+    let errs = errors(name, yaml);
+    assert_eq!(errs.len(), 1, "expected one error, got {errs:#?}");
+    for n in needles {
+        assert!(errs[0].contains(n), "error {:?} lacks {n:?}", errs[0]);
+    }
+    errs[0].clone()
+}
+
+#[test]
+fn yaml_syntax_error_names_file_and_line() {
+    let e = one_error(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    value: [unclosed\n",
+        &["edge.yaml:", "invalid YAML"],
+    );
+    assert!(
+        e.starts_with("edge.yaml:4:") || e.starts_with("edge.yaml:5:"),
+        "{e}"
+    );
+}
+
+#[test]
+fn br_01_misspelt_key_in_rate_limit() {
+    let yaml = "domain: edge\ndescriptors:\n  - key: remote_address\n    value: 10.0.0.7\n    descriptors:\n      - key: api_path\n        value: /api\n        rate_limit:\n          unlimied: true          # typo\n";
+    one_error(
+        "edge.yaml",
+        yaml,
+        &[
+            "edge.yaml:9:",
+            "descriptors[0].descriptors[0].rate_limit",
+            "unknown key 'unlimied'",
+        ],
+    );
+}
+
+#[test]
+fn unknown_key_at_top_level() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndomian: x\ndescriptors: []\n",
+        &["t.yaml:2:", "unknown key 'domian'"],
+    );
+}
+
+#[test]
+fn unknown_key_on_descriptor() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    valeu: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        &["t.yaml:4:", "descriptors[0]", "unknown key 'valeu'"],
+    );
+}
+
+#[test]
+fn known_key_at_wrong_level() {
+    let e = one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    requests_per_unit: 5\n",
+        &[
+            "t.yaml:4:",
+            "descriptors[0]",
+            "'requests_per_unit'",
+            "belongs in rate_limit",
+        ],
+    );
+    assert!(e.contains("unknown key"), "{e}");
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, shadow_mode: true}\n",
+        &[
+            "descriptors[0].rate_limit",
+            "'shadow_mode'",
+            "belongs in a descriptor",
+        ],
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\nkey: a\ndescriptors: []\n",
+        &["t.yaml:2:", "'key'", "belongs in a descriptor"],
+    );
+}
+
+#[test]
+fn unsupported_keys_have_their_own_message() {
+    for (key, yaml) in [
+        (
+            "quota_mode",
+            "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        ),
+        (
+            "value_to_metric",
+            "domain: d\ndescriptors:\n  - key: a\n    value_to_metric: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        ),
+        (
+            "metadata",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, metadata: {x: 1}}\n",
+        ),
+    ] {
+        let e = one_error(
+            "t.yaml",
+            yaml,
+            &[
+                "t.yaml:4:",
+                "descriptors[0]",
+                &format!("unsupported key '{key}'"),
+            ],
+        );
+        assert!(!e.contains("unknown key"), "{e}");
+    }
+}
+
+#[test]
+fn empty_or_missing_domain() {
+    one_error(
+        "t.yaml",
+        "domain: ''\ndescriptors: []\n",
+        &["t.yaml:1:", "domain", "domain must not be empty"],
+    );
+    one_error(
+        "t.yaml",
+        "descriptors: []\n",
+        &["t.yaml", "missing 'domain'"],
+    );
+    one_error("t.yaml", "", &["t.yaml", "empty file"]);
+}
+
+#[test]
+fn duplicate_domain_across_files() {
+    let f = |n: &str| (n.to_owned(), b"domain: same\ndescriptors: []\n".to_vec());
+    let e = compile_texts(&[f("a.yaml"), f("b.yaml")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("b.yaml") && e.contains("duplicate domain 'same'") && e.contains("a.yaml"),
+        "{e}"
+    );
+}
+
+#[test]
+fn descriptor_without_key() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - value: x\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        &["t.yaml:3:", "descriptors[0]", "without 'key'"],
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: ''\n",
+        &[
+            "t.yaml:5:",
+            "descriptors[0].descriptors[0]",
+            "without 'key'",
+        ],
+    );
+}
+
+#[test]
+fn br_03_duplicate_siblings() {
+    let yaml = "domain: notify\ndescriptors:\n  - key: sender\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: sender\n    rate_limit: {unit: day, requests_per_unit: 200}\n";
+    one_error(
+        "n.yaml",
+        yaml,
+        &[
+            "n.yaml:5:",
+            "descriptors[1]",
+            "duplicate descriptor composite key 'notify.sender'",
+        ],
+    );
+    let variant = r"
+domain: domain
+descriptors:
+  - key: generic_key
+    value: abc
+    descriptors:
+      - key: PATH
+        rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: generic_key
+    value: abc
+    descriptors:
+      - key: PATH
+        value: /foo
+        rate_limit: {unit: minute, requests_per_unit: 100}
+";
+    one_error(
+        "v.yaml",
+        variant,
+        &[
+            "v.yaml:9:",
+            "descriptors[1]",
+            "duplicate descriptor composite key 'domain.generic_key_abc'",
+        ],
+    );
+}
+
+#[test]
+fn bad_or_missing_unit() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+        &[
+            "t.yaml:4:",
+            "descriptors[0].rate_limit",
+            "bad unit 'fortnight'",
+        ],
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      requests_per_unit: 1\n",
+        &["t.yaml:5:", "descriptors[0].rate_limit", "missing 'unit'"],
+    );
+    // Case-insensitive units load.
+    assert!(compile_texts(&[("t.yaml".into(), b"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: MINUTE, requests_per_unit: 1}\n".to_vec())]).is_ok());
+}
+
+#[test]
+fn bad_requests_per_unit() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+        &["descriptors[0].rate_limit", "requests_per_unit", "'-1'"],
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n",
+        &["requests_per_unit", "4294967296"],
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second}\n",
+        &["descriptors[0].rate_limit", "missing 'requests_per_unit'"],
+    );
+}
+
+#[test]
+fn br_08_unlimited_with_unit() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
+        &[
+            "t.yaml:4:",
+            "descriptors[0].rate_limit",
+            "'unit' must not be given with 'unlimited: true'",
+        ],
+    );
+}
+
+#[test]
+fn zero_burst_with_positive_rate() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, burst: 0}\n",
+        &[
+            "t.yaml:4:",
+            "descriptors[0].rate_limit",
+            "burst must be at least 1",
+        ],
+    );
+    // burst 0 with rate 0 is a block rule and loads.
+    assert!(compile_texts(&[("t.yaml".into(), b"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 0, burst: 0}\n".to_vec())]).is_ok());
+}
+
+#[test]
+fn br_10_empty_replaces_name_and_self_replacement() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      replaces: [{name: ''}]\n      unit: minute\n      requests_per_unit: 5\n",
+        &[
+            "t.yaml:5:",
+            "descriptors[0].rate_limit.replaces[0]",
+            "non-empty 'name'",
+        ],
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      name: me\n      replaces: [{name: me}]\n      unit: minute\n      requests_per_unit: 5\n",
+        &[
+            "t.yaml:5:",
+            "descriptors[0].rate_limit",
+            "rule 'me' replaces itself",
+        ],
+    );
+}
+
+#[test]
+fn share_threshold_without_wildcard() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    value: exact\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        &[
+            "t.yaml:3:",
+            "descriptors[0]",
+            "share_threshold needs a wildcard value",
+        ],
+    );
+}
+
+#[test]
+fn bad_boolean() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        &["t.yaml:4:", "shadow_mode", "'maybe'"],
+    );
+}
+
+#[test]
+fn invalid_utf8_names_file_and_line() {
+    let mut bytes = b"domain: d\ndescriptors:\n  - key: a\n    value: ".to_vec();
+    bytes.extend_from_slice(&[0xff, 0xfe]);
+    bytes.extend_from_slice(b"\n");
+    let e = compile_texts(&[("bin.yaml".into(), bytes)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("bin.yaml:4:") && e.contains("not valid UTF-8"),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_problem_is_reported_not_only_the_first() {
+    let yaml = "domain: d\nextra: 1\ndescriptors:\n  - key: a\n    rate_limit: {unit: weekly, requests_per_unit: 1}\n  - value: b\n  - key: c\n    quota_mode: true\n";
+    let errs = errors("t.yaml", yaml);
+    assert_eq!(errs.len(), 4, "{errs:#?}");
+    assert!(errs.iter().any(|e| e.contains("'extra'")));
+    assert!(errs.iter().any(|e| e.contains("bad unit 'weekly'")));
+    assert!(errs.iter().any(|e| e.contains("without 'key'")));
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("unsupported key 'quota_mode'"))
+    );
+}
+
+#[test]
+fn scalars_are_literal_text() {
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    value: 010\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    value: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: c\n    value: 10\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: e\n    value: 1.50\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let c = compile_texts(&[("t.yaml".into(), yaml.as_bytes().to_vec())]).expect("loads");
+    let d = &c.domains["d"];
+    for (k, v) in [("a", "010"), ("b", "true"), ("c", "10"), ("e", "1.50")] {
+        assert!(
+            bucket_rls::matcher::find(&d.root, &[(k, v)]).is_some(),
+            "{k}={v}"
+        );
+    }
+    assert!(bucket_rls::matcher::find(&d.root, &[("a", "8")]).is_none());
+    assert!(bucket_rls::matcher::find(&d.root, &[("e", "1.5")]).is_none());
+}
+
+#[test]
+fn directory_loads_configmap_layout_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let real = dir.path().join("..2024_01_01_00_00_00.1");
+    std::fs::create_dir(&real).expect("mkdir");
+    std::fs::write(real.join("rl.yaml"), "domain: k8s\ndescriptors: []\n").expect("write");
+    std::fs::write(real.join("other.yml"), "domain: k8s2\ndescriptors: []\n").expect("write");
+    std::os::unix::fs::symlink("..2024_01_01_00_00_00.1", dir.path().join("..data"))
+        .expect("symlink");
+    std::os::unix::fs::symlink("..data/rl.yaml", dir.path().join("rl.yaml")).expect("symlink");
+    std::os::unix::fs::symlink("..data/other.yml", dir.path().join("other.yml")).expect("symlink");
+    std::fs::write(dir.path().join("README.txt"), "not yaml").expect("write");
+    std::fs::write(dir.path().join(".hidden.yaml"), "not: valid: yaml: [").expect("write");
+    let c = load_source(dir.path()).expect("loads once, no duplicate domain");
+    let mut names: Vec<_> = c.domains.keys().cloned().collect();
+    names.sort();
+    assert_eq!(names, ["k8s", "k8s2"]);
+}
+
+#[test]
+fn missing_source_is_an_error() {
+    let e = load_source(std::path::Path::new("/nonexistent/bucket-rls.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/nonexistent/bucket-rls.yaml") && e.contains("cannot read"),
+        "{e}"
+    );
+}
+
+#[test]
+fn example_config_is_valid() {
+    let c = load_source(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/example.yaml"
+    )))
+    .expect("example loads");
+    assert_eq!(c.rule_count(), 6);
+}
