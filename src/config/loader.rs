@@ -334,13 +334,17 @@ fn compile_rate_limit(
         }
         return (cx.errors.len() == errors_before).then_some((Policy::Unlimited, name));
     }
+    // With a misspelt key in the block, "missing" errors would only be noise.
+    let report_missing = rl.stray.is_empty();
     let unit = match &rl.unit {
         None => {
-            cx.err(
-                rl.line,
-                path,
-                "missing 'unit' (second, minute, hour, day, week, month or year)",
-            );
+            if report_missing {
+                cx.err(
+                    rl.line,
+                    path,
+                    "missing 'unit' (second, minute, hour, day, week, month or year)",
+                );
+            }
             None
         }
         Some(u) => {

@@ -77,19 +77,41 @@ impl Case {
     /// Builds a case for one YAML file.
     pub async fn new(b: &dyn Backend, yaml: &str) -> Self {
         let clock = ManualClock::new(T0_US);
-        let storage = Arc::new(Counting { inner: b.storage(clock.clone()).await, calls: AtomicU64::new(0) });
-        let settings = ServiceSettings { key_prefix: unique_prefix("conf"), ..ServiceSettings::default() };
-        let limiter = Arc::new(Limiter::new(config(&[("test.yaml", yaml)]), storage.clone(), settings));
-        Self { limiter, clock, storage }
+        let storage = Arc::new(Counting {
+            inner: b.storage(clock.clone()).await,
+            calls: AtomicU64::new(0),
+        });
+        let settings = ServiceSettings {
+            key_prefix: unique_prefix("conf"),
+            ..ServiceSettings::default()
+        };
+        let limiter = Arc::new(Limiter::new(
+            config(&[("test.yaml", yaml)]),
+            storage.clone(),
+            settings,
+        ));
+        Self {
+            limiter,
+            clock,
+            storage,
+        }
     }
 
     /// Calls the service; panics on a gRPC error.
     pub async fn call(&self, r: RateLimitRequest) -> RateLimitResponse {
-        self.limiter.should_rate_limit(&r).await.unwrap_or_else(|s| panic!("unexpected gRPC error {s:?} for {r:?}"))
+        self.limiter
+            .should_rate_limit(&r)
+            .await
+            .unwrap_or_else(|s| panic!("unexpected gRPC error {s:?} for {r:?}"))
     }
 
     /// One-descriptor call with request-level `hits`.
-    pub async fn one(&self, domain: &str, entries: &[(&str, &str)], hits: u32) -> RateLimitResponse {
+    pub async fn one(
+        &self,
+        domain: &str,
+        entries: &[(&str, &str)],
+        hits: u32,
+    ) -> RateLimitResponse {
         self.call(req(domain, vec![desc(entries)], hits)).await
     }
 
@@ -118,7 +140,11 @@ pub fn st(r: &RateLimitResponse, i: usize) -> (i32, u32, Option<i64>) {
     if let Some(d) = &s.duration_until_reset {
         assert_eq!(d.nanos, 0, "durations are whole seconds");
     }
-    (s.code, s.limit_remaining, s.duration_until_reset.as_ref().map(|d| d.seconds))
+    (
+        s.code,
+        s.limit_remaining,
+        s.duration_until_reset.as_ref().map(|d| d.seconds),
+    )
 }
 
 /// `(code, remaining)` of status `i`.
@@ -129,32 +155,71 @@ pub fn cr(r: &RateLimitResponse, i: usize) -> (i32, u32) {
 /// Asserts status `i` is "no limit": OK, no current_limit, remaining 0, no duration.
 pub fn assert_no_limit(r: &RateLimitResponse, i: usize) {
     let s = &r.statuses[i];
-    assert_eq!((s.code, s.current_limit.is_none(), s.limit_remaining, s.duration_until_reset.is_none()), (OK, true, 0, true), "{s:?}");
+    assert_eq!(
+        (
+            s.code,
+            s.current_limit.is_none(),
+            s.limit_remaining,
+            s.duration_until_reset.is_none()
+        ),
+        (OK, true, 0, true),
+        "{s:?}"
+    );
 }
 
 fn rpu(r: &RateLimitResponse, i: usize) -> u32 {
-    r.statuses[i].current_limit.as_ref().map_or(u32::MAX, |l| l.requests_per_unit)
+    r.statuses[i]
+        .current_limit
+        .as_ref()
+        .map_or(u32::MAX, |l| l.requests_per_unit)
 }
 
 fn retry_after(r: &RateLimitResponse) -> Option<String> {
-    r.response_headers_to_add.iter().find(|h| h.key.eq_ignore_ascii_case("retry-after")).map(|h| h.value.clone())
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case("retry-after"))
+        .map(|h| h.value.clone())
 }
 
 /// BR-01: a misspelt key never loads; a rejected reload keeps the old config.
 pub async fn br_01(b: &dyn Backend) {
     let v1 = "domain: edge\ndescriptors:\n  - key: remote_address\n    value: 10.0.0.7\n    descriptors:\n      - key: api_path\n        value: /api\n        rate_limit: {unit: minute, requests_per_unit: 1}\n";
-    let typo = v1.replace("rate_limit: {unit: minute, requests_per_unit: 1}", "rate_limit:\n          unlimied: true");
-    let err = bucket_rls::config::loader::compile_texts(&[("edge.yaml".into(), typo.clone().into_bytes())]).unwrap_err().to_string();
-    assert!(err.contains("edge.yaml") && err.contains("unknown key 'unlimied'") && err.contains("descriptors[0].descriptors[0].rate_limit"), "{err}");
+    let typo = v1.replace(
+        "rate_limit: {unit: minute, requests_per_unit: 1}",
+        "rate_limit:\n          unlimied: true",
+    );
+    let err = bucket_rls::config::loader::compile_texts(&[(
+        "edge.yaml".into(),
+        typo.clone().into_bytes(),
+    )])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("edge.yaml")
+            && err.contains("unknown key 'unlimied'")
+            && err.contains("descriptors[0].descriptors[0].rate_limit"),
+        "{err}"
+    );
     let c = Case::new(b, v1).await;
     let e = [("remote_address", "10.0.0.7"), ("api_path", "/api")];
     assert_eq!(cr(&c.one("edge", &e, 1).await, 0), (OK, 0));
     assert_eq!(cr(&c.one("edge", &e, 1).await, 0).0, OVER);
     // The reload fails to compile, so nothing is swapped: v1 still applies.
-    assert!(bucket_rls::config::loader::compile_texts(&[("edge.yaml".into(), typo.into_bytes())]).is_err());
+    assert!(
+        bucket_rls::config::loader::compile_texts(&[("edge.yaml".into(), typo.into_bytes())])
+            .is_err()
+    );
     assert_eq!(cr(&c.one("edge", &e, 1).await, 0).0, OVER);
     // The other IP has no rule at depth 2 with that value.
-    assert_no_limit(&c.one("edge", &[("remote_address", "10.0.0.8"), ("api_path", "/api")], 1).await, 0);
+    assert_no_limit(
+        &c.one(
+            "edge",
+            &[("remote_address", "10.0.0.8"), ("api_path", "/api")],
+            1,
+        )
+        .await,
+        0,
+    );
 }
 
 /// BR-04: `requests_per_unit: 0` blocks; duration one unit; nothing stored.
@@ -168,7 +233,13 @@ pub async fn br_04(b: &dyn Backend) {
         assert_eq!((l.requests_per_unit, l.unit), (0, 2 /* MINUTE */));
         assert_eq!(retry_after(&r).as_deref(), Some("60"));
     }
-    let r = c.call(req("block", vec![desc_hits(&[("user_agent", "bad-scanner")], 0)], 0)).await;
+    let r = c
+        .call(req(
+            "block",
+            vec![desc_hits(&[("user_agent", "bad-scanner")], 0)],
+            0,
+        ))
+        .await;
     assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
 }
 
@@ -206,9 +277,28 @@ descriptors:
     }
     assert_no_limit(&c.one(d, &[("path", "/api")], 1).await, 0);
     assert_eq!(cr(&c.one(d, &[("path", "/api/")], 1).await, 0), (OK, 1));
-    assert_eq!(cr(&c.one(d, &[("tenant", "acme"), ("path", "/files/x")], 1).await, 0), (OK, 0));
-    assert_eq!(cr(&c.one(d, &[("tenant", "acme"), ("path", "/files/x")], 1).await, 0).0, OVER);
-    assert_no_limit(&c.one(d, &[("tenant", "other"), ("path", "/files/x")], 1).await, 0);
+    assert_eq!(
+        cr(
+            &c.one(d, &[("tenant", "acme"), ("path", "/files/x")], 1)
+                .await,
+            0
+        ),
+        (OK, 0)
+    );
+    assert_eq!(
+        cr(
+            &c.one(d, &[("tenant", "acme"), ("path", "/files/x")], 1)
+                .await,
+            0
+        )
+        .0,
+        OVER
+    );
+    assert_no_limit(
+        &c.one(d, &[("tenant", "other"), ("path", "/files/x")], 1)
+            .await,
+        0,
+    );
 }
 
 /// `share_threshold`: all values of a wildcard share one bucket.
@@ -229,12 +319,28 @@ pub async fn br_07(b: &dyn Backend) {
     let d = "example";
     assert_eq!(cr(&c.one(d, &[("svc", "api")], 1).await, 0), (OK, 0));
     assert_eq!(cr(&c.one(d, &[("svc", "api")], 1).await, 0).0, OVER);
-    assert_eq!(cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0), (OK, 1));
-    assert_eq!(cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0), (OK, 0));
-    assert_eq!(cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0).0, OVER);
-    assert_eq!(cr(&c.one(d, &[("svc", "api"), ("caller", "b")], 1).await, 0), (OK, 1));
+    assert_eq!(
+        cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0),
+        (OK, 1)
+    );
+    assert_eq!(
+        cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0),
+        (OK, 0)
+    );
+    assert_eq!(
+        cr(&c.one(d, &[("svc", "api"), ("caller", "a")], 1).await, 0).0,
+        OVER
+    );
+    assert_eq!(
+        cr(&c.one(d, &[("svc", "api"), ("caller", "b")], 1).await, 0),
+        (OK, 1)
+    );
     let calls = c.storage_calls();
-    assert_no_limit(&c.one(d, &[("svc", "api"), ("caller", "a"), ("extra", "x")], 1).await, 0);
+    assert_no_limit(
+        &c.one(d, &[("svc", "api"), ("caller", "a"), ("extra", "x")], 1)
+            .await,
+        0,
+    );
     assert_eq!(c.storage_calls(), calls, "no storage access without a rule");
 }
 
@@ -261,17 +367,61 @@ descriptors:
     for _ in 0..100 {
         let r = c.one("edge", &[("remote_address", "10.0.0.7")], 1).await;
         let s = &r.statuses[0];
-        assert_eq!((s.code, s.current_limit.is_none(), s.limit_remaining, s.duration_until_reset.is_none()), (OK, true, u32::MAX, true));
+        assert_eq!(
+            (
+                s.code,
+                s.current_limit.is_none(),
+                s.limit_remaining,
+                s.duration_until_reset.is_none()
+            ),
+            (OK, true, u32::MAX, true)
+        );
     }
     assert_eq!(c.storage_calls(), 0, "unlimited never touches storage");
     for want in (0..5).rev() {
-        assert_eq!(cr(&c.one("edge", &[("remote_address", "10.0.0.8")], 1).await, 0), (OK, want));
+        assert_eq!(
+            cr(
+                &c.one("edge", &[("remote_address", "10.0.0.8")], 1).await,
+                0
+            ),
+            (OK, want)
+        );
     }
-    assert_eq!(cr(&c.one("edge", &[("remote_address", "10.0.0.8")], 1).await, 0).0, OVER);
+    assert_eq!(
+        cr(
+            &c.one("edge", &[("remote_address", "10.0.0.8")], 1).await,
+            0
+        )
+        .0,
+        OVER
+    );
     for want in (0..5).rev() {
-        assert_eq!(cr(&c.one("edge", &[("PATH", "/v2/items"), ("remote_address", "10.0.0.7")], 1).await, 0), (OK, want));
+        assert_eq!(
+            cr(
+                &c.one(
+                    "edge",
+                    &[("PATH", "/v2/items"), ("remote_address", "10.0.0.7")],
+                    1
+                )
+                .await,
+                0
+            ),
+            (OK, want)
+        );
     }
-    assert_eq!(cr(&c.one("edge", &[("PATH", "/v2/items"), ("remote_address", "10.0.0.7")], 1).await, 0).0, OVER);
+    assert_eq!(
+        cr(
+            &c.one(
+                "edge",
+                &[("PATH", "/v2/items"), ("remote_address", "10.0.0.7")],
+                1
+            )
+            .await,
+            0
+        )
+        .0,
+        OVER
+    );
 }
 
 /// BR-10: `replaces` drops the named limit for that request only.
@@ -299,7 +449,16 @@ descriptors:
 ",
     )
     .await;
-    let both = || req("quota", vec![desc(&[("group", "reads"), ("user", "alice")]), desc(&[("endpoint", "get_item"), ("user", "alice")])], 1);
+    let both = || {
+        req(
+            "quota",
+            vec![
+                desc(&[("group", "reads"), ("user", "alice")]),
+                desc(&[("endpoint", "get_item"), ("user", "alice")]),
+            ],
+            1,
+        )
+    };
     for want in (0..5).rev() {
         let r = c.call(both()).await;
         assert_eq!(r.overall_code, OK);
@@ -310,9 +469,31 @@ descriptors:
     assert_eq!(r.overall_code, OVER);
     assert_no_limit(&r, 0);
     assert_eq!(cr(&r, 1).0, OVER);
-    assert_eq!(cr(&c.one("quota", &[("group", "reads"), ("user", "alice")], 1).await, 0), (OK, 1));
-    assert_eq!(cr(&c.one("quota", &[("group", "reads"), ("user", "alice")], 1).await, 0), (OK, 0));
-    assert_eq!(cr(&c.one("quota", &[("group", "reads"), ("user", "alice")], 1).await, 0).0, OVER);
+    assert_eq!(
+        cr(
+            &c.one("quota", &[("group", "reads"), ("user", "alice")], 1)
+                .await,
+            0
+        ),
+        (OK, 1)
+    );
+    assert_eq!(
+        cr(
+            &c.one("quota", &[("group", "reads"), ("user", "alice")], 1)
+                .await,
+            0
+        ),
+        (OK, 0)
+    );
+    assert_eq!(
+        cr(
+            &c.one("quota", &[("group", "reads"), ("user", "alice")], 1)
+                .await,
+            0
+        )
+        .0,
+        OVER
+    );
 }
 
 /// BR-11: shadow mode keeps accounting, answers OK, never short-circuits.
@@ -322,17 +503,38 @@ pub async fn br_11(b: &dyn Backend) {
         "domain: sm\ndescriptors:\n  - key: user\n    value: bob\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: route\n    value: r1\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
     )
     .await;
-    let call = || req("sm", vec![desc(&[("user", "bob")]), desc(&[("route", "r1")])], 1);
+    let call = || {
+        req(
+            "sm",
+            vec![desc(&[("user", "bob")]), desc(&[("route", "r1")])],
+            1,
+        )
+    };
     let r = c.call(call()).await;
-    assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1)), (OK, (OK, 1), (OK, 2)));
+    assert_eq!(
+        (r.overall_code, cr(&r, 0), cr(&r, 1)),
+        (OK, (OK, 1), (OK, 2))
+    );
     let r = c.call(call()).await;
-    assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1)), (OK, (OK, 0), (OK, 1)));
+    assert_eq!(
+        (r.overall_code, cr(&r, 0), cr(&r, 1)),
+        (OK, (OK, 0), (OK, 1))
+    );
     let r = c.call(call()).await;
-    assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1)), (OK, (OK, 0), (OK, 0)));
-    assert!(st(&r, 0).2.is_some_and(|d| d >= 1), "shadowed status carries the wait");
+    assert_eq!(
+        (r.overall_code, cr(&r, 0), cr(&r, 1)),
+        (OK, (OK, 0), (OK, 0))
+    );
+    assert!(
+        st(&r, 0).2.is_some_and(|d| d >= 1),
+        "shadowed status carries the wait"
+    );
     assert!(retry_after(&r).is_none());
     let r = c.call(call()).await;
-    assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1).0), (OVER, (OK, 0), OVER));
+    assert_eq!(
+        (r.overall_code, cr(&r, 0), cr(&r, 1).0),
+        (OVER, (OK, 0), OVER)
+    );
 }
 
 /// BR-13: a cost above the remaining tokens is denied without consuming.
@@ -372,11 +574,23 @@ pub async fn br_14(b: &dyn Backend) {
     let t1 = [("tenant", "t1")];
     assert_eq!(cr(&c.one("d", &t1, 0).await, 0), (OK, 9));
     assert_eq!(cr(&c.one("d", &t1, 3).await, 0), (OK, 6));
-    assert_eq!(cr(&c.call(req("d", vec![desc_hits(&t1, 0)], 0)).await, 0), (OK, 6));
-    assert_eq!(cr(&c.call(req("d", vec![desc_hits(&t1, 6)], 0)).await, 0), (OK, 0));
+    assert_eq!(
+        cr(&c.call(req("d", vec![desc_hits(&t1, 0)], 0)).await, 0),
+        (OK, 6)
+    );
+    assert_eq!(
+        cr(&c.call(req("d", vec![desc_hits(&t1, 6)], 0)).await, 0),
+        (OK, 0)
+    );
     let r = c.call(req("d", vec![desc_hits(&t1, 0)], 0)).await;
     assert_eq!(st(&r, 0), (OVER, 0, Some(6)));
-    let r = c.call(req("d", vec![desc(&[("tenant", "t2")]), desc_hits(&[("tenant", "t3")], 5)], 2)).await;
+    let r = c
+        .call(req(
+            "d",
+            vec![desc(&[("tenant", "t2")]), desc_hits(&[("tenant", "t3")], 5)],
+            2,
+        ))
+        .await;
     assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 8), (OK, 5)));
 }
 
@@ -394,7 +608,10 @@ pub async fn br_15a(b: &dyn Backend) {
         if code == OK {
             admitted += 1;
             if after_over {
-                assert_eq!(rem, 0, "call {i}: remaining after an OVER_LIMIT must be explained by refill");
+                assert_eq!(
+                    rem, 0,
+                    "call {i}: remaining after an OVER_LIMIT must be explained by refill"
+                );
             }
             if i >= 2 {
                 assert_ne!(rem, 2, "call {i}");
@@ -429,9 +646,15 @@ pub async fn br_15b(b: &dyn Backend) {
     for (ci, cap) in [1u64, 7, 100, 4_294_967_295].into_iter().enumerate() {
         for unit in ["second", "minute"] {
             let unit_secs = if unit == "second" { 1 } else { 60 };
-            let yaml = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: {cap}}}\n");
+            let yaml = format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: {cap}}}\n"
+            );
             let c = Case::new(b, &yaml).await;
-            let limit = Limit { requests_per_unit: u32::try_from(cap).unwrap_or(u32::MAX), unit_secs, burst: cap };
+            let limit = Limit {
+                requests_per_unit: u32::try_from(cap).unwrap_or(u32::MAX),
+                unit_secs,
+                burst: cap,
+            };
             let mut model: Option<BucketState> = None;
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (ci as u64 * 31 + unit_secs));
             let mut admitted_log: Vec<(u64, u64)> = Vec::new(); // (time us, hits)
@@ -441,9 +664,16 @@ pub async fn br_15b(b: &dyn Backend) {
                 c.advance_ms(gap_ms);
                 t_us += gap_ms * 1000;
                 let hits = 1 + rng.below(cap.min(1 << 20));
-                let r = c.call(req("d", vec![desc_hits(&[("k", "v")], hits)], 0)).await;
+                let r = c
+                    .call(req("d", vec![desc_hits(&[("k", "v")], hits)], 0))
+                    .await;
                 let now = T0_US + t_us;
-                let spec = ChargeSpec { limit, cost: hits, kind: ChargeKind::Consume, shadow: false };
+                let spec = ChargeSpec {
+                    limit,
+                    cost: hits,
+                    kind: ChargeKind::Consume,
+                    shadow: false,
+                };
                 let mut put = None;
                 let want = bucket::apply_request(&[(0, spec)], &[model], now, |_, s| put = Some(s));
                 if let Some(s) = put {
@@ -451,7 +681,11 @@ pub async fn br_15b(b: &dyn Backend) {
                 }
                 let (code, rem, dur) = st(&r, 0);
                 assert_eq!(code == OK, want.admitted, "cap {cap} {unit} step {step}");
-                assert_eq!(u64::from(rem), want.charges[0].tokens_micro / MICRO * u64::from(want.admitted), "cap {cap} {unit} step {step}");
+                assert_eq!(
+                    u64::from(rem),
+                    want.charges[0].tokens_micro / MICRO * u64::from(want.admitted),
+                    "cap {cap} {unit} step {step}"
+                );
                 assert!(u64::from(rem) <= cap);
                 if code == OK {
                     admitted_log.push((t_us, hits));
@@ -465,7 +699,9 @@ pub async fn br_15b(b: &dyn Backend) {
                 for j in i..admitted_log.len() {
                     sum += u128::from(admitted_log[j].1);
                     let span_us = u128::from(admitted_log[j].0 - admitted_log[i].0);
-                    let bound = u128::from(cap) + u128::from(cap) * span_us / (u128::from(unit_secs) * 1_000_000) + 1;
+                    let bound = u128::from(cap)
+                        + u128::from(cap) * span_us / (u128::from(unit_secs) * 1_000_000)
+                        + 1;
                     assert!(sum <= bound, "cap {cap} {unit}: {sum} hits in {span_us} us");
                 }
             }
@@ -504,10 +740,22 @@ pub async fn br_18(b: &dyn Backend) {
 pub async fn br_16(b: &dyn Backend) {
     let yaml = "domain: api\ndescriptors:\n  - key: group\n    value: reports\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: special\n    value: export\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
     let c = Case::new(b, yaml).await;
-    let both = || req("api", vec![desc(&[("group", "reports")]), desc(&[("special", "export")])], 1);
+    let both = || {
+        req(
+            "api",
+            vec![
+                desc(&[("group", "reports")]),
+                desc(&[("special", "export")]),
+            ],
+            1,
+        )
+    };
     for (g, s) in [(9, 2), (8, 1), (7, 0)] {
         let r = c.call(both()).await;
-        assert_eq!((r.overall_code, cr(&r, 0), cr(&r, 1)), (OK, (OK, g), (OK, s)));
+        assert_eq!(
+            (r.overall_code, cr(&r, 0), cr(&r, 1)),
+            (OK, (OK, g), (OK, s))
+        );
     }
     for _ in 0..2 {
         let r = c.call(both()).await;
@@ -516,15 +764,33 @@ pub async fn br_16(b: &dyn Backend) {
         assert_eq!(st(&r, 1), (OVER, 0, Some(20)));
     }
     for want in (0..7).rev() {
-        assert_eq!(cr(&c.one("api", &[("group", "reports")], 1).await, 0), (OK, want));
+        assert_eq!(
+            cr(&c.one("api", &[("group", "reports")], 1).await, 0),
+            (OK, want)
+        );
     }
-    assert_eq!(cr(&c.one("api", &[("group", "reports")], 1).await, 0).0, OVER);
+    assert_eq!(
+        cr(&c.one("api", &[("group", "reports")], 1).await, 0).0,
+        OVER
+    );
     // 50 concurrent callers: at most 3 admitted on special, and group charged only for those.
     let c = Arc::new(Case::new(b, yaml).await);
     let tasks: Vec<_> = (0..50)
         .map(|_| {
             let c = c.clone();
-            tokio::spawn(async move { c.call(req("api", vec![desc(&[("group", "reports")]), desc(&[("special", "export")])], 1)).await.overall_code == OK })
+            tokio::spawn(async move {
+                c.call(req(
+                    "api",
+                    vec![
+                        desc(&[("group", "reports")]),
+                        desc(&[("special", "export")]),
+                    ],
+                    1,
+                ))
+                .await
+                .overall_code
+                    == OK
+            })
         })
         .collect();
     let mut admitted = 0;
@@ -534,7 +800,10 @@ pub async fn br_16(b: &dyn Backend) {
         }
     }
     assert_eq!(admitted, 3);
-    assert_eq!(cr(&c.one("api", &[("group", "reports")], 1).await, 0), (OK, 6));
+    assert_eq!(
+        cr(&c.one("api", &[("group", "reports")], 1).await, 0),
+        (OK, 6)
+    );
 }
 
 /// BR-17: very high rates and huge costs neither overflow nor disable limiting.
@@ -568,16 +837,48 @@ pub async fn br_17(b: &dyn Backend) {
     assert_eq!(admitted, 6000);
     let huge = [("k", "huge")];
     assert_eq!(cr(&c.one("d", &huge, 1_000_000).await, 0), (OK, 0));
-    assert_eq!(st(&c.one("d", &huge, 1_000_000).await, 0), (OVER, 0, Some(1)));
+    assert_eq!(
+        st(&c.one("d", &huge, 1_000_000).await, 0),
+        (OVER, 0, Some(1))
+    );
     c.advance_ms(1_100);
     assert_eq!(cr(&c.one("d", &huge, 1_000_000).await, 0).0, OK);
     let max = [("k", "max")];
-    assert_eq!(st(&c.one("d", &max, 1).await, 0), (OK, 4_294_967_294, Some(1)));
+    assert_eq!(
+        st(&c.one("d", &max, 1).await, 0),
+        (OK, 4_294_967_294, Some(1))
+    );
     c.advance_ms(10);
-    assert_eq!(st(&c.call(req("d", vec![desc_hits(&max, 4_294_967_295)], 0)).await, 0), (OK, 0, Some(86_400)));
-    assert_eq!(st(&c.call(req("d", vec![desc_hits(&max, 4_294_967_295)], 0)).await, 0), (OVER, 0, Some(86_400)));
-    assert_eq!(st(&c.call(req("d", vec![desc_hits(&max, 1 << 40)], 0)).await, 0), (OVER, 0, Some(86_400)));
-    assert_eq!(st(&c.call(req("d", vec![desc_hits(&max, u64::MAX)], 0)).await, 0), (OVER, 0, Some(86_400)));
+    assert_eq!(
+        st(
+            &c.call(req("d", vec![desc_hits(&max, 4_294_967_295)], 0))
+                .await,
+            0
+        ),
+        (OK, 0, Some(86_400))
+    );
+    assert_eq!(
+        st(
+            &c.call(req("d", vec![desc_hits(&max, 4_294_967_295)], 0))
+                .await,
+            0
+        ),
+        (OVER, 0, Some(86_400))
+    );
+    assert_eq!(
+        st(
+            &c.call(req("d", vec![desc_hits(&max, 1 << 40)], 0)).await,
+            0
+        ),
+        (OVER, 0, Some(86_400))
+    );
+    assert_eq!(
+        st(
+            &c.call(req("d", vec![desc_hits(&max, u64::MAX)], 0)).await,
+            0
+        ),
+        (OVER, 0, Some(86_400))
+    );
 }
 
 /// BR-19: durations are always set; the denying status has remaining 0.
@@ -587,14 +888,23 @@ pub async fn br_19(b: &dyn Backend) {
         "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 60}\n  - key: spend\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
     )
     .await;
-    assert_eq!(st(&c.one("llm", &[("user", "u1")], 1).await, 0), (OK, 59, Some(1)));
+    assert_eq!(
+        st(&c.one("llm", &[("user", "u1")], 1).await, 0),
+        (OK, 59, Some(1))
+    );
     let mut last = None;
     for _ in 0..5 {
         last = Some(c.one("llm", &[("spend", "u1")], 1).await);
     }
     assert_eq!(st(&last.expect("calls"), 0), (OK, 0, Some(3600)));
     c.advance_ms(500);
-    let r = c.call(req("llm", vec![desc(&[("user", "u1")]), desc(&[("spend", "u1")])], 1)).await;
+    let r = c
+        .call(req(
+            "llm",
+            vec![desc(&[("user", "u1")]), desc(&[("spend", "u1")])],
+            1,
+        ))
+        .await;
     assert_eq!(r.overall_code, OVER);
     assert_eq!(st(&r, 0), (OK, 59, Some(1)));
     assert_eq!(st(&r, 1), (OVER, 0, Some(720)));
@@ -603,13 +913,19 @@ pub async fn br_19(b: &dyn Backend) {
     assert_eq!(cr(&c.one("llm", &[("spend", "u2")], 3).await, 0), (OK, 2));
     assert_eq!(cr(&c.one("llm", &[("spend", "u2")], 3).await, 0), (OVER, 0));
     // A full bucket: duration 0 only when checking without consuming.
-    let r = c.call(req("llm", vec![desc_hits(&[("user", "fresh")], 0)], 0)).await;
+    let r = c
+        .call(req("llm", vec![desc_hits(&[("user", "fresh")], 0)], 0))
+        .await;
     assert_eq!(st(&r, 0), (OK, 60, Some(0)));
 }
 
 /// BR-21: a changed limit applies to existing buckets at once, both ways.
 pub async fn br_21(b: &dyn Backend) {
-    let cfg = |rate: u32| format!("domain: d\ndescriptors:\n  - key: tenant\n    value: t1\n    rate_limit: {{unit: minute, requests_per_unit: {rate}}}\n");
+    let cfg = |rate: u32| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: tenant\n    value: t1\n    rate_limit: {{unit: minute, requests_per_unit: {rate}}}\n"
+        )
+    };
     let t1 = [("tenant", "t1")];
     // Lower.
     let c = Case::new(b, &cfg(100)).await;
@@ -658,7 +974,10 @@ pub async fn refunds(b: &dyn Backend) {
     let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: hour, requests_per_unit: 3}\n").await;
     let v = [("k", "v")];
     assert_eq!(cr(&c.one("d", &v, 3).await, 0), (OK, 0));
-    let refund = |n: u64| RateLimitDescriptor { is_negative_hits: true, ..desc_hits(&v, n) };
+    let refund = |n: u64| RateLimitDescriptor {
+        is_negative_hits: true,
+        ..desc_hits(&v, n)
+    };
     let r = c.call(req("d", vec![refund(1)], 0)).await;
     assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, 1)));
     assert_eq!(cr(&c.one("d", &v, 1).await, 0), (OK, 0));
@@ -672,12 +991,25 @@ pub async fn refunds(b: &dyn Backend) {
 /// Per-request `limit` overrides replace the rule's rate; UNKNOWN unit is invalid.
 pub async fn overrides(b: &dyn Backend) {
     let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100}\n").await;
-    let with = |rpu: u32, unit: i32| RateLimitDescriptor { limit: Some(RateLimitOverride { requests_per_unit: rpu, unit }), ..desc(&[("k", "v")]) };
+    let with = |rpu: u32, unit: i32| RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: rpu,
+            unit,
+        }),
+        ..desc(&[("k", "v")])
+    };
     let r = c.call(req("d", vec![with(2, 1 /* SECOND */)], 1)).await;
     assert_eq!((cr(&r, 0), rpu(&r, 0)), ((OK, 1), 2));
     assert_eq!(cr(&c.call(req("d", vec![with(2, 1)], 1)).await, 0), (OK, 0));
-    assert_eq!(st(&c.call(req("d", vec![with(2, 1)], 1)).await, 0), (OVER, 0, Some(1)));
-    let e = c.limiter.should_rate_limit(&req("d", vec![with(2, 0 /* UNKNOWN */)], 1)).await.unwrap_err();
+    assert_eq!(
+        st(&c.call(req("d", vec![with(2, 1)], 1)).await, 0),
+        (OVER, 0, Some(1))
+    );
+    let e = c
+        .limiter
+        .should_rate_limit(&req("d", vec![with(2, 0 /* UNKNOWN */)], 1))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 }
 
@@ -685,15 +1017,34 @@ pub async fn overrides(b: &dyn Backend) {
 pub async fn br_32(b: &dyn Backend) {
     let c = Case::new(b, "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 10}\n").await;
     for _ in 0..100 {
-        let r = c.one("ambassador", &[("remote_address", "10.0.0.9")], 1).await;
+        let r = c
+            .one("ambassador", &[("remote_address", "10.0.0.9")], 1)
+            .await;
         assert_eq!(r.overall_code, OK);
         assert_no_limit(&r, 0);
     }
     assert_eq!(c.storage_calls(), 0);
-    let e = c.limiter.should_rate_limit(&req("", vec![desc(&[("remote_address", "10.0.0.9")])], 1)).await.unwrap_err();
-    assert_eq!((e.code(), e.message()), (tonic::Code::InvalidArgument, "domain must not be empty"));
-    let e = c.limiter.should_rate_limit(&req("api", vec![], 1)).await.unwrap_err();
-    assert_eq!((e.code(), e.message()), (tonic::Code::InvalidArgument, "descriptor list must not be empty"));
+    let e = c
+        .limiter
+        .should_rate_limit(&req("", vec![desc(&[("remote_address", "10.0.0.9")])], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (tonic::Code::InvalidArgument, "domain must not be empty")
+    );
+    let e = c
+        .limiter
+        .should_rate_limit(&req("api", vec![], 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (
+            tonic::Code::InvalidArgument,
+            "descriptor list must not be empty"
+        )
+    );
     let r = c.call(req("api", vec![desc(&[])], 1)).await;
     assert_eq!(r.overall_code, OK);
     assert_no_limit(&r, 0);

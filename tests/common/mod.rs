@@ -17,35 +17,66 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// A key prefix no other test uses, so tests can share one Redis.
 pub fn unique_prefix(name: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("t:{name}:{}:{}:", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "t:{name}:{}:{}:",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// Compiles YAML files `(name, text)` into a config, panicking with every error.
 pub fn config(files: &[(&str, &str)]) -> bucket_rls::config::Config {
-    let texts: Vec<(String, Vec<u8>)> = files.iter().map(|(n, t)| ((*n).to_owned(), t.as_bytes().to_vec())).collect();
+    let texts: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|(n, t)| ((*n).to_owned(), t.as_bytes().to_vec()))
+        .collect();
     loader::compile_texts(&texts).unwrap_or_else(|e| panic!("config does not load:\n{e}"))
 }
 
 /// A limiter over `storage` for one YAML file.
 pub fn limiter(yaml: &str, storage: Arc<dyn Storage>, prefix: &str) -> Arc<Limiter> {
-    let settings = ServiceSettings { key_prefix: prefix.to_owned(), ..ServiceSettings::default() };
-    Arc::new(Limiter::new(config(&[("test.yaml", yaml)]), storage, settings))
+    let settings = ServiceSettings {
+        key_prefix: prefix.to_owned(),
+        ..ServiceSettings::default()
+    };
+    Arc::new(Limiter::new(
+        config(&[("test.yaml", yaml)]),
+        storage,
+        settings,
+    ))
 }
 
 /// One descriptor from `(key, value)` pairs.
 pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
-        entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
         ..Default::default()
     }
 }
 
 /// A descriptor with its own `hits_addend`.
 pub fn desc_hits(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
-    RateLimitDescriptor { hits_addend: Some(UInt64Value { value: hits }), ..desc(entries) }
+    RateLimitDescriptor {
+        hits_addend: Some(UInt64Value { value: hits }),
+        ..desc(entries)
+    }
 }
 
 /// A request.
-pub fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> RateLimitRequest {
-    RateLimitRequest { domain: domain.into(), descriptors, hits_addend }
+pub fn req(
+    domain: &str,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits_addend: u32,
+) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend,
+    }
 }
