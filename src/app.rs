@@ -30,7 +30,8 @@ pub enum AppError {
     Http(#[from] std::io::Error),
 }
 
-/// How often the storage's housekeeping (e.g. memory bucket eviction) runs.
+/// How often the storage's housekeeping (e.g. memory bucket eviction) and
+/// the metrics upkeep (draining histogram samples) run.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Serves until `shutdown` resolves, then drains and returns.
@@ -59,6 +60,7 @@ pub async fn run(
             loop {
                 tick.tick().await;
                 limiter.storage().sweep();
+                crate::metrics::upkeep();
             }
         })
     };

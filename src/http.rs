@@ -1,29 +1,256 @@
-//! HTTP admin API on the admin port.
+//! HTTP admin API on the admin port (default `0.0.0.0:8080`).
 //!
 //! Endpoints:
-//! - `GET /healthcheck`: 200 `OK` when a config is loaded and storage answers,
-//!   503 with a short reason otherwise.
+//! - `GET /healthcheck`: 200 `OK` when a config is loaded and storage answers
+//!   a ping within [`HEALTH_PING_TIMEOUT`]; 503 with a short reason otherwise.
+//! - `GET /metrics`: Prometheus text exposition (names and labels in the
+//!   README and [`crate::metrics`]), plus the identity of the config in force
+//!   (`bucket_rls_config_info{hash}`, `bucket_rls_config_load_timestamp_seconds`).
+//! - `GET /rlconfig`: JSON: the config in force (domains and rules with rates,
+//!   bursts, units, names, shadow flags, `replaces`), its hash and load time,
+//!   the last reload error and the storage backend name.
+//! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
+//!   protobuf JSON ([`pbjson`]): 200 with the `RateLimitResponse` when the
+//!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
+//!   `{"error": "..."}` for a malformed request, 503 when storage is
+//!   unavailable.
+//!
+//! The router is built by [`router`] so tests call it without a socket.
 
+pub mod pbjson;
+
+use crate::config::{Config, Policy};
 use crate::service::Limiter;
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Builds the admin router (tests call it without a socket).
+/// How long `/healthcheck` waits for the storage ping.
+pub const HEALTH_PING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Builds the admin router (tests call it without a socket). Installs the
+/// process-wide metrics recorder if nothing did yet.
 pub fn router(limiter: Arc<Limiter>) -> Router {
+    crate::metrics::install();
     Router::new()
         .route("/healthcheck", get(healthcheck))
+        .route("/metrics", get(metrics))
+        .route("/rlconfig", get(rlconfig))
+        .route("/json", post(json))
         .with_state(limiter)
 }
 
 async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> (StatusCode, String) {
-    match limiter.storage().ping().await {
-        Ok(()) => (StatusCode::OK, "OK\n".into()),
-        Err(e) => (
+    match tokio::time::timeout(HEALTH_PING_TIMEOUT, limiter.storage().ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "OK\n".into()),
+        Ok(Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("storage unavailable: {e}\n"),
         ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("storage unavailable: no answer to ping within {HEALTH_PING_TIMEOUT:?}\n"),
+        ),
+    }
+}
+
+async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&limiter.config()),
+    )
+        .into_response()
+}
+
+/// `/rlconfig` body.
+#[derive(Debug, Serialize)]
+struct RlConfig {
+    hash: String,
+    loaded_at: String,
+    loaded_at_unix_ms: u128,
+    backend: &'static str,
+    last_reload_error: Option<ReloadErrorView>,
+    domains: Vec<DomainView>,
+}
+
+#[derive(Debug, Serialize)]
+struct ReloadErrorView {
+    at: String,
+    message: String,
+}
+
+#[derive(Debug, Serialize)]
+struct DomainView {
+    domain: String,
+    file: String,
+    rules: Vec<RuleView>,
+}
+
+#[derive(Debug, Serialize)]
+struct RuleView {
+    path: String,
+    name: Option<String>,
+    unlimited: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requests_per_unit: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unit: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<u32>,
+    shadow_mode: bool,
+    detailed_metric: bool,
+    replaces: Vec<String>,
+    source: String,
+}
+
+fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
+    let mut domains: Vec<DomainView> = config
+        .domains
+        .values()
+        .map(|d| DomainView {
+            domain: d.name.clone(),
+            file: d.file.clone(),
+            rules: d
+                .rules
+                .iter()
+                .map(|r| {
+                    let (unlimited, rpu, unit, burst) = match &r.policy {
+                        Policy::Unlimited => (true, None, None, None),
+                        Policy::Limited {
+                            requests_per_unit,
+                            unit,
+                            burst,
+                        } => (
+                            false,
+                            Some(*requests_per_unit),
+                            Some(unit.as_str()),
+                            Some(*burst),
+                        ),
+                    };
+                    RuleView {
+                        path: r.path.clone(),
+                        name: r.name.clone(),
+                        unlimited,
+                        requests_per_unit: rpu,
+                        unit,
+                        burst,
+                        shadow_mode: r.shadow_mode,
+                        detailed_metric: r.detailed_metric,
+                        replaces: r.replaces.clone(),
+                        source: r.source.clone(),
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    domains.sort_by(|a, b| a.domain.cmp(&b.domain));
+    RlConfig {
+        hash: config.hash.clone(),
+        loaded_at: rfc3339(config.loaded_at),
+        loaded_at_unix_ms: config
+            .loaded_at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis()),
+        backend: limiter.storage().name(),
+        last_reload_error: limiter.last_reload_error().map(|e| ReloadErrorView {
+            at: rfc3339(e.at),
+            message: e.message,
+        }),
+        domains,
+    }
+}
+
+async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> Response {
+    let view = config_view(&limiter.config(), &limiter);
+    json_response(StatusCode::OK, &view)
+}
+
+async fn json(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+    let req = match pbjson::JsonRequest::parse(&body) {
+        Ok(r) => r.into_proto(),
+        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
+    };
+    match limiter.should_rate_limit(&req).await {
+        Ok(resp) => {
+            let view = pbjson::JsonResponse::from_proto(&resp);
+            let code = if view.is_over_limit() {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            json_response(code, &view)
+        }
+        Err(s) => {
+            let code = match s.code() {
+                tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            error(code, s.message())
+        }
+    }
+}
+
+fn json_response(code: StatusCode, body: &impl Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (code, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+fn error(code: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({ "error": message }).to_string();
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Formats `t` as RFC 3339 UTC with milliseconds (`2024-01-31T12:00:00.123Z`).
+#[must_use]
+pub fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let t = UNIX_EPOCH + Duration::from_millis(1_709_210_096_789);
+        assert_eq!(rfc3339(t), "2024-02-29T12:34:56.789Z");
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339(t), "2000-02-29T00:00:00.000Z");
     }
 }

@@ -4,6 +4,7 @@ use anyhow::Context;
 use bucket_rls::app::{self, Listeners};
 use bucket_rls::cli::{Cli, Command, LogFormat, ServeArgs};
 use bucket_rls::config::loader;
+use bucket_rls::config::watcher::{ConfigWatcher, ReloadHandle, WatchOptions};
 use bucket_rls::limiter::Storage;
 use bucket_rls::limiter::memory::MemoryStorage;
 use bucket_rls::service::Limiter;
@@ -75,8 +76,10 @@ fn init_tracing(level: &str, format: LogFormat) {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    bucket_rls::metrics::install();
     let config = loader::load_source(&args.config)
         .map_err(|e| anyhow::anyhow!("invalid config, not starting:\n{e}"))?;
+    metrics::counter!(bucket_rls::metrics::CONFIG_LOAD, "result" => "success").increment(1);
     tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
     let storage: Arc<dyn Storage> = if args.redis_url.is_some()
         || !args.redis_sentinel.is_empty()
@@ -103,10 +106,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(args.http_addr)
         .await
         .with_context(|| format!("binding HTTP on {}", args.http_addr))?;
+    let watcher = ConfigWatcher::spawn(
+        args.config.clone(),
+        limiter.clone(),
+        WatchOptions::default(),
+    )?;
+    tokio::spawn(reload_on_sighup(watcher.reload_handle()));
     tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, backend = limiter.storage().name(), "serving");
     app::run(Listeners { grpc, http }, limiter, shutdown_signal()).await?;
+    drop(watcher);
     tracing::info!("stopped");
     Ok(())
+}
+
+async fn reload_on_sighup(handle: ReloadHandle) {
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGHUP; reloads come from file events and the rescan only");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the config");
+        handle.reload_now();
+    }
 }
 
 async fn shutdown_signal() {

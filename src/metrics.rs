@@ -25,6 +25,12 @@ pub const SERVICE_ERROR: &str = "bucket_rls_service_error_total";
 pub const STORAGE_ERRORS: &str = "bucket_rls_storage_errors_total";
 /// Config loads. Label `result` (`success`, `error`).
 pub const CONFIG_LOAD: &str = "bucket_rls_config_load_total";
+/// Times the Redis token bucket script was loaded again after `NOSCRIPT`.
+pub const REDIS_SCRIPT_RELOAD: &str = "bucket_rls_redis_script_reload_total";
+/// Requests answered from the local over-limit cache without a Redis call.
+pub const LOCAL_CACHE_HITS: &str = "bucket_rls_local_cache_hits_total";
+/// 1 while the Redis circuit breaker is open, else 0 (gauge).
+pub const REDIS_CIRCUIT_OPEN: &str = "bucket_rls_redis_circuit_open";
 /// `ShouldRateLimit` latency in seconds (histogram).
 pub const REQUEST_DURATION: &str = "bucket_rls_request_duration_seconds";
 
@@ -47,5 +53,92 @@ pub fn describe() {
     describe_counter!(SERVICE_ERROR, "Requests answered with an error");
     describe_counter!(STORAGE_ERRORS, "Storage failures by kind");
     describe_counter!(CONFIG_LOAD, "Config loads by result");
+    describe_counter!(REDIS_SCRIPT_RELOAD, "Redis script reloads after NOSCRIPT");
+    describe_counter!(
+        LOCAL_CACHE_HITS,
+        "Requests answered from the local over-limit cache"
+    );
+    metrics::describe_gauge!(
+        REDIS_CIRCUIT_OPEN,
+        "1 while the Redis circuit breaker is open"
+    );
     describe_histogram!(REQUEST_DURATION, Unit::Seconds, "ShouldRateLimit latency");
+}
+
+/// Info gauge of the config in force: always exactly one series, value 1,
+/// label `hash` = [`crate::config::Config::hash`]. Rendered at scrape time
+/// from the config in force (see [`render`]), so a reload never leaves a
+/// stale series behind.
+pub const CONFIG_INFO: &str = "bucket_rls_config_info";
+/// Unix time in seconds at which the config in force was loaded (gauge,
+/// rendered at scrape time like [`CONFIG_INFO`]).
+pub const CONFIG_LOAD_TIMESTAMP: &str = "bucket_rls_config_load_timestamp_seconds";
+
+/// Upper bounds in seconds of the [`REQUEST_DURATION`] histogram buckets:
+/// 100 µs to 100 ms, the range that matters against Envoy's 20 ms default
+/// timeout.
+pub const REQUEST_DURATION_BUCKETS_SECS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.02, 0.05, 0.1,
+];
+
+static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+    std::sync::OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder once and returns its handle;
+/// later calls (from `serve`, the HTTP router or tests) return the same handle.
+///
+/// Metrics are process-global by design of the `metrics` crate: every
+/// [`crate::service::Limiter`] in a process records into this one recorder.
+/// If another recorder was installed first (by an embedding program), ours is
+/// not installed, a warning is logged, and the handle renders only the
+/// descriptions.
+pub fn install() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let builder = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(REQUEST_DURATION.to_owned()),
+                REQUEST_DURATION_BUCKETS_SECS,
+            )
+            .unwrap_or_else(|_| metrics_exporter_prometheus::PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        if let Err(e) = metrics::set_global_recorder(recorder) {
+            tracing::warn!(error = %e, "another metrics recorder is installed; /metrics will not show bucket-rls metrics");
+        } else {
+            describe();
+        }
+        handle
+    })
+}
+
+/// Renders the Prometheus text exposition of every metric, followed by the
+/// config identity gauges ([`CONFIG_INFO`], [`CONFIG_LOAD_TIMESTAMP`]) of
+/// `config`, the config in force.
+#[must_use]
+pub fn render(config: &crate::config::Config) -> String {
+    use std::fmt::Write as _;
+    let mut out = install().render();
+    let loaded_secs = config
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let _ = write!(
+        out,
+        "# HELP {CONFIG_INFO} Hash of the config in force (value always 1)\n\
+         # TYPE {CONFIG_INFO} gauge\n\
+         {CONFIG_INFO}{{hash=\"{hash}\"}} 1\n\
+         # HELP {CONFIG_LOAD_TIMESTAMP} Unix time at which the config in force was loaded\n\
+         # TYPE {CONFIG_LOAD_TIMESTAMP} gauge\n\
+         {CONFIG_LOAD_TIMESTAMP} {loaded_secs:.3}\n",
+        hash = config.hash,
+    );
+    out
+}
+
+/// Drains histogram samples into their buckets; the server calls this
+/// periodically so memory stays bounded between scrapes.
+pub fn upkeep() {
+    if let Some(h) = HANDLE.get() {
+        h.run_upkeep();
+    }
 }

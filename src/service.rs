@@ -42,6 +42,7 @@ pub struct Limiter {
     storage: Arc<dyn Storage>,
     settings: ServiceSettings,
     unknown_domains: Mutex<HashMap<String, Instant>>,
+    reload_error: Mutex<Option<crate::config::watcher::ReloadError>>,
 }
 
 /// How one descriptor is answered, decided before storage is called.
@@ -68,6 +69,7 @@ impl Limiter {
             storage,
             settings,
             unknown_domains: Mutex::new(HashMap::new()),
+            reload_error: Mutex::new(None),
         }
     }
 
@@ -82,6 +84,17 @@ impl Limiter {
     pub fn swap_config(&self, config: Config) {
         self.config.store(Arc::new(config));
         self.storage.invalidate_local_cache();
+    }
+
+    /// The last failed reload, if the source has not loaded since (for `/rlconfig`).
+    #[must_use]
+    pub fn last_reload_error(&self) -> Option<crate::config::watcher::ReloadError> {
+        self.reload_error.lock().clone()
+    }
+
+    /// Records (or clears, with `None`) the last failed reload.
+    pub fn set_reload_error(&self, error: Option<crate::config::watcher::ReloadError>) {
+        *self.reload_error.lock() = error;
     }
 
     /// The storage backend.

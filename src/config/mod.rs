@@ -2,9 +2,11 @@
 //!
 //! - [`schema`]: the raw YAML shape, every scalar kept as literal text with its line.
 //! - [`loader`]: reads files and directories, validates, compiles into [`Config`].
+//! - [`watcher`]: hot reload (file events, SIGHUP, periodic rescan), atomic swap.
 
 pub mod loader;
 pub mod schema;
+pub mod watcher;
 
 use crate::matcher::Level;
 use std::collections::HashMap;

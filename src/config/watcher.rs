@@ -1,0 +1,447 @@
+//! Hot reload of the config source (DESIGN 6): file events, SIGHUP and a
+//! periodic rescan all lead to the same [`Reloader::apply`], which builds the
+//! new [`Config`] completely and swaps it in atomically, or keeps the old one.
+//!
+//! What is watched: for a file source its parent directory, for a directory
+//! source the directory itself, non-recursively. That one watch sees every
+//! update pattern: an in-place write (modify/close-write on the file),
+//! write-then-rename (a rename into the directory), create and delete, and
+//! the Kubernetes ConfigMap swap, which creates a new hidden `..<timestamp>`
+//! directory and renames a new `..data` symlink over the old one (both are
+//! entries of the watched directory, so the swap is seen although the files
+//! themselves live one level down).
+//!
+//! Why the extra machinery around `notify`:
+//! - **Settling.** An event may arrive while a writer is half-way through an
+//!   in-place write. After an event the source is read until two reads
+//!   [`WatchOptions::settle`] apart have the same hash; only that state is
+//!   compiled, so a half-written file is never applied (it may at worst fail
+//!   to parse if the writer pauses longer than the settle time, which keeps
+//!   the old config).
+//! - **Exactly once.** The hash of the files read is compared with the hash of
+//!   the config in force before compiling: duplicate events, our own reads and
+//!   the periodic rescan never count a reload. A failing state is reported
+//!   (logged, counted as `config_load{result="error"}`, kept as the last
+//!   reload error) once, not on every rescan; SIGHUP reports it again.
+//! - **Lost events.** inotify can overflow or miss a swap; every
+//!   [`WatchOptions::rescan`] the source is read and compared by hash anyway.
+//!
+//! Reloads never touch buckets: bucket identity does not include the rate
+//! (DESIGN 3), so tokens carry over, capped at the new capacity.
+
+use super::loader::{compile_texts, hash_files, source_files};
+use super::{Config, ConfigError, ConfigErrors};
+use crate::metrics as m;
+use crate::service::Limiter;
+use notify_debouncer_full::notify::event::{AccessKind, AccessMode};
+use notify_debouncer_full::notify::{EventKind, RecursiveMode};
+use notify_debouncer_full::{DebounceEventResult, new_debouncer};
+use parking_lot::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc;
+
+/// Most settle rounds before the last state read is used anyway (a file that
+/// changes without pause for this long is compiled as it is then).
+const MAX_SETTLE_ROUNDS: u32 = 8;
+
+/// Timings of the watcher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// Quiet time the debouncer waits after a file event before reporting it.
+    pub debounce: Duration,
+    /// Time between the two reads that must agree before a state is compiled.
+    pub settle: Duration,
+    /// Period of the full rescan that covers lost file events.
+    pub rescan: Duration,
+}
+
+impl Default for WatchOptions {
+    /// 200 ms debounce, 250 ms settle, 10 s rescan: a change applies in well
+    /// under the 2 s reload SLO.
+    fn default() -> Self {
+        Self {
+            debounce: Duration::from_millis(200),
+            settle: Duration::from_millis(250),
+            rescan: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The last reload that failed, kept for `/rlconfig` until a reload succeeds
+/// or the source returns to the config in force.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReloadError {
+    /// When the failing state was first seen.
+    pub at: SystemTime,
+    /// Every problem, one per line (`file:line: path: message`).
+    pub message: String,
+}
+
+/// What one reload attempt did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The source hashes to the config in force; nothing to do.
+    Unchanged,
+    /// A new config was compiled and swapped in; its hash.
+    Applied(String),
+    /// The source does not load; the old config stays. Reported (logged,
+    /// counted, kept as last reload error).
+    Failed,
+    /// The same failing state as last time; not reported again.
+    FailedAgain,
+}
+
+/// Files of one read of the source: `(name, bytes)`, names as
+/// [`super::loader::load_source`] gives them, so hashes agree with it.
+pub type Snapshot = Result<Vec<(String, Vec<u8>)>, ConfigErrors>;
+
+/// Reads every file of `source` (a file or a directory, with the loader's
+/// rules for which entries count).
+///
+/// # Errors
+/// The source or one of its files cannot be read.
+pub fn read_source(source: &Path) -> Snapshot {
+    let files = source_files(source).map_err(|e| ConfigErrors(vec![e]))?;
+    let mut texts = Vec::with_capacity(files.len());
+    let mut errors = Vec::new();
+    for f in &files {
+        let name = f.display().to_string();
+        match std::fs::read(f) {
+            Ok(bytes) => texts.push((name, bytes)),
+            Err(e) => errors.push(ConfigError {
+                file: name,
+                line: None,
+                path: String::new(),
+                message: format!("cannot read: {e}"),
+            }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(texts)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// Identity of a snapshot: the config hash for readable files, the error text
+/// otherwise (so an unchanged failure is recognised).
+fn fingerprint(snap: &Snapshot) -> String {
+    match snap {
+        Ok(texts) => hash_files(texts),
+        Err(e) => format!("unreadable: {e}"),
+    }
+}
+
+/// Applies snapshots of one source to one [`Limiter`]. Synchronous and
+/// deterministic: the watcher task calls it, tests may call it directly.
+#[derive(Debug)]
+pub struct Reloader {
+    source: PathBuf,
+    limiter: Arc<Limiter>,
+    /// Fingerprint of the last reported failing state.
+    failed: Mutex<Option<String>>,
+}
+
+impl Reloader {
+    /// A reloader of `source` into `limiter`.
+    #[must_use]
+    pub fn new(source: PathBuf, limiter: Arc<Limiter>) -> Self {
+        Self {
+            source,
+            limiter,
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// The watched source.
+    #[must_use]
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Reads the source once and applies it (no settling).
+    pub fn reload(&self, force: bool) -> Outcome {
+        self.apply(read_source(&self.source), force)
+    }
+
+    /// Applies one snapshot: skips it when it equals the config in force,
+    /// otherwise compiles it completely and swaps it in, or keeps the old
+    /// config and reports the error. `force` (SIGHUP) reports a failing state
+    /// again even if it was reported before.
+    pub fn apply(&self, snap: Snapshot, force: bool) -> Outcome {
+        let fp = fingerprint(&snap);
+        let current = self.limiter.config();
+        if snap.is_ok() && fp == current.hash {
+            *self.failed.lock() = None;
+            self.limiter.set_reload_error(None);
+            if force {
+                tracing::info!(source = %self.source.display(), hash = %fp, "reload requested: config unchanged");
+            }
+            return Outcome::Unchanged;
+        }
+        if !force && self.failed.lock().as_deref() == Some(fp.as_str()) {
+            return Outcome::FailedAgain;
+        }
+        match snap.and_then(|texts| compile_texts(&texts)) {
+            Ok(config) => {
+                let hash = config.hash.clone();
+                log_applied(&self.source, &current, &config);
+                self.limiter.swap_config(config);
+                metrics::counter!(m::CONFIG_LOAD, "result" => "success").increment(1);
+                *self.failed.lock() = None;
+                self.limiter.set_reload_error(None);
+                Outcome::Applied(hash)
+            }
+            Err(errors) => {
+                metrics::counter!(m::CONFIG_LOAD, "result" => "error").increment(1);
+                let message = errors.to_string();
+                tracing::error!(
+                    source = %self.source.display(),
+                    errors = %message,
+                    kept = %current.hash,
+                    "config reload failed; keeping the config in force"
+                );
+                self.limiter.set_reload_error(Some(ReloadError {
+                    at: SystemTime::now(),
+                    message,
+                }));
+                *self.failed.lock() = Some(fp);
+                Outcome::Failed
+            }
+        }
+    }
+}
+
+fn log_applied(source: &Path, old: &Config, new: &Config) {
+    let mut added: Vec<&str> = new
+        .domains
+        .keys()
+        .filter(|d| !old.domains.contains_key(*d))
+        .map(String::as_str)
+        .collect();
+    let mut removed: Vec<&str> = old
+        .domains
+        .keys()
+        .filter(|d| !new.domains.contains_key(*d))
+        .map(String::as_str)
+        .collect();
+    added.sort_unstable();
+    removed.sort_unstable();
+    tracing::info!(
+        source = %source.display(),
+        hash = %new.hash,
+        previous = %old.hash,
+        domains = new.domains.len(),
+        rules = new.rule_count(),
+        added = ?added,
+        removed = ?removed,
+        "config reloaded"
+    );
+}
+
+/// What woke the reload task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trigger {
+    /// A file event (after debouncing).
+    Event,
+    /// SIGHUP or [`ConfigWatcher::reload_now`].
+    Force,
+}
+
+/// Errors starting the watcher.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The file watcher could not be created or could not watch the path.
+    #[error("cannot watch {path}: {source}")]
+    Notify {
+        /// The directory that was to be watched.
+        path: String,
+        /// What `notify` reported.
+        #[source]
+        source: notify_debouncer_full::notify::Error,
+    },
+}
+
+/// A running watcher: file events, the periodic rescan and forced reloads,
+/// all applied by one task in order. Stops when dropped.
+#[derive(Debug)]
+pub struct ConfigWatcher {
+    triggers: mpsc::UnboundedSender<Trigger>,
+    task: tokio::task::JoinHandle<()>,
+    reloader: Arc<Reloader>,
+    _debouncer: notify_debouncer_full::Debouncer<
+        notify_debouncer_full::notify::RecommendedWatcher,
+        notify_debouncer_full::RecommendedCache,
+    >,
+}
+
+impl ConfigWatcher {
+    /// Starts watching `source` and applying its changes to `limiter`. Must
+    /// be called inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`WatchError::Notify`] when the directory cannot be watched (missing,
+    /// no permission, inotify limits reached).
+    pub fn spawn(
+        source: PathBuf,
+        limiter: Arc<Limiter>,
+        options: WatchOptions,
+    ) -> Result<Self, WatchError> {
+        let dir = watched_dir(&source);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let events = tx.clone();
+        let notify_err = |e| WatchError::Notify {
+            path: dir.display().to_string(),
+            source: e,
+        };
+        let mut debouncer = new_debouncer(
+            options.debounce,
+            None,
+            move |result: DebounceEventResult| match result {
+                Ok(evs) => {
+                    if evs.iter().any(|e| is_change(&e.event.kind)) {
+                        let _ = events.send(Trigger::Event);
+                    }
+                }
+                Err(errs) => {
+                    for e in errs {
+                        tracing::warn!(error = %e, "config watcher error; the periodic rescan still applies changes");
+                    }
+                    let _ = events.send(Trigger::Event);
+                }
+            },
+        )
+        .map_err(notify_err)?;
+        debouncer
+            .watch(&dir, RecursiveMode::NonRecursive)
+            .map_err(notify_err)?;
+        let reloader = Arc::new(Reloader::new(source, limiter));
+        let task = tokio::spawn(run(reloader.clone(), rx, options));
+        tracing::info!(dir = %dir.display(), source = %reloader.source().display(), "watching config for changes");
+        Ok(Self {
+            triggers: tx,
+            task,
+            reloader,
+            _debouncer: debouncer,
+        })
+    }
+
+    /// Asks for an immediate reload (what SIGHUP does): the source is read
+    /// even without a file event, and a failing state is reported again.
+    pub fn reload_now(&self) {
+        let _ = self.triggers.send(Trigger::Force);
+    }
+
+    /// A cloneable handle that asks for reloads (for a SIGHUP task).
+    #[must_use]
+    pub fn reload_handle(&self) -> ReloadHandle {
+        ReloadHandle(self.triggers.clone())
+    }
+
+    /// The reloader behind this watcher.
+    #[must_use]
+    pub fn reloader(&self) -> &Arc<Reloader> {
+        &self.reloader
+    }
+}
+
+/// Asks a [`ConfigWatcher`] for immediate reloads; does nothing once the
+/// watcher is gone.
+#[derive(Clone, Debug)]
+pub struct ReloadHandle(mpsc::UnboundedSender<Trigger>);
+
+impl ReloadHandle {
+    /// Same as [`ConfigWatcher::reload_now`].
+    pub fn reload_now(&self) {
+        let _ = self.0.send(Trigger::Force);
+    }
+}
+
+impl Drop for ConfigWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The directory to watch for `source`: a directory itself, or a file's parent.
+fn watched_dir(source: &Path) -> PathBuf {
+    if source.is_dir() {
+        return source.to_path_buf();
+    }
+    match source.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Whether an event may change what the loader reads. Opens and read-only
+/// closes (our own reads among them) are not.
+fn is_change(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
+async fn read_async(source: PathBuf) -> Snapshot {
+    tokio::task::spawn_blocking(move || read_source(&source))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ConfigErrors(vec![ConfigError {
+                file: String::new(),
+                line: None,
+                path: String::new(),
+                message: format!("reading the config source panicked: {e}"),
+            }]))
+        })
+}
+
+/// Reads the source until two reads `settle` apart agree (or the rounds run
+/// out), so a file that is still being written is not compiled.
+async fn settled(source: &Path, settle: Duration, current: &str) -> Snapshot {
+    let mut snap = read_async(source.to_path_buf()).await;
+    let mut fp = fingerprint(&snap);
+    if snap.is_ok() && fp == current {
+        return snap;
+    }
+    for _ in 0..MAX_SETTLE_ROUNDS {
+        tokio::time::sleep(settle).await;
+        let next = read_async(source.to_path_buf()).await;
+        let next_fp = fingerprint(&next);
+        if next_fp == fp {
+            return next;
+        }
+        snap = next;
+        fp = next_fp;
+    }
+    snap
+}
+
+async fn run(
+    reloader: Arc<Reloader>,
+    mut rx: mpsc::UnboundedReceiver<Trigger>,
+    options: WatchOptions,
+) {
+    let mut rescan = tokio::time::interval(options.rescan);
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    rescan.tick().await;
+    loop {
+        let mut force = tokio::select! {
+            t = rx.recv() => match t {
+                Some(t) => t == Trigger::Force,
+                None => return,
+            },
+            _ = rescan.tick() => false,
+        };
+        while let Ok(t) = rx.try_recv() {
+            force |= t == Trigger::Force;
+        }
+        let current = reloader.limiter.config().hash.clone();
+        let snap = settled(&reloader.source, options.settle, &current).await;
+        let r = reloader.clone();
+        let _ = tokio::task::spawn_blocking(move || r.apply(snap, force)).await;
+    }
+}
