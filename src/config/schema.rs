@@ -249,10 +249,19 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for SeqOf<T> {
     }
 }
 
-/// Parses one file's text. `Ok(None)` for an empty document.
+/// Most YAML nodes one config file may have: room for about a million rules,
+/// while still bounding what a runaway file can make the loader allocate.
+pub const MAX_NODES: usize = 10_000_000;
+
+/// Parses one file's text. `Ok(None)` for an empty document. Nesting is
+/// limited to serde-saphyr's default depth (64 levels), so a hostile file is an
+/// error, never a stack overflow.
 ///
 /// # Errors
-/// The YAML syntax or shape error, with its location.
+/// The YAML syntax or shape error, with its location, or a breached budget.
 pub fn parse(text: &str) -> Result<Option<RawFile>, serde_saphyr::Error> {
-    serde_saphyr::from_str::<Option<RawFile>>(text)
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! { max_nodes: MAX_NODES, max_events: 4 * MAX_NODES },
+    };
+    serde_saphyr::from_str_with_options::<Option<RawFile>>(text, options)
 }
