@@ -1,5 +1,5 @@
-//! Command line: `serve`, `check-config`. Every flag also reads an environment
-//! variable `BUCKET_RLS_<FLAG>`.
+//! Command line: `serve`, `check-config`, `loadgen`. Every flag of `serve` also
+//! reads an environment variable `BUCKET_RLS_<FLAG>`.
 
 use crate::settings::OnStorageError;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -27,6 +27,9 @@ pub enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Load a rate limit service over gRPC and report throughput and latency
+    /// (loopback targets only unless `--allow-remote`).
+    Loadgen(Box<crate::loadgen::LoadgenArgs>),
 }
 
 /// Log output format.

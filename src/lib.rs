@@ -13,6 +13,8 @@ pub mod config;
 pub mod http;
 /// Token buckets and the storage seam (memory, Redis).
 pub mod limiter;
+/// `bucket-rls loadgen`: gRPC load generator with latency histograms.
+pub mod loadgen;
 /// Compiled descriptor tree and matching.
 pub mod matcher;
 /// Metric names.
