@@ -7,6 +7,7 @@ use bucket_rls::config::loader;
 use bucket_rls::config::watcher::{ConfigWatcher, ReloadHandle, WatchOptions};
 use bucket_rls::limiter::Storage;
 use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::limiter::redis::RedisStorage;
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use clap::Parser;
@@ -88,13 +89,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("invalid config, not starting:\n{e}"))?;
     metrics::counter!(bucket_rls::metrics::CONFIG_LOAD, "result" => "success").increment(1);
     tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
-    let storage: Arc<dyn Storage> = if args.redis_url.is_some()
-        || !args.redis_sentinel.is_empty()
+    let storage: Arc<dyn Storage> = if !args.redis_sentinel.is_empty()
         || !args.redis_cluster.is_empty()
     {
         anyhow::bail!(
-            "the Redis backend is not available in this build yet; run without --redis-url to use the memory backend"
+            "Redis Sentinel and Cluster are not available in this build yet; use --redis-url for a single Redis node"
         );
+    } else if let Some(url) = &args.redis_url {
+        let redis = RedisStorage::builder(url.as_str())
+            .timeout(std::time::Duration::from_millis(args.redis_timeout))
+            .local_cache_size(usize::try_from(args.local_cache_size).unwrap_or(usize::MAX))
+            .build()?;
+        tracing::info!(url = redis.url(), timeout_ms = args.redis_timeout, "Redis backend (connecting in the background)");
+        Arc::new(redis)
     } else {
         Arc::new(MemoryStorage::default())
     };

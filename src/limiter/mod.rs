@@ -6,6 +6,7 @@ pub mod bucket;
 pub mod clock;
 pub mod key;
 pub mod memory;
+pub mod redis;
 
 use async_trait::async_trait;
 pub use bucket::{BucketState, ChargeKind, ChargeResult, ChargeSpec, Limit, RequestResult};

@@ -2,6 +2,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod conformance;
+pub mod redis;
 pub mod procs;
 
 use bucket_rls::config::loader;

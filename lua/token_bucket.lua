@@ -1,0 +1,277 @@
+--[[ token_bucket.lua: evaluate and charge every token bucket of one
+ShouldRateLimit request, atomically.
+
+Why a script: DESIGN 3 requires all-or-nothing per request (if any non-shadow
+descriptor lacks tokens, no bucket is charged) under concurrency, and DESIGN 5
+requires one round trip per request. A Lua script runs atomically inside Redis
+and reads every bucket, decides, and writes in one call. It implements exactly
+the reference model `src/limiter/bucket.rs` (`apply_request`); the Rust tests
+compare the two on random inputs.
+
+Units: tokens are micro-tokens (1 token = 1,000,000) and times are
+microseconds since the Unix epoch, all integers. Lua numbers are doubles, so
+every intermediate value is kept below 2^53 (see the refill formula below).
+
+KEYS[1..k]  distinct bucket keys of the request (one per bucket).
+ARGV[1]     explicit now in microseconds, TESTS ONLY; the service always sends
+            "" and time comes from redis.call('TIME'), so service replicas with
+            skewed clocks can never mint tokens (BR-27).
+ARGV[2..]   six values per charge, in request order:
+              key index  1-based index into KEYS
+              R          tokens added per unit (u32); 0 = capacity 0
+              U          unit length in seconds (1 .. 31,536,000)
+              C          capacity (burst) in tokens (u32)
+              cost       tokens; already clamped by the caller to at most
+                         capacity + 1 for a consume and capacity for a
+                         refund, which changes no outcome; 0 = check only
+              flags      bit 0: refund (is_negative_hits), bit 1: shadow mode
+
+Reply (integers only): { admitted, enough_1, tokens_1, ..., enough_n, tokens_n }
+  admitted   1 if every non-shadow consume charge had enough tokens (then all
+             were charged), else 0 (then nothing was written at all).
+  enough_i   1 if charge i had enough tokens (always 1 for a refund).
+  tokens_i   micro-tokens in charge i's bucket after the request (admitted)
+             or now (not admitted), under charge i's limit.
+Durations and remaining counts are computed by the caller from these.
+
+Stored state, one string key per bucket (binary, big-endian):
+  7 bytes updated_us, then tokens_micro in as few bytes as needed (0..7).
+Up to 12 bytes (tokens < 2^40 micro-tokens, about 1.1 million tokens) the value
+fits the same allocator class as a small embedded string, so a bucket costs at
+most 16 bytes more than a plain integer key of the same name.
+Every written key expires (PX) when its bucket would be full again (ceil, at
+least 1 ms); a bucket that is full again is deleted (a missing bucket is full).
+A check (cost 0), a refund on a full bucket and a denied request write nothing
+and refresh no TTL. A stored timestamp never moves backwards.
+]]
+
+local MICRO = 1000000
+local TWO53 = 9007199254740992
+-- Longest expiry written, in ms (about 31,700 years): keeps now + PX inside
+-- Redis's 64-bit millisecond clock; such buckets are never full in practice.
+local MAX_TTL_MS = 1000000000000000
+
+-- Exact integer division of non-negative integers below 2^53.
+local function divmod(a, b)
+  local r = math.fmod(a, b)
+  return (a - r) / b, r
+end
+
+-- Integers are formatted by hand: Lua's default number formatting may use an
+-- exponent, which Redis rejects as an integer argument.
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+local function encode(tokens, updated)
+  local out = {}
+  local n = updated
+  for i = 7, 1, -1 do
+    local b = math.fmod(n, 256)
+    out[i] = string.char(b)
+    n = (n - b) / 256
+  end
+  local tail = {}
+  n = tokens
+  while n > 0 do
+    local b = math.fmod(n, 256)
+    table.insert(tail, 1, string.char(b))
+    n = (n - b) / 256
+  end
+  return table.concat(out) .. table.concat(tail)
+end
+
+-- Returns { tokens_micro, updated_us } or nil for a missing (full) bucket.
+local function decode(s)
+  if not s or #s < 7 or #s > 14 then
+    return nil
+  end
+  local updated = 0
+  for i = 1, 7 do
+    updated = updated * 256 + string.byte(s, i)
+  end
+  local tokens = 0
+  for i = 8, #s do
+    tokens = tokens * 256 + string.byte(s, i)
+  end
+  return { tokens, updated }
+end
+
+-- Micro-tokens at `now` (bucket.rs BucketState::tokens_at). The refill
+-- floor(elapsed * R / U) would exceed 2^53, so it is computed as
+-- q*R + r*a + floor(r*b/U) with q, r = divmod(elapsed, U) and
+-- a, b = divmod(R, U): r*a < R and r*b < U^2 < 2^53, and q*R is only used
+-- when it is below the deficit (else the bucket is full).
+local function tokens_at(tokens, updated, R, U, cap, now)
+  local have = tokens
+  if have >= cap then
+    return cap
+  end
+  local elapsed = now - updated
+  if elapsed <= 0 then
+    return have
+  end
+  local deficit = cap - have
+  local q, r = divmod(elapsed, U)
+  local qr = q * R
+  if qr >= deficit then
+    return cap
+  end
+  local a, b = divmod(R, U)
+  local frac = divmod(r * b, U)
+  local t = have + qr + r * a + frac
+  if t > cap then
+    t = cap
+  end
+  return t
+end
+
+-- Milliseconds until a bucket holding `tokens` (of `cap`) is full, counted
+-- from a timestamp `skew_us` after now (ceil, at least 1).
+local function ttl_ms(R, U, cap, tokens, skew_us)
+  local deficit = cap - tokens
+  local p = deficit * U
+  local ms
+  if p < TWO53 then
+    local us, rem = divmod(p, R)
+    if rem > 0 then
+      us = us + 1
+    end
+    local m, rr = divmod(us + skew_us, 1000)
+    if rr > 0 then
+      m = m + 1
+    end
+    ms = m
+  else
+    -- Years-long waits: doubles with an upward margin.
+    ms = math.ceil((deficit / R * U + skew_us) / 1000 * (1 + 1e-9)) + 1
+  end
+  if ms < 1 then
+    ms = 1
+  end
+  if ms > MAX_TTL_MS then
+    ms = MAX_TTL_MS
+  end
+  return ms
+end
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * MICRO + tonumber(t[2])
+end
+
+local n = (#ARGV - 1) / 6
+local stored, work, dirty, last = {}, {}, {}, {}
+local enough = {}
+local admitted = true
+
+for c = 1, n do
+  local base = 2 + 6 * (c - 1)
+  local k = tonumber(ARGV[base])
+  local R = tonumber(ARGV[base + 1])
+  local U = tonumber(ARGV[base + 2])
+  local C = tonumber(ARGV[base + 3])
+  local cost = tonumber(ARGV[base + 4])
+  local flags = tonumber(ARGV[base + 5])
+  local refund = math.fmod(flags, 2) == 1
+  local shadow = flags >= 2
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
+  if work[k] == nil then
+    local s = decode(redis.call('GET', KEYS[k]))
+    stored[k] = s or false
+    if s then
+      work[k] = tokens_at(s[1], s[2], R, U, cap, now)
+    else
+      work[k] = cap
+    end
+    dirty[k] = false
+  end
+  -- A later charge on the same bucket may carry another limit.
+  if work[k] > cap then
+    work[k] = cap
+  end
+  last[k] = { R, U, cap }
+  if refund then
+    local new = work[k] + cost * MICRO
+    if new > cap then
+      new = cap
+    end
+    if new ~= work[k] then
+      work[k] = new
+      dirty[k] = true
+    end
+    enough[c] = 1
+  else
+    local need = cost
+    if need < 1 then
+      need = 1
+    end
+    need = need * MICRO
+    if need > cap + MICRO then
+      need = cap + MICRO
+    end
+    if work[k] >= need then
+      enough[c] = 1
+      if cost > 0 then
+        work[k] = work[k] - cost * MICRO
+        dirty[k] = true
+      end
+    else
+      enough[c] = 0
+      if not shadow then
+        admitted = false
+      end
+    end
+  end
+end
+
+local reply = { 0 }
+if admitted then
+  reply[1] = 1
+  for k, d in pairs(dirty) do
+    if d then
+      local s = stored[k]
+      local updated = now
+      if s and s[2] > updated then
+        updated = s[2]
+      end
+      local L = last[k]
+      local tokens = work[k]
+      if tokens >= L[3] then
+        redis.call('DEL', KEYS[k])
+      else
+        local px = ttl_ms(L[1], L[2], L[3], tokens, updated - now)
+        redis.call('SET', KEYS[k], encode(tokens, updated), 'PX', int(px))
+      end
+    end
+  end
+  for c = 1, n do
+    local k = tonumber(ARGV[2 + 6 * (c - 1)])
+    reply[2 * c] = enough[c]
+    reply[2 * c + 1] = work[k]
+  end
+else
+  for c = 1, n do
+    local base = 2 + 6 * (c - 1)
+    local k = tonumber(ARGV[base])
+    local R = tonumber(ARGV[base + 1])
+    local cap = 0
+    if R > 0 then
+      cap = tonumber(ARGV[base + 3]) * MICRO
+    end
+    local t = cap
+    local s = stored[k]
+    if s then
+      t = tokens_at(s[1], s[2], R, tonumber(ARGV[base + 2]), cap, now)
+    end
+    reply[2 * c] = enough[c]
+    reply[2 * c + 1] = t
+  end
+end
+return reply

@@ -1,0 +1,416 @@
+//! The `redis` backend (single node): token buckets shared by every replica of
+//! bucket-rls through one Redis.
+//!
+//! Design:
+//! - **One script call per request.** [`script`] wraps `lua/token_bucket.lua`,
+//!   which reads, decides and writes every bucket of a request atomically
+//!   (all-or-nothing, DESIGN 3) with exactly the semantics of
+//!   [`bucket::apply_request`](crate::limiter::bucket::apply_request). Time
+//!   comes from Redis `TIME`, so replicas never disagree about a bucket and a
+//!   skewed service clock cannot mint tokens (BR-27). The script is called with
+//!   `EVALSHA`; `NOSCRIPT` (restart, failover, `SCRIPT FLUSH`) loads it and
+//!   retries once (BR-23). Nothing else is ever retried: after a timeout the
+//!   script may have run, so the call fails with
+//!   [`StorageError::Timeout`] and is not replayed (BR-24).
+//! - **Connection.** A `redis::aio::ConnectionManager`: one multiplexed
+//!   connection (concurrent requests are pipelined on it) that reconnects by
+//!   itself. It is created lazily, so startup never waits for or fails on
+//!   Redis; `/healthcheck` reports 503 through [`Storage::ping`] meanwhile.
+//!   `rediss://` uses rustls with the `ring` provider; ACL user and password
+//!   come from the URL and are never logged ([`redact_url`]).
+//! - **Bounded latency.** Every call is bounded by `--redis-timeout`
+//!   ([`RedisStorageBuilder::timeout`]). Errors are classified once in
+//!   [`script::classify`]; `service.rs` maps them to gRPC `UNAVAILABLE` or the
+//!   `--on-storage-error` policy.
+//! - **Circuit breaker** ([`breaker`]): after consecutive failures, requests
+//!   fail at once with [`StorageError::CircuitOpen`] until a probe (one request
+//!   per interval, or a health-check ping) succeeds (BR-25).
+//! - **Local over-limit cache** ([`local_cache`]): buckets Redis reported as
+//!   lacking tokens answer certain denials from memory; cleared on every config
+//!   swap (BR-21).
+//! - **Keys** are built by the service ([`key`](crate::limiter::key)); each
+//!   stores 7 to 14 bytes and expires when its bucket would be full again.
+//!
+//! Cluster and Sentinel backends reuse [`script::BucketScript`],
+//! [`script::ScriptCall`], [`script::classify`], [`breaker::CircuitBreaker`]
+//! and [`local_cache::LocalCache`].
+
+pub mod breaker;
+pub mod local_cache;
+pub mod script;
+
+use self::breaker::CircuitBreaker;
+use self::local_cache::LocalCache;
+use self::script::{BucketScript, ScriptCall, classify, is_transient, redact};
+use super::clock::Clock;
+use super::{Charge, RequestResult, Storage, StorageError};
+use crate::metrics as m;
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use async_trait::async_trait;
+use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
+
+/// Default response timeout (`--redis-timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default consecutive failures that open the circuit breaker.
+pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
+/// Default time between probes while the breaker is open.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Default entries of the local over-limit cache (`--local-cache-size`).
+pub const DEFAULT_LOCAL_CACHE_SIZE: usize = 100_000;
+/// Shortest connect timeout (a TLS handshake may take longer than a reply).
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Delay between attempts of the startup checks while Redis is down.
+const STARTUP_RETRY: Duration = Duration::from_secs(2);
+
+/// Why the Redis backend cannot be built (the URL itself is wrong; Redis
+/// being down is not an error at this point).
+#[derive(Debug, thiserror::Error)]
+pub enum RedisSetupError {
+    /// The URL does not parse (message with the password redacted).
+    #[error("invalid Redis URL {url}: {message}")]
+    InvalidUrl {
+        /// The URL with its password replaced by `***`.
+        url: String,
+        /// Why it does not parse.
+        message: String,
+    },
+}
+
+/// Options of the Redis backend; see [`RedisStorage::builder`].
+#[derive(Debug, Clone)]
+pub struct RedisStorageBuilder {
+    url: String,
+    timeout: Duration,
+    local_cache_size: usize,
+    breaker_threshold: u32,
+    probe_interval: Duration,
+    test_clock: Option<Arc<dyn Clock>>,
+}
+
+impl RedisStorageBuilder {
+    /// Response timeout of every call (default 50 ms, `--redis-timeout`).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Entries of the local over-limit cache; 0 disables it (default 100,000).
+    #[must_use]
+    pub fn local_cache_size(mut self, entries: usize) -> Self {
+        self.local_cache_size = entries;
+        self
+    }
+
+    /// Consecutive failures that open the circuit breaker, and the time
+    /// between probes while it is open (defaults 5 and 500 ms).
+    #[must_use]
+    pub fn breaker(mut self, threshold: u32, probe_interval: Duration) -> Self {
+        self.breaker_threshold = threshold;
+        self.probe_interval = probe_interval;
+        self
+    }
+
+    /// **Tests only.** Sends `clock`'s time to the script as an explicit
+    /// `now_us` instead of letting the script read Redis `TIME`, so tests can
+    /// move time with a `ManualClock`. Production never sets this: the service
+    /// clock must not decide bucket time (BR-27).
+    #[must_use]
+    pub fn test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.test_clock = Some(clock);
+        self
+    }
+
+    /// Builds the backend without connecting: the connection is made on the
+    /// first call and remade after failures. Spawns a background task that
+    /// loads the script and warns about an `allkeys-*` eviction policy once
+    /// Redis answers (BR-26). Must be called inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`RedisSetupError::InvalidUrl`] when the URL does not parse.
+    pub fn build(self) -> Result<RedisStorage, RedisSetupError> {
+        install_crypto_provider();
+        let secret = url_password(&self.url);
+        let invalid = |e: &::redis::RedisError| RedisSetupError::InvalidUrl {
+            url: redact_url(&self.url),
+            message: redact(&e.to_string(), secret.as_deref()),
+        };
+        let client = ::redis::Client::open(self.url.as_str()).map_err(|e| invalid(&e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.timeout.max(MIN_CONNECT_TIMEOUT)))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500));
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| invalid(&e))?;
+        let storage = RedisStorage {
+            inner: Arc::new(Inner {
+                conn,
+                script: BucketScript::new(),
+                timeout: self.timeout,
+                breaker: CircuitBreaker::new(self.breaker_threshold, self.probe_interval),
+                cache: (self.local_cache_size > 0).then(|| LocalCache::new(self.local_cache_size)),
+                test_clock: self.test_clock,
+                secret,
+                url: redact_url(&self.url),
+                epoch: Instant::now(),
+            }),
+        };
+        storage.spawn_startup_checks();
+        Ok(storage)
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: ConnectionManager,
+    script: BucketScript,
+    timeout: Duration,
+    breaker: CircuitBreaker,
+    cache: Option<LocalCache>,
+    test_clock: Option<Arc<dyn Clock>>,
+    /// The URL's password, removed from every error message.
+    secret: Option<String>,
+    /// The URL with its password redacted, for logs.
+    url: String,
+    /// Origin of the local cache's monotonic time line.
+    epoch: Instant,
+}
+
+/// Token buckets in one Redis node. Cheap to clone (shared state).
+#[derive(Debug, Clone)]
+pub struct RedisStorage {
+    inner: Arc<Inner>,
+}
+
+impl RedisStorage {
+    /// Options for a backend on `url` (`redis://[user:password@]host:port/db`
+    /// or `rediss://...` for TLS).
+    #[must_use]
+    pub fn builder(url: impl Into<String>) -> RedisStorageBuilder {
+        RedisStorageBuilder {
+            url: url.into(),
+            timeout: DEFAULT_TIMEOUT,
+            local_cache_size: DEFAULT_LOCAL_CACHE_SIZE,
+            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            test_clock: None,
+        }
+    }
+
+    /// The URL with its password redacted.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// Whether the circuit breaker is open now.
+    #[must_use]
+    pub fn circuit_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    /// Buckets in the local over-limit cache (0 when disabled).
+    #[must_use]
+    pub fn local_cache_len(&self) -> usize {
+        self.inner.cache.as_ref().map_or(0, LocalCache::len)
+    }
+
+    /// Time on the local cache's line: the test clock when set (the same time
+    /// the script is given), else microseconds since this backend was built.
+    fn local_now_us(&self) -> u64 {
+        match &self.inner.test_clock {
+            Some(c) => c.now_us(),
+            None => u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX),
+        }
+    }
+
+    fn spawn_startup_checks(&self) {
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = inner.upgrade() else { return };
+                let mut conn = inner.conn.clone();
+                let loaded = tokio::time::timeout(
+                    inner.timeout.max(MIN_CONNECT_TIMEOUT),
+                    inner.script.load(&mut conn),
+                )
+                .await;
+                match loaded {
+                    Ok(Ok(())) => {
+                        tracing::info!(url = %inner.url, sha = inner.script.sha(), "Redis answers; token bucket script loaded");
+                        check_eviction_policy(&mut conn, inner.timeout).await;
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        let e = classify(&e, inner.timeout, inner.secret.as_deref());
+                        tracing::warn!(url = %inner.url, error = %e, "Redis not ready yet; serving anyway (storage errors until it answers)");
+                    }
+                    Err(_) => {
+                        tracing::warn!(url = %inner.url, "Redis does not answer yet; serving anyway (storage errors until it answers)");
+                    }
+                }
+                drop(inner);
+                tokio::time::sleep(STARTUP_RETRY).await;
+            }
+        });
+    }
+}
+
+/// Warns when keys may be evicted before they expire (BR-26): an evicted
+/// bucket is a free full bucket, a silent fail-open.
+async fn check_eviction_policy(conn: &mut ConnectionManager, timeout: Duration) {
+    let got = tokio::time::timeout(
+        timeout.max(MIN_CONNECT_TIMEOUT),
+        ::redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async::<Vec<String>>(conn),
+    )
+    .await;
+    match got {
+        Ok(Ok(v)) => {
+            if let Some(policy) = v.get(1) {
+                if policy.starts_with("allkeys-") {
+                    tracing::warn!(
+                        maxmemory_policy = %policy,
+                        "Redis may evict live rate limit buckets (maxmemory-policy allkeys-*): an evicted bucket is a free full bucket; use volatile-ttl, volatile-lru or noeviction"
+                    );
+                } else {
+                    tracing::debug!(maxmemory_policy = %policy, "Redis eviction policy");
+                }
+            }
+        }
+        _ => tracing::debug!("cannot read Redis maxmemory-policy (CONFIG GET not allowed?)"),
+    }
+}
+
+#[async_trait]
+impl Storage for RedisStorage {
+    async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
+        let inner = &self.inner;
+        if let Some(cache) = &inner.cache {
+            if let Some(r) = cache.lookup(charges, self.local_now_us()) {
+                metrics::counter!(m::LOCAL_CACHE_HITS).increment(1);
+                return Ok(r);
+            }
+            cache.before_call(charges);
+        }
+        let now_us = inner.test_clock.as_ref().map(|c| c.now_us());
+        let call = ScriptCall::new(charges, now_us)?;
+        if !inner.breaker.allow() {
+            return Err(StorageError::CircuitOpen);
+        }
+        let sent_us = self.local_now_us();
+        let mut conn = inner.conn.clone();
+        let result =
+            match tokio::time::timeout(inner.timeout, inner.script.eval(&mut conn, &call)).await {
+                Err(_) => Err(StorageError::Timeout(inner.timeout)),
+                Ok(Err(e)) => Err(classify(&e, inner.timeout, inner.secret.as_deref())),
+                Ok(Ok(v)) => call.parse_reply(&v),
+            };
+        match &result {
+            Ok(r) => {
+                inner.breaker.success();
+                if let Some(cache) = &inner.cache {
+                    cache.record(charges, r, sent_us);
+                }
+            }
+            Err(e) if is_transient(e) => inner.breaker.failure(),
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        let inner = &self.inner;
+        let mut conn = inner.conn.clone();
+        let pong = tokio::time::timeout(
+            inner.timeout,
+            ::redis::cmd("PING").query_async::<String>(&mut conn),
+        )
+        .await;
+        match pong {
+            Ok(Ok(_)) => {
+                inner.breaker.success();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(classify(&e, inner.timeout, inner.secret.as_deref())),
+            Err(_) => Err(StorageError::Timeout(inner.timeout)),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn invalidate_local_cache(&self) {
+        if let Some(cache) = &self.inner.cache {
+            cache.clear();
+        }
+    }
+}
+
+static CRYPTO: Once = Once::new();
+
+/// Installs rustls's `ring` provider as the process default, once (needed by
+/// `rediss://`; a provider installed earlier by the process is kept).
+pub fn install_crypto_provider() {
+    CRYPTO.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+fn url_password(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    let (_, password) = userinfo.split_once(':')?;
+    (!password.is_empty()).then(|| password.to_owned())
+}
+
+/// `url` with the password of its user info replaced by `***`, for logs and
+/// errors (`redis://user:***@host:6379/0`).
+#[must_use]
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                // `redis://password@host` is read as a password by some clients.
+                "***".to_owned()
+            };
+            format!("{scheme}://{masked}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact_url("redis://app:s3cret@db:6379/2"),
+            "redis://app:***@db:6379/2"
+        );
+        assert_eq!(redact_url("rediss://:s3cret@db"), "rediss://:***@db");
+        assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
+        assert_eq!(
+            url_password("redis://app:s3cret@db:6379/2").as_deref(),
+            Some("s3cret")
+        );
+        assert_eq!(url_password("redis://db:6379"), None);
+    }
+}

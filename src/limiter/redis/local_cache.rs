@@ -1,0 +1,196 @@
+//! Local over-limit cache (DESIGN 5): after Redis said a bucket lacks tokens,
+//! later requests that are certain to be denied are answered from memory,
+//! without a Redis call, until enough tokens could have refilled.
+//!
+//! An entry remembers, per bucket key, the limit it was evaluated under, the
+//! micro-tokens Redis reported and the time just *before* the call was sent
+//! (so the refill estimated since then is an upper bound of the true one).
+//! A request is answered from the cache only when **every** charge is a
+//! non-shadow consume whose bucket has an entry for the same limit and whose
+//! estimated tokens, plus one micro-token for the rounding of two partial
+//! refills, are below what it needs: Redis would then deny the request and
+//! write nothing, so the answer is the same (`enough = false` and the
+//! estimated tokens for every charge). Anything else goes to Redis.
+//!
+//! Limits of the guarantee: tokens given back by refunds or a config change
+//! on *another* replica are not seen until the entry is replaced; a config
+//! change on this replica clears the cache ([`LocalCache::clear`], BR-21), and
+//! entries are keyed by limit as well. The reported tokens are a lower bound,
+//! so a duration may exceed Redis's by at most one micro-token's refill time.
+//! Bounded by `--local-cache-size` entries (LRU-like eviction by `quick_cache`).
+
+use crate::limiter::Charge;
+use crate::limiter::bucket::{BucketState, ChargeKind, ChargeResult, Limit, RequestResult};
+
+/// What is known about one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    limit: Limit,
+    tokens_micro: u64,
+    /// Microseconds (on the cache's time line) just before the call was sent.
+    at_us: u64,
+}
+
+/// A bounded map from bucket key to "had `tokens` at time `at`".
+#[derive(Debug)]
+pub struct LocalCache {
+    map: quick_cache::sync::Cache<String, Entry>,
+}
+
+impl LocalCache {
+    /// A cache of at most `capacity` buckets (`capacity` at least 1).
+    #[must_use]
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            map: quick_cache::sync::Cache::new(capacity.max(1)),
+        }
+    }
+
+    /// The answer Redis would give at `now_us` when it is certain to be a
+    /// denial that writes nothing; `None` means "ask Redis".
+    #[must_use]
+    pub fn lookup(&self, charges: &[Charge], now_us: u64) -> Option<RequestResult> {
+        if charges.is_empty() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(charges.len());
+        for c in charges {
+            if c.spec.kind != ChargeKind::Consume || c.spec.shadow {
+                return None;
+            }
+            let e = self.map.get(c.key.as_str())?;
+            if e.limit != c.spec.limit {
+                return None;
+            }
+            let est = BucketState {
+                tokens_micro: e.tokens_micro,
+                updated_us: e.at_us,
+            }
+            .tokens_at(&e.limit, now_us);
+            if est + 1 >= c.spec.need_micro() {
+                if est >= e.limit.capacity_micro() {
+                    self.map.remove(c.key.as_str());
+                }
+                return None;
+            }
+            out.push(ChargeResult {
+                enough: false,
+                tokens_micro: u64::try_from(est).unwrap_or(u64::MAX),
+            });
+        }
+        Some(RequestResult {
+            admitted: false,
+            charges: out,
+        })
+    }
+
+    /// Forgets the buckets a request is about to refund (their tokens grow).
+    pub fn before_call(&self, charges: &[Charge]) {
+        for c in charges {
+            if c.spec.kind == ChargeKind::Refund {
+                self.map.remove(c.key.as_str());
+            }
+        }
+    }
+
+    /// Learns from Redis's answer to `charges`, sent at `sent_us`: a consume
+    /// that lacked tokens records the bucket; any other charge forgets it.
+    pub fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64) {
+        for (c, r) in charges.iter().zip(&result.charges) {
+            if c.spec.kind == ChargeKind::Consume && !r.enough {
+                self.map.insert(
+                    c.key.clone(),
+                    Entry {
+                        limit: c.spec.limit,
+                        tokens_micro: r.tokens_micro,
+                        at_us: sent_us,
+                    },
+                );
+            } else {
+                self.map.remove(c.key.as_str());
+            }
+        }
+    }
+
+    /// Forgets everything (on every config swap, BR-21).
+    pub fn clear(&self) {
+        self.map.clear();
+    }
+
+    /// Number of buckets remembered.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True when nothing is remembered.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::bucket::{ChargeSpec, MICRO};
+
+    fn charge(key: &str, cost: u64, shadow: bool) -> Charge {
+        Charge {
+            key: key.into(),
+            spec: ChargeSpec {
+                limit: Limit {
+                    requests_per_unit: 10,
+                    unit_secs: 60,
+                    burst: 10,
+                },
+                cost,
+                kind: ChargeKind::Consume,
+                shadow,
+            },
+        }
+    }
+
+    #[test]
+    fn answers_only_certain_denials() {
+        let cache = LocalCache::new(10);
+        let c = charge("a", 1, false);
+        let denied = RequestResult {
+            admitted: false,
+            charges: vec![ChargeResult {
+                enough: false,
+                tokens_micro: 0,
+            }],
+        };
+        cache.record(std::slice::from_ref(&c), &denied, 1_000_000);
+        // 5.999999 s later: 999,999 micro-tokens, one short of a token (+1 margin: ask Redis).
+        assert!(cache.lookup(std::slice::from_ref(&c), 6_999_999).is_none());
+        let r = cache
+            .lookup(std::slice::from_ref(&c), 6_000_000)
+            .expect("certain");
+        assert_eq!(r.charges[0].tokens_micro, 833_333);
+        assert!(
+            cache.lookup(&[charge("a", 1, true)], 2_000_000).is_none(),
+            "shadow"
+        );
+        assert!(
+            cache
+                .lookup(&[c.clone(), charge("b", 1, false)], 2_000_000)
+                .is_none(),
+            "unknown bucket"
+        );
+        assert!(cache.lookup(std::slice::from_ref(&c), 7_000_000).is_none());
+        let ok = RequestResult {
+            admitted: true,
+            charges: vec![ChargeResult {
+                enough: true,
+                tokens_micro: MICRO,
+            }],
+        };
+        cache.record(std::slice::from_ref(&c), &ok, 1_000_000);
+        assert!(cache.is_empty());
+        cache.record(std::slice::from_ref(&c), &denied, 1_000_000);
+        cache.clear();
+        assert!(cache.lookup(&[c], 1_000_000).is_none());
+    }
+}

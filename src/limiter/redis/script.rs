@@ -1,0 +1,388 @@
+//! The one Rust wrapper of `lua/token_bucket.lua`: argument encoding, the
+//! `EVALSHA` call with one reload-and-retry on `NOSCRIPT`, reply parsing and
+//! error classification. Everything here is topology-independent, so a
+//! Cluster or Sentinel backend calls the same functions per node or per slot.
+
+use crate::limiter::bucket::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
+use crate::limiter::{Charge, StorageError, group_by_key};
+use crate::metrics as m;
+use ::redis::aio::ConnectionLike;
+use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+
+/// The script source, embedded at build time.
+pub const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
+
+/// Largest explicit `now_us` the script computes with exactly (2^53 - 1).
+pub const MAX_EXPLICIT_NOW_US: u64 = (1 << 53) - 1;
+
+/// Flag bit of a refund charge in the script's `flags` argument.
+const FLAG_REFUND: u8 = 1;
+/// Flag bit of a shadow-mode charge in the script's `flags` argument.
+const FLAG_SHADOW: u8 = 2;
+
+/// The token bucket script: its source and SHA-1 (what `EVALSHA` takes).
+#[derive(Clone, Debug)]
+pub struct BucketScript {
+    sha: String,
+}
+
+impl Default for BucketScript {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BucketScript {
+    /// The script of `lua/token_bucket.lua`.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            sha: ::redis::Script::new(SOURCE).get_hash().to_owned(),
+        }
+    }
+
+    /// SHA-1 of the source, as Redis reports it from `SCRIPT LOAD`.
+    #[must_use]
+    pub fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// Runs one prepared call: `EVALSHA`; on `NOSCRIPT` (the script cache was
+    /// flushed, or Redis restarted or failed over) `SCRIPT LOAD` and one more
+    /// `EVALSHA`. `NOSCRIPT` proves the script did not run, so the retry is
+    /// safe; any other failure, in particular a timeout after sending, is
+    /// returned as is and never replayed (BR-24). Counts reloads in
+    /// `bucket_rls_redis_script_reload_total`.
+    ///
+    /// # Errors
+    /// The Redis error of the last command sent.
+    pub async fn eval<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        call: &ScriptCall,
+    ) -> Result<Value, RedisError> {
+        let first = self.evalsha_cmd(call).query_async::<Value>(conn).await;
+        match first {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
+                tracing::info!("Redis lost the token bucket script (NOSCRIPT); loading it again");
+                let _: String = ::redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(SOURCE)
+                    .query_async(conn)
+                    .await?;
+                self.evalsha_cmd(call).query_async::<Value>(conn).await
+            }
+            other => other,
+        }
+    }
+
+    /// Loads the script into the script cache (`SCRIPT LOAD`), e.g. at startup.
+    ///
+    /// # Errors
+    /// The Redis error.
+    pub async fn load<C: ConnectionLike + Send>(&self, conn: &mut C) -> Result<(), RedisError> {
+        let _: String = ::redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(SOURCE)
+            .query_async(conn)
+            .await?;
+        Ok(())
+    }
+
+    fn evalsha_cmd(&self, call: &ScriptCall) -> Cmd {
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(call.keys.len());
+        for k in &call.keys {
+            cmd.arg(k.as_bytes());
+        }
+        for a in &call.args {
+            cmd.arg(a.as_bytes());
+        }
+        cmd
+    }
+}
+
+/// The KEYS and ARGV of one script call (one request, or one slot's part of it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScriptCall {
+    /// Distinct bucket keys (KEYS).
+    pub keys: Vec<String>,
+    /// ARGV: explicit now (or empty), then six values per charge.
+    pub args: Vec<String>,
+    /// Number of charges (the reply has `1 + 2 * charges` integers).
+    pub charges: usize,
+}
+
+impl ScriptCall {
+    /// Encodes `charges` for the script. `now_us` is the explicit test clock
+    /// (`None` in production: the script reads Redis `TIME`).
+    ///
+    /// Costs are clamped to capacity + 1 token for consumes and to capacity for
+    /// refunds, which changes no outcome (see [`ChargeSpec::need_micro`]) and
+    /// keeps every micro-token amount below 2^53 inside Lua.
+    ///
+    /// # Errors
+    /// [`StorageError::Backend`] (`argument`) for a burst above `u32::MAX`, a
+    /// unit of 0 s, or an explicit `now_us` above [`MAX_EXPLICIT_NOW_US`]:
+    /// the script could not compute those exactly.
+    pub fn new(charges: &[Charge], now_us: Option<u64>) -> Result<Self, StorageError> {
+        let (keys, indexed) = group_by_key(charges);
+        let mut args = Vec::with_capacity(1 + 6 * indexed.len());
+        match now_us {
+            Some(t) if t > MAX_EXPLICIT_NOW_US => {
+                return Err(argument(format!("explicit now_us {t} is above 2^53")));
+            }
+            Some(t) => args.push(t.to_string()),
+            None => args.push(String::new()),
+        }
+        for (key_idx, spec) in &indexed {
+            push_charge(&mut args, key_idx + 1, spec)?;
+        }
+        Ok(Self {
+            keys: keys.into_iter().map(str::to_owned).collect(),
+            args,
+            charges: indexed.len(),
+        })
+    }
+
+    /// Parses the script's reply for this call.
+    ///
+    /// # Errors
+    /// [`StorageError::Backend`] (`reply`) when the reply does not have the
+    /// documented shape.
+    pub fn parse_reply(&self, reply: &Value) -> Result<RequestResult, StorageError> {
+        parse_reply(reply, self.charges)
+    }
+}
+
+fn argument(message: String) -> StorageError {
+    StorageError::Backend {
+        kind: "argument".into(),
+        message,
+    }
+}
+
+fn push_charge(
+    args: &mut Vec<String>,
+    key_no: usize,
+    spec: &ChargeSpec,
+) -> Result<(), StorageError> {
+    let l = &spec.limit;
+    let burst = u32::try_from(l.burst)
+        .map_err(|_| argument(format!("burst {} is above u32::MAX", l.burst)))?;
+    if l.unit_secs == 0 {
+        return Err(argument("unit of 0 seconds".into()));
+    }
+    let cap_tokens = if l.requests_per_unit == 0 {
+        0
+    } else {
+        u64::from(burst)
+    };
+    let (cost, mut flags) = match spec.kind {
+        ChargeKind::Consume => (spec.cost.min(cap_tokens + 1), 0),
+        ChargeKind::Refund => (spec.cost.min(cap_tokens), FLAG_REFUND),
+    };
+    if spec.shadow {
+        flags |= FLAG_SHADOW;
+    }
+    args.push(key_no.to_string());
+    args.push(l.requests_per_unit.to_string());
+    args.push(l.unit_secs.to_string());
+    args.push(burst.to_string());
+    args.push(cost.to_string());
+    args.push(flags.to_string());
+    Ok(())
+}
+
+/// Parses `{ admitted, enough_1, tokens_1, ... }` for `charges` charges.
+///
+/// # Errors
+/// [`StorageError::Backend`] (`reply`) when the reply has another shape.
+pub fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult, StorageError> {
+    let bad = |what: &str| StorageError::Backend {
+        kind: "reply".into(),
+        message: format!("unexpected token bucket script reply ({what}): {reply:?}"),
+    };
+    let Value::Array(items) = reply else {
+        return Err(bad("not an array"));
+    };
+    if items.len() != 1 + 2 * charges {
+        return Err(bad("wrong length"));
+    }
+    let int = |v: &Value| match v {
+        Value::Int(i) => u64::try_from(*i).map_err(|_| bad("negative integer")),
+        _ => Err(bad("not an integer")),
+    };
+    let admitted = match int(&items[0])? {
+        0 => false,
+        1 => true,
+        _ => return Err(bad("admitted flag")),
+    };
+    let mut out = Vec::with_capacity(charges);
+    for pair in items[1..].chunks_exact(2) {
+        let enough = match int(&pair[0])? {
+            0 => false,
+            1 => true,
+            _ => return Err(bad("enough flag")),
+        };
+        out.push(ChargeResult {
+            enough,
+            tokens_micro: int(&pair[1])?,
+        });
+    }
+    Ok(RequestResult {
+        admitted,
+        charges: out,
+    })
+}
+
+/// Classifies a Redis error into a [`StorageError`] (one place, DESIGN 5):
+///
+/// - timeouts: [`StorageError::Timeout`] (outcome unknown, never replayed);
+/// - connection refused, reset or dropped, other I/O errors:
+///   [`StorageError::Unreachable`];
+/// - server errors by their code (`READONLY`, `CLUSTERDOWN`, `LOADING`,
+///   `MASTERDOWN`, `TRYAGAIN`, `MOVED`, `ASK`, `CROSSSLOT`, `NOSCRIPT`,
+///   `NOPERM`), script errors as `script`, authentication as `auth`, anything
+///   else as `redis`: [`StorageError::Backend`] with that kind.
+///
+/// `timeout` is the configured response timeout (reported in the error).
+/// `secret` (the password from the URL, if any) is removed from messages.
+#[must_use]
+pub fn classify(
+    e: &RedisError,
+    timeout: std::time::Duration,
+    secret: Option<&str>,
+) -> StorageError {
+    let message = redact(&e.to_string(), secret);
+    if e.is_timeout() {
+        return StorageError::Timeout(timeout);
+    }
+    if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
+        return StorageError::Unreachable(message);
+    }
+    let kind = match e.kind() {
+        ErrorKind::Server(ServerErrorKind::ReadOnly) => "READONLY",
+        ErrorKind::Server(ServerErrorKind::ClusterDown) => "CLUSTERDOWN",
+        ErrorKind::Server(ServerErrorKind::BusyLoading) => "LOADING",
+        ErrorKind::Server(ServerErrorKind::MasterDown) => "MASTERDOWN",
+        ErrorKind::Server(ServerErrorKind::TryAgain) => "TRYAGAIN",
+        ErrorKind::Server(ServerErrorKind::Moved) => "MOVED",
+        ErrorKind::Server(ServerErrorKind::Ask) => "ASK",
+        ErrorKind::Server(ServerErrorKind::CrossSlot) => "CROSSSLOT",
+        ErrorKind::Server(ServerErrorKind::NoScript) => "NOSCRIPT",
+        ErrorKind::Server(ServerErrorKind::NoPerm) => "NOPERM",
+        ErrorKind::AuthenticationFailed => "auth",
+        ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::Extension
+            if message.contains("script") =>
+        {
+            "script"
+        }
+        ErrorKind::UnexpectedReturnType | ErrorKind::Parse => "reply",
+        ErrorKind::Server(ServerErrorKind::ResponseError)
+            if e.code().is_some_and(|c| c == "BUSY") =>
+        {
+            "BUSY"
+        }
+        _ => "redis",
+    };
+    StorageError::Backend {
+        kind: kind.into(),
+        message,
+    }
+}
+
+/// Whether an error of this kind says the node cannot serve now (connection
+/// trouble, failover, loading, cluster down), so that it counts towards
+/// opening the circuit breaker; script, argument and reply errors do not.
+#[must_use]
+pub fn is_transient(e: &StorageError) -> bool {
+    match e {
+        StorageError::Timeout(_) | StorageError::Unreachable(_) | StorageError::CircuitOpen => true,
+        StorageError::Backend { kind, .. } => !matches!(
+            kind.as_str(),
+            "script" | "argument" | "reply" | "NOSCRIPT" | "CROSSSLOT"
+        ),
+    }
+}
+
+/// Replaces every occurrence of `secret` in `s` with `***`.
+#[must_use]
+pub fn redact(s: &str, secret: Option<&str>) -> String {
+    match secret {
+        Some(p) if !p.is_empty() => s.replace(p, "***"),
+        _ => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::bucket::Limit;
+
+    fn charge(key: &str, cost: u64, kind: ChargeKind, shadow: bool) -> Charge {
+        Charge {
+            key: key.into(),
+            spec: ChargeSpec {
+                limit: Limit {
+                    requests_per_unit: 10,
+                    unit_secs: 60,
+                    burst: 20,
+                },
+                cost,
+                kind,
+                shadow,
+            },
+        }
+    }
+
+    #[test]
+    fn arguments_group_keys_and_clamp_costs() {
+        let call = ScriptCall::new(
+            &[
+                charge("a", u64::MAX, ChargeKind::Consume, false),
+                charge("b", 0, ChargeKind::Consume, true),
+                charge("a", 1000, ChargeKind::Refund, false),
+            ],
+            None,
+        )
+        .expect("valid");
+        assert_eq!(call.keys, vec!["a", "b"]);
+        assert_eq!(call.charges, 3);
+        let expect: Vec<&str> = vec![
+            "", "1", "10", "60", "20", "21", "0", "2", "10", "60", "20", "0", "2", "1", "10", "60",
+            "20", "20", "1",
+        ];
+        assert_eq!(call.args, expect);
+        assert!(
+            ScriptCall::new(&[charge("a", 1, ChargeKind::Consume, false)], Some(1 << 53)).is_err()
+        );
+    }
+
+    #[test]
+    fn replies_are_checked() {
+        let ok = Value::Array(vec![Value::Int(1), Value::Int(1), Value::Int(5)]);
+        let r = parse_reply(&ok, 1).expect("valid");
+        assert!(r.admitted);
+        assert_eq!(r.charges[0].tokens_micro, 5);
+        assert!(parse_reply(&ok, 2).is_err());
+        assert!(
+            parse_reply(
+                &Value::Array(vec![Value::Int(1), Value::Int(1), Value::Int(-5)]),
+                1
+            )
+            .is_err()
+        );
+        assert!(parse_reply(&Value::Nil, 0).is_err());
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        assert_eq!(
+            redact("auth s3cret failed", Some("s3cret")),
+            "auth *** failed"
+        );
+        assert_eq!(redact("x", None), "x");
+    }
+}

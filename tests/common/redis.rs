@@ -1,0 +1,165 @@
+//! A real `redis-server` for tests: started on a free 127.0.0.1 port with no
+//! persistence, stopped, restarted and flushed on demand, killed on drop.
+//! Panics (the test fails, never skips) when `redis-server` is not installed.
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long `redis-server` gets to answer `PING` after starting.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One `redis-server` process.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    extra: Vec<String>,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0")
+}
+
+impl RedisServer {
+    /// Starts `redis-server --port P --save "" --appendonly no` on a free port.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts with extra `redis-server` arguments (e.g. `["--maxmemory-policy", "allkeys-lru"]`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut s = Self {
+            port: free_port(),
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
+            child: None,
+            dir: tempfile::tempdir().expect("tempdir"),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("redis.log")).expect("log file");
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server (install the Debian package redis-server): {e}")
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(mut c) = self.try_conn()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                let log =
+                    std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+                panic!("redis-server exited with {status}:\n{log}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(1))
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A synchronous connection for inspecting state.
+    pub fn conn(&self) -> redis::Connection {
+        self.try_conn().expect("connect to the test redis-server")
+    }
+
+    /// Runs one command synchronously and returns its reply.
+    pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        cmd.query(&mut self.conn())
+            .unwrap_or_else(|e| panic!("{cmd:?} failed: {e}"))
+    }
+
+    /// Kills the server (SIGKILL) and waits for it: connections drop at once.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops and starts again on the same port, with empty memory.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// `FLUSHALL`.
+    pub fn flush(&self) {
+        let _: () = self.query(&redis::cmd("FLUSHALL"));
+    }
+
+    /// Calls of `command` (lower case, e.g. `evalsha`) since start or `CONFIG RESETSTAT`,
+    /// from `INFO commandstats`.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats"));
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().expect("calls count"))
+    }
+
+    /// Every `cmdstat_*` calls count, from `INFO commandstats`.
+    pub fn all_command_calls(&self) -> Vec<(String, u64)> {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats"));
+        info.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("cmdstat_")?;
+                let (name, stats) = rest.split_once(":calls=")?;
+                let n = stats.split(',').next()?.parse().ok()?;
+                Some((name.to_owned(), n))
+            })
+            .collect()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Decodes a stored bucket (`lua/token_bucket.lua`: 7 bytes `updated_us`, then
+/// `tokens_micro`, both big-endian) into `(tokens_micro, updated_us)`.
+pub fn decode_bucket(raw: &[u8]) -> (u64, u64) {
+    assert!((7..=14).contains(&raw.len()), "bad bucket value {raw:?}");
+    let be = |b: &[u8]| b.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x));
+    (be(&raw[7..]), be(&raw[..7]))
+}
