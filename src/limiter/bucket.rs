@@ -451,7 +451,7 @@ mod tests {
                         let need = spec.need_micro();
                         if need <= cap && r > 0 {
                             let wait = limit.wait_us(need - tokens).unwrap_or(0);
-                            let later = now + u64::try_from(ceil_secs(wait)).unwrap_or(0) * 1_000_000;
+                            let later = now + ceil_secs(wait) * 1_000_000;
                             let retry = apply_request(&[(0, spec)], &[state], later, |_, _| {});
                             prop_assert!(retry.admitted, "retry after {} s not admitted", ceil_secs(wait));
                         }
