@@ -1,25 +1,26 @@
 //! bucket-rls: an implementation of Envoy's external rate limit service
 //! (`envoy.service.ratelimit.v3.RateLimitService`) with exact token buckets.
 //!
-//! Crate map:
+//! Crate map (one line per module; each module's own docs say more):
+//!
+//! - [`app`]: Serving: bind outside, serve inside, drain on shutdown.
+//! - [`cli`]: Command line (`serve`, `check-config`).
+//! - [`config`]: YAML config: schema, loader and validation.
+//! - [`http`]: HTTP admin API.
+//! - [`limiter`]: Token buckets and the storage seam (memory, Redis).
+//! - [`loadgen`]: `bucket-rls loadgen`: gRPC load generator with latency histograms.
+//! - [`matcher`]: Compiled descriptor tree and matching.
+//! - [`metrics`]: Metric names.
+//! - [`service`]: The gRPC service: descriptors in, statuses out.
+//! - [`settings`]: Process settings used by the request path.
 
-/// Serving: bind outside, serve inside, drain on shutdown.
 pub mod app;
-/// Command line (`serve`, `check-config`).
 pub mod cli;
-/// YAML config: schema, loader and validation.
 pub mod config;
-/// HTTP admin API.
 pub mod http;
-/// Token buckets and the storage seam (memory, Redis).
 pub mod limiter;
-/// `bucket-rls loadgen`: gRPC load generator with latency histograms.
 pub mod loadgen;
-/// Compiled descriptor tree and matching.
 pub mod matcher;
-/// Metric names.
 pub mod metrics;
-/// The gRPC service: descriptors in, statuses out.
 pub mod service;
-/// Process settings used by the request path.
 pub mod settings;
