@@ -1,0 +1,213 @@
+//! Exact metric values (BR-11 shadow mode, BR-32 unknown domain and malformed
+//! requests), read from the Prometheus text of the process-wide recorder.
+//!
+//! Metrics are process-global: every test here uses its own domain names, and
+//! only `br32_*` sends malformed requests, so values are exact even though the
+//! tests of this binary run in parallel.
+
+mod admin_support;
+mod common;
+
+use admin_support::{metric, scrape};
+use bucket_rls::limiter::clock::ManualClock;
+use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::metrics as m;
+use bucket_rls::service::{Limiter, MAX_DOMAIN_LABELS};
+use common::{desc, limiter, req};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use std::io::Write;
+use std::sync::Arc;
+
+/// A memory backend on a paused clock; also installs the recorder, which must
+/// exist before the first metric is recorded.
+fn paused_memory() -> Arc<MemoryStorage> {
+    bucket_rls::metrics::install();
+    Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(1_000_000))))
+}
+
+const SM: &str = "domain: sm
+descriptors:
+  - key: user
+    value: bob
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: route
+    value: r1
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+
+#[tokio::test]
+async fn br11_shadow_mode_counts_exactly() {
+    let l = limiter(SM, paused_memory(), "br11:");
+    let r = |rule: &str| vec![("rule", rule.to_owned())];
+    let value = |name: &str, rule: &str| {
+        let labels = r(rule);
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        metric(&scrape(), name, &labels).unwrap_or(0.0)
+    };
+    // (overall, shadow status (code, remaining), route status (code, remaining))
+    let expected = [
+        (Code::Ok, (Code::Ok, 1), (Code::Ok, 2)),
+        (Code::Ok, (Code::Ok, 0), (Code::Ok, 1)),
+        (Code::Ok, (Code::Ok, 0), (Code::Ok, 0)),
+        (Code::OverLimit, (Code::Ok, 0), (Code::OverLimit, 0)),
+    ];
+    // Metrics after each call: shadow_mode(bob), over_limit(bob), over_limit(r1), within_limit(r1).
+    let metrics_after = [
+        (0., 0., 0., 1.),
+        (0., 0., 0., 2.),
+        (1., 1., 0., 3.),
+        (2., 2., 1., 3.),
+    ];
+    for (i, (exp, after)) in expected.iter().zip(metrics_after).enumerate() {
+        let resp = l
+            .should_rate_limit(&req(
+                "sm",
+                vec![desc(&[("user", "bob")]), desc(&[("route", "r1")])],
+                1,
+            ))
+            .await
+            .unwrap();
+        let s = &resp.statuses;
+        assert_eq!(resp.overall_code, exp.0 as i32, "call {}", i + 1);
+        assert_eq!(
+            (s[0].code, s[0].limit_remaining),
+            (exp.1.0 as i32, exp.1.1),
+            "call {}",
+            i + 1
+        );
+        assert_eq!(
+            (s[1].code, s[1].limit_remaining),
+            (exp.2.0 as i32, exp.2.1),
+            "call {}",
+            i + 1
+        );
+        if i == 2 {
+            let d = s[0].duration_until_reset.as_ref().expect("shadow duration");
+            assert!(d.seconds >= 1);
+        }
+        let got = (
+            value(m::SHADOW_MODE, "sm.user_bob"),
+            value(m::OVER_LIMIT, "sm.user_bob"),
+            value(m::OVER_LIMIT, "sm.route_r1"),
+            value(m::WITHIN_LIMIT, "sm.route_r1"),
+        );
+        assert_eq!(got, after, "metrics after call {}", i + 1);
+    }
+    assert_eq!(value(m::TOTAL_HITS, "sm.user_bob"), 4.0);
+    assert_eq!(value(m::TOTAL_HITS, "sm.route_r1"), 4.0);
+    assert_eq!(value(m::WITHIN_LIMIT, "sm.user_bob"), 2.0);
+}
+
+/// A `tracing` writer that keeps everything written, for counting log lines.
+#[derive(Clone, Default)]
+struct Captured(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn br32_unknown_domain_counted_warned_once_and_malformed_rejected() {
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = limiter(
+            "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+            paused_memory(),
+            "br32:",
+        );
+        let dnf = || metric(&scrape(), m::DOMAIN_NOT_FOUND, &[("domain", "ambassador")]).unwrap_or(0.0);
+        let invalid = || {
+            metric(&scrape(), m::SERVICE_ERROR, &[("kind", "invalid_argument")]).unwrap_or(0.0)
+        };
+        // 1. Unknown domain x100: OK with no limit, counted 100 times, warned once.
+        for _ in 0..100 {
+            let r = l
+                .should_rate_limit(&req("ambassador", vec![desc(&[("remote_address", "10.0.0.9")])], 1))
+                .await
+                .unwrap();
+            assert_eq!(r.overall_code, Code::Ok as i32);
+            assert!(r.statuses[0].current_limit.is_none());
+        }
+        assert_eq!(dnf(), 100.0);
+        let text = String::from_utf8(logs.0.lock().clone()).unwrap();
+        let warnings = text.lines().filter(|l| l.contains("unknown domain") && l.contains("ambassador")).count();
+        assert_eq!(warnings, 1, "one warning per domain per minute:\n{text}");
+
+        // 2. and 3. Malformed: INVALID_ARGUMENT with the message, service_error +2.
+        let before = invalid();
+        let e = l
+            .should_rate_limit(&req("", vec![desc(&[("remote_address", "10.0.0.9")])], 1))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "domain must not be empty");
+        let e = l.should_rate_limit(&req("api", vec![], 1)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "descriptor list must not be empty");
+        assert_eq!(invalid() - before, 2.0);
+
+        // 4. One descriptor with zero entries: OK, no limit, not an error.
+        let r = l.should_rate_limit(&req("api", vec![desc(&[])], 1)).await.unwrap();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert!(r.statuses[0].current_limit.is_none());
+        assert_eq!(invalid() - before, 2.0);
+        assert_eq!(dnf(), 100.0, "a known domain is not counted");
+    });
+}
+
+#[tokio::test]
+async fn br32_domain_label_set_is_capped() {
+    let l: Arc<Limiter> = limiter("domain: capped\ndescriptors: []\n", paused_memory(), "cap:");
+    let extra = 50;
+    for i in 0..MAX_DOMAIN_LABELS + extra {
+        let domain = format!("cap-{i}");
+        for _ in 0..2 {
+            l.should_rate_limit(&req(&domain, vec![desc(&[("k", "v")])], 1))
+                .await
+                .unwrap();
+        }
+    }
+    let text = scrape();
+    let labelled = text
+        .lines()
+        .filter(|l| l.starts_with(m::DOMAIN_NOT_FOUND) && l.contains("domain=\"cap-"))
+        .count();
+    assert_eq!(
+        labelled, MAX_DOMAIN_LABELS,
+        "first {MAX_DOMAIN_LABELS} domains get a label"
+    );
+    assert_eq!(
+        metric(&text, m::DOMAIN_NOT_FOUND, &[("domain", "cap-0")]),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &text,
+            m::DOMAIN_NOT_FOUND,
+            &[("domain", &format!("cap-{MAX_DOMAIN_LABELS}"))]
+        ),
+        None
+    );
+    assert_eq!(
+        metric(&text, m::DOMAIN_NOT_FOUND, &[("domain", "other")]),
+        Some(2.0 * extra as f64),
+        "later domains share `other`"
+    );
+}
