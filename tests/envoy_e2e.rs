@@ -12,6 +12,7 @@ mod common;
 use common::procs::{
     BucketRls, Envoy, HttpResponse, envoy_for_loopback, http_get, http_get_from, yaml_file,
 };
+use common::redis::RedisServer;
 use serde_json::Value;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -56,9 +57,9 @@ async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
     (addr, hits)
 }
 
-/// Envoy + bucket-rls + upstream.
+/// Envoy + bucket-rls (one or more replicas) + upstream.
 struct Stack {
-    rls: BucketRls,
+    rls: Vec<BucketRls>,
     envoy: Envoy,
     upstream_hits: Arc<AtomicU64>,
     /// The bucket-rls config directory (`edge.yaml` inside).
@@ -67,15 +68,31 @@ struct Stack {
 
 impl Stack {
     /// Starts the stack with `rls_yaml` as the only file of bucket-rls's
-    /// config directory, and the example Envoy bootstrap, changed by `tweak`.
+    /// config directory (memory backend), and the example Envoy bootstrap,
+    /// changed by `tweak`.
     async fn start(rls_yaml: &str, tweak: impl FnOnce(&mut Value)) -> Self {
+        Self::start_with(rls_yaml, 1, &[], tweak).await
+    }
+
+    /// As [`Stack::start`], with `replicas` bucket-rls processes (all in
+    /// Envoy's `bucket_rls` cluster, round robin) started with `rls_args`.
+    async fn start_with(
+        rls_yaml: &str,
+        replicas: usize,
+        rls_args: &[&str],
+        tweak: impl FnOnce(&mut Value),
+    ) -> Self {
         let config_dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(config_dir.path().join("edge.yaml"), rls_yaml).expect("write config");
-        let rls = BucketRls::start(config_dir.path(), &[]).await;
+        let mut rls = Vec::new();
+        for _ in 0..replicas {
+            rls.push(BucketRls::start(config_dir.path(), rls_args).await);
+        }
+        let grpc: Vec<SocketAddr> = rls.iter().map(|r| r.grpc).collect();
         let (up, upstream_hits) = upstream().await;
         let mut bootstrap = envoy_for_loopback(
             yaml_file(&example("envoy.yaml")),
-            &[("bucket_rls", &[rls.grpc]), ("upstream", &[up])],
+            &[("bucket_rls", &grpc), ("upstream", &[up])],
         );
         // The example's 100 ms budget is for production. A CI machine running
         // many tests on two cores can stall a process for longer, and a
@@ -337,7 +354,7 @@ async fn bucket_rls_down_fails_open_as_documented() {
         assert_eq!(s.get("/x", &[KEY]).await.status, 200);
     }
     assert_eq!(s.get("/x", &[KEY]).await.status, 429);
-    s.rls.proc.kill();
+    s.rls[0].proc.kill();
     for _ in 0..5 {
         let started = Instant::now();
         let r = s.get("/x", &[KEY]).await;
@@ -369,7 +386,7 @@ async fn bucket_rls_down_with_failure_mode_deny_returns_503() {
     })
     .await;
     assert_eq!(s.get("/x", &[KEY]).await.status, 200);
-    s.rls.proc.kill();
+    s.rls[0].proc.kill();
     for _ in 0..3 {
         let r = s.get("/x", &[KEY]).await;
         assert_eq!(r.status, 503, "{r:?}");
@@ -419,4 +436,123 @@ async fn config_change_on_disk_takes_effect_through_envoy_within_2s() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Requests per host of an Envoy cluster, from the admin `/clusters` page.
+async fn requests_per_host(envoy: &Envoy, cluster: &str) -> Vec<u64> {
+    let page = http_get(envoy.admin, "/clusters", &[])
+        .await
+        .expect("GET /clusters")
+        .body;
+    page.lines()
+        .filter(|l| l.starts_with(&format!("{cluster}::")) && l.contains("::rq_total::"))
+        .map(|l| {
+            l.rsplit("::")
+                .next()
+                .and_then(|n| n.parse().ok())
+                .expect("rq_total")
+        })
+        .collect()
+}
+
+/// The docker-compose topology on loopback: two bucket-rls replicas on one
+/// Redis, behind Envoy's round-robin cluster, share every bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_redis_share_the_budget() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let s = Stack::start_with(&edge_config(), 2, &["--redis-url", &url], |_| {}).await;
+    for i in 1..=5u64 {
+        let r = s.get("/hello", &[KEY]).await;
+        assert_eq!(r.status, 200, "request {i}: {r:?}");
+        assert_eq!(r.num("x-ratelimit-remaining"), 5 - i, "request {i}");
+        assert_eq!(r.num("x-ratelimit-reset"), 12 * i, "request {i}");
+    }
+    let r = s.get("/hello", &[KEY]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.num("x-ratelimit-reset"), 12);
+    assert_eq!(r.all("retry-after"), vec!["12"]);
+    let per_host = requests_per_host(&s.envoy, "bucket_rls").await;
+    assert_eq!(per_host.len(), 2, "{per_host:?}");
+    assert!(
+        per_host.iter().all(|n| *n >= 2),
+        "both replicas must have answered: {per_host:?}"
+    );
+}
+
+/// Redis stopped: bucket-rls answers UNAVAILABLE within its Redis timeout, so
+/// Envoy fails open (the example's choice) without noticeable delay; the
+/// service stays up and limits again soon after Redis is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_open_fast_and_recovers() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let mut s = Stack::start_with(&edge_config(), 1, &["--redis-url", &url], |_| {}).await;
+    for _ in 0..5 {
+        assert_eq!(s.get("/x", &[KEY]).await.status, 200);
+    }
+    assert_eq!(s.get("/x", &[KEY]).await.status, 429);
+
+    redis.stop();
+    for i in 0..10 {
+        let started = Instant::now();
+        let r = s.get("/x", &[KEY]).await;
+        let took = started.elapsed();
+        assert_eq!(r.status, 200, "request {i} with Redis down: {r:?}");
+        assert!(
+            took < Duration::from_millis(500),
+            "request {i} took {took:?} with Redis down"
+        );
+        for h in LIMIT_HEADERS.iter().chain(&["retry-after"]) {
+            assert_eq!(r.header(h), None, "{h} without a rate limit answer");
+        }
+    }
+    assert_eq!(
+        s.envoy
+            .stat("cluster.upstream.ratelimit.failure_mode_allowed")
+            .await,
+        10
+    );
+    s.rls[0].proc.assert_running();
+
+    // Redis back (empty): rate limit answers again within 5 s, no restart.
+    redis.restart();
+    let back = Instant::now();
+    loop {
+        let r = s.get("/x", &[KEY]).await;
+        if r.header("x-ratelimit-limit").is_some() {
+            assert_eq!(r.status, 200);
+            assert_eq!(
+                r.num("x-ratelimit-remaining"),
+                4,
+                "a fresh bucket after the Redis restart"
+            );
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "no rate limit answers 5 s after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Redis stopped with `failure_mode_deny: true`: 503, nothing reaches the
+/// upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_with_failure_mode_deny_returns_503() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let s = Stack::start_with(&edge_config(), 1, &["--redis-url", &url], |b| {
+        ratelimit_filter(b)["failure_mode_deny"] = true.into();
+    })
+    .await;
+    assert_eq!(s.get("/x", &[KEY]).await.status, 200);
+    redis.stop();
+    for _ in 0..3 {
+        let started = Instant::now();
+        assert_eq!(s.get("/x", &[KEY]).await.status, 503);
+        assert!(started.elapsed() < Duration::from_millis(500));
+    }
+    assert_eq!(s.hits(), 1);
 }
