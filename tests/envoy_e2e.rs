@@ -556,3 +556,149 @@ async fn redis_down_with_failure_mode_deny_returns_503() {
     }
     assert_eq!(s.hits(), 1);
 }
+
+/// The L4 example (`envoy-l4.yaml`, `ratelimit/tcp.yaml`): one check per new
+/// connection; a client IP gets 10 connections at once, the 11th is closed
+/// before reaching the upstream; another IP is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l4_example_limits_new_connections_per_client_ip() {
+    let config_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        example("ratelimit/tcp.yaml"),
+        config_dir.path().join("tcp.yaml"),
+    )
+    .expect("copy tcp.yaml");
+    let rls = BucketRls::start(config_dir.path(), &[]).await;
+    let (up, hits) = upstream().await;
+    let mut bootstrap = envoy_for_loopback(
+        yaml_file(&example("envoy-l4.yaml")),
+        &[("bucket_rls", &[rls.grpc]), ("upstream", &[up])],
+    );
+    let filters = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+        .as_array_mut()
+        .expect("filters");
+    assert_eq!(filters[0]["name"], "envoy.filters.network.ratelimit");
+    filters[0]["typed_config"]["timeout"] = "2s".into(); // as in Stack::start
+    let envoy = Envoy::start(&bootstrap).await;
+
+    let alice = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    for i in 0..10 {
+        let r = http_get_from(alice, envoy.listener, "/db", &[]).await;
+        assert_eq!(r.map(|r| r.status).ok(), Some(200), "connection {i}");
+    }
+    let refused = http_get_from(alice, envoy.listener, "/db", &[]).await;
+    assert!(
+        refused.is_err(),
+        "11th connection got an answer: {refused:?}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 10);
+    assert_eq!(envoy.stat("ratelimit.postgres.over_limit").await, 1);
+
+    let bob = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+    let r = http_get_from(bob, envoy.listener, "/db", &[])
+        .await
+        .expect("another client IP");
+    assert_eq!(r.status, 200);
+}
+
+/// The docker-compose topology on loopback, running the README walkthrough:
+/// the edge Envoy, the demo upstream (`upstream.yaml`, an Envoy), two
+/// bucket-rls replicas on one Redis. The values asserted here are the ones
+/// examples/envoy/README.md shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compose_topology_on_loopback_matches_the_readme() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let config_dir = tempfile::tempdir().expect("tempdir");
+    for f in ["edge.yaml", "tcp.yaml"] {
+        std::fs::copy(
+            example(&format!("ratelimit/{f}")),
+            config_dir.path().join(f),
+        )
+        .expect("copy config");
+    }
+    let rls1 = BucketRls::start(config_dir.path(), &["--redis-url", &url]).await;
+    let rls2 = BucketRls::start(config_dir.path(), &["--redis-url", &url]).await;
+    let demo = Envoy::start(&envoy_for_loopback(
+        yaml_file(&example("upstream.yaml")),
+        &[],
+    ))
+    .await;
+    let mut bootstrap = envoy_for_loopback(
+        yaml_file(&example("envoy.yaml")),
+        &[
+            ("bucket_rls", &[rls1.grpc, rls2.grpc]),
+            ("upstream", &[demo.listener]),
+        ],
+    );
+    ratelimit_filter(&mut bootstrap)["timeout"] = "2s".into(); // as in Stack::start
+    let edge = Envoy::start(&bootstrap).await;
+    let get = |path: &'static str, key: &'static str| {
+        let listener = edge.listener;
+        async move {
+            http_get(listener, path, &[("x-api-key", key)])
+                .await
+                .expect("curl")
+        }
+    };
+
+    // 1. Five requests per minute per key.
+    let r = get("/", "alice").await;
+    assert_eq!((r.status, r.body.as_str()), (200, "hello from upstream\n"));
+    assert_eq!(
+        r.header("x-ratelimit-limit"),
+        Some(r#"5, 10;w=1;name="per_ip", 5;w=60;name="per_api_key""#)
+    );
+    assert_eq!(
+        (r.num("x-ratelimit-remaining"), r.num("x-ratelimit-reset")),
+        (4, 12)
+    );
+    for i in 2..=5 {
+        assert_eq!(get("/", "alice").await.status, 200, "alice {i}");
+    }
+    let r = get("/", "alice").await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.all("retry-after"), vec!["12"]);
+    assert_eq!(
+        (r.num("x-ratelimit-remaining"), r.num("x-ratelimit-reset")),
+        (0, 12)
+    );
+
+    // 2. Exports: 2 per hour per key; a denied export costs nothing.
+    assert_eq!(get("/v1/export", "bob").await.status, 200);
+    assert_eq!(get("/v1/export", "bob").await.status, 200);
+    let r = get("/v1/export", "bob").await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.all("retry-after"), vec!["1800"]);
+    assert_eq!(get("/", "bob").await.num("x-ratelimit-remaining"), 2);
+
+    // 3. Refunds: the demo upstream answers ?nowork=1 from "cache".
+    for _ in 0..3 {
+        let r = get("/v1/reports/daily?nowork=1", "carol").await;
+        assert_eq!((r.status, r.body.as_str()), (200, "served from cache\n"));
+        assert_eq!(r.num("x-ratelimit-remaining"), 4);
+        assert_eq!(r.header("x-ratelimit-refund"), None);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(
+        get("/v1/reports/daily", "carol")
+            .await
+            .num("x-ratelimit-remaining"),
+        4
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        get("/v1/reports/daily", "carol")
+            .await
+            .num("x-ratelimit-remaining"),
+        3
+    );
+
+    assert!(
+        requests_per_host(&edge, "bucket_rls")
+            .await
+            .iter()
+            .all(|n| *n > 0),
+        "both replicas used"
+    );
+}
