@@ -94,6 +94,15 @@ pub struct ServeArgs {
     /// rounded up (Envoy reads only whole seconds; leave off for Envoy).
     #[arg(long, env = "BUCKET_RLS_EXACT_DURATIONS", default_value_t = false)]
     pub exact_durations: bool,
+    /// Extra rate limit headers in every limited response: `off`, `draft03`
+    /// (RateLimit-Limit/Remaining/Reset) or `ietf` (RateLimit-Policy and RateLimit).
+    #[arg(
+        long,
+        env = "BUCKET_RLS_RATE_LIMIT_HEADERS",
+        value_enum,
+        default_value = "off"
+    )]
+    pub rate_limit_headers: crate::settings::RateLimitHeaders,
     /// Log level or filter (`info`, `debug`, `bucket_rls=debug,info`).
     #[arg(long, env = "BUCKET_RLS_LOG_LEVEL", default_value = "info")]
     pub log_level: String,

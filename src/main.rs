@@ -100,7 +100,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .timeout(std::time::Duration::from_millis(args.redis_timeout))
             .local_cache_size(usize::try_from(args.local_cache_size).unwrap_or(usize::MAX))
             .build()?;
-        tracing::info!(url = redis.url(), timeout_ms = args.redis_timeout, "Redis backend (connecting in the background)");
+        tracing::info!(
+            url = redis.url(),
+            timeout_ms = args.redis_timeout,
+            "Redis backend (connecting in the background)"
+        );
         Arc::new(redis)
     } else {
         Arc::new(MemoryStorage::default())
@@ -111,6 +115,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         near_limit_ratio: args.near_limit_ratio,
         max_descriptors: args.max_descriptors,
         exact_durations: args.exact_durations,
+        rate_limit_headers: args.rate_limit_headers,
         ..ServiceSettings::default()
     };
     let limiter = Arc::new(Limiter::new(config, storage, settings));

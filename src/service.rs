@@ -9,7 +9,7 @@ use crate::limiter::key::{self, KeyValue};
 use crate::limiter::{Charge, ChargeKind, ChargeSpec, Limit, Storage, StorageError};
 use crate::matcher;
 use crate::metrics as m;
-use crate::settings::{OnStorageError, ServiceSettings};
+use crate::settings::{OnStorageError, RateLimitHeaders, ServiceSettings};
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -386,6 +386,8 @@ impl Limiter {
         let mut statuses = Vec::with_capacity(plans.len());
         let mut over = false;
         let mut retry_after_us: u128 = 0;
+        // (status index, unit seconds) of every status that carries a limit.
+        let mut limited: Vec<(usize, u64)> = Vec::new();
         for plan in plans {
             let (charge_idx, label, current, cost) = match plan {
                 Plan::NoLimit => {
@@ -405,6 +407,7 @@ impl Limiter {
                 } => (*charge, label, current, *cost),
             };
             let spec = &charges[charge_idx].spec;
+            limited.push((statuses.len(), spec.limit.unit_secs));
             let r = result.charges[charge_idx];
             let limit = &spec.limit;
             let remaining = u32::try_from(r.tokens_micro / MICRO).unwrap_or(u32::MAX);
@@ -472,13 +475,86 @@ impl Limiter {
             ..Default::default()
         };
         if over {
-            resp.response_headers_to_add.push(HeaderValue {
-                key: "retry-after".into(),
-                value: bucket::ceil_secs(retry_after_us).to_string(),
-                ..Default::default()
-            });
+            resp.response_headers_to_add.push(header(
+                "retry-after",
+                bucket::ceil_secs(retry_after_us).to_string(),
+            ));
         }
+        self.add_rate_limit_headers(&mut resp, &limited);
         resp
+    }
+
+    /// Adds the optional `RateLimit` headers (see [`RateLimitHeaders`]).
+    fn add_rate_limit_headers(&self, resp: &mut RateLimitResponse, limited: &[(usize, u64)]) {
+        let mode = self.settings.rate_limit_headers;
+        if mode == RateLimitHeaders::Off {
+            return;
+        }
+        // Most restrictive: strictly smallest remaining, first on ties (Envoy's rule).
+        let Some(&(tightest, _)) = limited
+            .iter()
+            .min_by_key(|(i, _)| (resp.statuses[*i].limit_remaining, *i))
+        else {
+            return;
+        };
+        let st = &resp.statuses[tightest];
+        let reset = st
+            .duration_until_reset
+            .map_or(0, |d| d.seconds.max(0) + i64::from(d.nanos > 0));
+        let rpu = |i: usize| {
+            resp.statuses[i]
+                .current_limit
+                .as_ref()
+                .map_or(0, |l| l.requests_per_unit)
+        };
+        let name = |i: usize| {
+            let n = resp.statuses[i]
+                .current_limit
+                .as_ref()
+                .map_or("", |l| l.name.as_str());
+            if n.is_empty() {
+                format!("limit{i}")
+            } else {
+                n.chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || "_-.:/".contains(c) {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect()
+            }
+        };
+        let headers = match mode {
+            RateLimitHeaders::Off => return,
+            RateLimitHeaders::Draft03 => {
+                let mut limit = rpu(tightest).to_string();
+                for (i, secs) in limited {
+                    limit.push_str(&format!(", {};w={secs}", rpu(*i)));
+                }
+                vec![
+                    header("ratelimit-limit", limit),
+                    header("ratelimit-remaining", st.limit_remaining.to_string()),
+                    header("ratelimit-reset", reset.to_string()),
+                ]
+            }
+            RateLimitHeaders::Ietf => {
+                let policy = limited
+                    .iter()
+                    .map(|(i, secs)| format!("\"{}\";q={};w={secs}", name(*i), rpu(*i)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                vec![
+                    header("ratelimit-policy", policy),
+                    header(
+                        "ratelimit",
+                        format!("\"{}\";r={};t={reset}", name(tightest), st.limit_remaining),
+                    ),
+                ]
+            }
+        };
+        resp.response_headers_to_add.extend(headers);
     }
 
     fn storage_failed(
@@ -529,6 +605,14 @@ fn detailed_label(domain: &str, d: &RateLimitDescriptor) -> String {
         s.push_str(&e.value);
     }
     s
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.into(),
+        value,
+        ..Default::default()
+    }
 }
 
 fn no_limit() -> DescriptorStatus {

@@ -14,6 +14,23 @@ pub enum OnStorageError {
     Deny,
 }
 
+/// Optional rate limit headers added to every response that carries a limit
+/// (DESIGN 4; off by default: Envoy's own `enable_x_ratelimit_headers` builds
+/// `X-RateLimit-*` from the statuses). Computed from the most restrictive
+/// status: the smallest `limit_remaining`, the first one on ties, as Envoy does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RateLimitHeaders {
+    /// No extra headers (`retry-after` is still sent on OVER_LIMIT).
+    #[default]
+    Off,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`
+    /// (draft-ietf-httpapi-ratelimit-headers-03, the format Envoy emits).
+    Draft03,
+    /// `RateLimit-Policy` and `RateLimit` structured fields
+    /// (draft-ietf-httpapi-ratelimit-headers-08 and later).
+    Ietf,
+}
+
 /// Settings used by the request path.
 #[derive(Clone, Debug)]
 pub struct ServiceSettings {
@@ -31,6 +48,8 @@ pub struct ServiceSettings {
     /// Send `duration_until_reset` with millisecond precision instead of whole
     /// seconds rounded up (for clients other than Envoy, which reads only seconds).
     pub exact_durations: bool,
+    /// Extra `RateLimit` headers in `response_headers_to_add`.
+    pub rate_limit_headers: RateLimitHeaders,
 }
 
 impl Default for ServiceSettings {
@@ -42,6 +61,7 @@ impl Default for ServiceSettings {
             max_descriptors: 1024,
             max_entries: 64,
             exact_durations: false,
+            rate_limit_headers: RateLimitHeaders::Off,
         }
     }
 }
