@@ -4,6 +4,7 @@
 //! requests finish.
 
 use crate::service::{Limiter, RateLimitGrpc};
+use crate::settings::DRAIN_GRACE;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +35,8 @@ pub enum AppError {
 /// the metrics upkeep (draining histogram samples) run.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Serves until `shutdown` resolves, then drains and returns.
+/// Serves until `shutdown` resolves, then drains for at most
+/// [`DRAIN_GRACE`] and returns ([`run_with_grace`] with the default grace).
 ///
 /// # Errors
 /// A server failed to run.
@@ -42,6 +44,23 @@ pub async fn run(
     listeners: Listeners,
     limiter: Arc<Limiter>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AppError> {
+    run_with_grace(listeners, limiter, shutdown, DRAIN_GRACE).await
+}
+
+/// Serves until `shutdown` resolves, then drains: gRPC health turns
+/// NOT_SERVING, the listeners stop accepting, and in-flight requests get up
+/// to `grace` to finish. Connections still open after `grace` (e.g. a client
+/// holding a `grpc.health.v1.Health/Watch` stream, which never ends by
+/// itself) are dropped, so shutdown is bounded.
+///
+/// # Errors
+/// A server failed to run.
+pub async fn run_with_grace(
+    listeners: Listeners,
+    limiter: Arc<Limiter>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
 ) -> Result<(), AppError> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitGrpc>>().await;
@@ -78,6 +97,7 @@ pub async fn run(
         .into_future();
 
     let reporter = health_reporter.clone();
+    let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down: draining in-flight requests");
@@ -88,8 +108,24 @@ pub async fn run(
             .set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitGrpc>>()
             .await;
         let _ = stop_tx.send(());
+        let _ = draining_tx.send(());
     });
-    let (g, h) = tokio::join!(grpc, http);
+    let servers = async { tokio::join!(grpc, http) };
+    let deadline = async {
+        if draining_rx.await.is_ok() {
+            tokio::time::sleep(grace).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let (g, h) = tokio::select! {
+        r = servers => r,
+        () = deadline => {
+            tracing::warn!(?grace, "drain grace period elapsed; closing the remaining connections");
+            sweeper.abort();
+            return Ok(());
+        }
+    };
     sweeper.abort();
     g?;
     h?;

@@ -1,0 +1,447 @@
+//! The HTTP admin API through the router (no socket), then once over real
+//! sockets with `app::run`, including the gRPC health drain on shutdown.
+
+mod admin_support;
+mod common;
+
+use admin_support::{http, metric};
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use bucket_rls::app::{self, Listeners};
+use bucket_rls::config::watcher::ReloadError;
+use bucket_rls::limiter::clock::ManualClock;
+use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::limiter::{Charge, RequestResult, Storage, StorageError};
+use bucket_rls::metrics as m;
+use bucket_rls::service::Limiter;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tower::ServiceExt;
+
+const YAML: &str = "domain: adm
+descriptors:
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 2, burst: 3}
+  - key: route
+    value: r1
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: vip
+    value: v
+    rate_limit: {unlimited: true}
+  - key: tier
+    value: gold
+    rate_limit: {unit: hour, requests_per_unit: 100, replaces: [{name: per_user}]}
+";
+
+fn memory() -> Arc<dyn Storage> {
+    Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(1_000_000))))
+}
+
+/// A backend that is down.
+#[derive(Debug)]
+struct Down;
+
+#[async_trait]
+impl Storage for Down {
+    async fn apply(&self, _: &[Charge]) -> Result<RequestResult, StorageError> {
+        Err(StorageError::Unreachable("connection refused".into()))
+    }
+    async fn ping(&self) -> Result<(), StorageError> {
+        Err(StorageError::Unreachable("connection refused".into()))
+    }
+    fn name(&self) -> &'static str {
+        "down"
+    }
+}
+
+async fn call(
+    l: &Arc<Limiter>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (StatusCode, String, String) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .body(Body::from(body.to_owned()))
+        .unwrap();
+    let resp = bucket_rls::http::router(l.clone())
+        .oneshot(req)
+        .await
+        .unwrap();
+    let status = resp.status();
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, ctype, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+async fn post_json(l: &Arc<Limiter>, body: Value) -> (StatusCode, Value) {
+    let (s, ctype, b) = call(l, "POST", "/json", &body.to_string()).await;
+    assert_eq!(ctype, "application/json");
+    (s, serde_json::from_str(&b).unwrap())
+}
+
+#[tokio::test]
+async fn healthcheck_is_200_with_storage_and_503_without() {
+    let ok = common::limiter(YAML, memory(), "h:");
+    assert_eq!(call(&ok, "GET", "/healthcheck", "").await.0, StatusCode::OK);
+    let down = common::limiter(YAML, Arc::new(Down), "h:");
+    let (s, _, body) = call(&down, "GET", "/healthcheck", "").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        body.contains("storage unavailable") && body.contains("connection refused"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn metrics_render_prometheus_text_with_config_identity() {
+    let l = common::limiter(YAML, memory(), "m:");
+    let (s, _) = post_json(&l, json!({"domain": "adm", "descriptors": [{"entries": [{"key": "user", "value": "metrics"}]}]})).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, ctype, text) = call(&l, "GET", "/metrics", "").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(ctype.starts_with("text/plain; version=0.0.4"), "{ctype}");
+    assert!(metric(&text, m::TOTAL_HITS, &[("rule", "adm.user")]).unwrap() >= 1.0);
+    let hash = l.config().hash.clone();
+    assert_eq!(metric(&text, m::CONFIG_INFO, &[("hash", &hash)]), Some(1.0));
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with(m::CONFIG_INFO))
+            .count(),
+        1
+    );
+    let loaded = metric(&text, m::CONFIG_LOAD_TIMESTAMP, &[]).unwrap();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        loaded > now - 600.0 && loaded <= now + 1.0,
+        "{loaded} vs {now}"
+    );
+    // Latency histogram with the documented buckets, 100 us .. 100 ms.
+    assert!(
+        text.contains(&format!("{}_bucket{{le=\"0.0001\"}}", m::REQUEST_DURATION)),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{}_bucket{{le=\"0.1\"}}", m::REQUEST_DURATION)));
+    assert!(text.contains(&format!("# TYPE {} counter", m::TOTAL_HITS)));
+}
+
+#[tokio::test]
+async fn rlconfig_lists_domains_rules_hash_and_last_error() {
+    let l = common::limiter(YAML, memory(), "r:");
+    let (s, ctype, body) = call(&l, "GET", "/rlconfig", "").await;
+    assert_eq!((s, ctype.as_str()), (StatusCode::OK, "application/json"));
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["hash"], json!(l.config().hash));
+    assert_eq!(v["backend"], "memory");
+    assert_eq!(v["last_reload_error"], Value::Null);
+    assert!(v["loaded_at"].as_str().unwrap().ends_with('Z'));
+    assert!(v["loaded_at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
+    let domain = &v["domains"][0];
+    assert_eq!(domain["domain"], "adm");
+    let rules = domain["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 4);
+    let by_path = |p: &str| {
+        rules
+            .iter()
+            .find(|r| r["path"] == p)
+            .unwrap_or_else(|| panic!("{p} in {rules:?}"))
+    };
+    let user = by_path("adm.user");
+    assert_eq!(
+        (
+            &user["name"],
+            &user["requests_per_unit"],
+            &user["unit"],
+            &user["burst"],
+            &user["unlimited"]
+        ),
+        (
+            &json!("per_user"),
+            &json!(2),
+            &json!("minute"),
+            &json!(3),
+            &json!(false)
+        )
+    );
+    assert_eq!(by_path("adm.route_r1")["shadow_mode"], true);
+    assert_eq!(by_path("adm.vip_v")["unlimited"], true);
+    assert!(by_path("adm.vip_v").get("unit").is_none());
+    assert_eq!(by_path("adm.tier_gold")["replaces"], json!(["per_user"]));
+
+    l.set_reload_error(Some(ReloadError {
+        at: SystemTime::now(),
+        message: "adm.yaml:3: unknown key 'unlimied'".into(),
+    }));
+    let (_, _, body) = call(&l, "GET", "/rlconfig", "").await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["last_reload_error"]["message"],
+        "adm.yaml:3: unknown key 'unlimied'"
+    );
+    assert!(
+        v["last_reload_error"]["at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z')
+    );
+}
+
+#[tokio::test]
+async fn json_consume_check_refund_and_over_limit() {
+    let l = common::limiter(YAML, memory(), "j:");
+    let user = |extra: Value| {
+        let mut d = json!({"entries": [{"key": "user", "value": "alice"}]});
+        d.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json!({"domain": "adm", "descriptors": [d]})
+    };
+    // Consume: burst 3.
+    let (s, v) = post_json(&l, user(json!({}))).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"overallCode": "OK", "statuses": [{"code": "OK",
+            "currentLimit": {"name": "per_user", "requestsPerUnit": 2, "unit": "MINUTE"},
+            "limitRemaining": 2, "durationUntilReset": "30s"}]})
+    );
+    // Check (hitsAddend 0, as a string): consumes nothing.
+    let (s, v) = post_json(&l, user(json!({"hitsAddend": "0"}))).await;
+    assert_eq!(
+        (s, &v["statuses"][0]["limitRemaining"]),
+        (StatusCode::OK, &json!(2))
+    );
+    // Consume the rest (snake_case names accepted), then over limit: 429.
+    let (s, _) = post_json(
+        &l,
+        json!({"domain": "adm", "hits_addend": 2,
+        "descriptors": [{"entries": [{"key": "user", "value": "alice"}]}]}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = post_json(&l, user(json!({}))).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(v["overallCode"], "OVER_LIMIT");
+    assert_eq!(v["statuses"][0]["code"], "OVER_LIMIT");
+    assert_eq!(v["statuses"][0]["durationUntilReset"], "30s");
+    assert_eq!(
+        v["responseHeadersToAdd"],
+        json!([{"key": "retry-after", "value": "30"}])
+    );
+    // Refund one: admitted again.
+    let (s, v) = post_json(&l, user(json!({"hitsAddend": 1, "isNegativeHits": true}))).await;
+    assert_eq!((s, &v["overallCode"]), (StatusCode::OK, &json!("OK")));
+    let (s, v) = post_json(&l, user(json!({}))).await;
+    assert_eq!(
+        (s, &v["statuses"][0]["limitRemaining"]),
+        (StatusCode::OK, &json!(0))
+    );
+    // Override with a unit name; unlimited; unknown domain.
+    let (s, v) = post_json(
+        &l,
+        json!({"domain": "adm", "descriptors": [{"entries": [{"key": "user", "value": "bob"}],
+            "limit": {"requestsPerUnit": 9, "unit": "HOUR"}}]}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "HOUR");
+    let (_, v) = post_json(
+        &l,
+        json!({"domain": "adm", "descriptors": [{"entries": [{"key": "vip", "value": "v"}]}]}),
+    )
+    .await;
+    assert_eq!(
+        v["statuses"][0],
+        json!({"code": "OK", "limitRemaining": 4294967295_u32})
+    );
+    let (_, v) = post_json(
+        &l,
+        json!({"domain": "nope", "descriptors": [{"entries": [{"key": "a", "value": "b"}]}]}),
+    )
+    .await;
+    assert_eq!(v["statuses"][0], json!({"code": "OK", "limitRemaining": 0}));
+}
+
+#[tokio::test]
+async fn json_rejects_bad_requests_with_400_and_storage_down_with_503() {
+    let l = common::limiter(YAML, memory(), "b:");
+    for (body, needle) in [
+        ("{not json", "invalid RateLimitRequest JSON"),
+        (
+            r#"{"domain":"adm","descriptor":[]}"#,
+            "unknown field `descriptor`",
+        ),
+        (
+            r#"{"domain":"","descriptors":[{"entries":[]}]}"#,
+            "domain must not be empty",
+        ),
+        (
+            r#"{"domain":"adm","descriptors":[]}"#,
+            "descriptor list must not be empty",
+        ),
+        (
+            r#"{"domain":"adm","descriptors":[{"hitsAddend":-1}]}"#,
+            "hitsAddend",
+        ),
+        (
+            r#"{"domain":"adm","descriptors":[{"entries":[{"key":"user","value":"x"}],"limit":{"requestsPerUnit":1,"unit":"UNKNOWN"}}]}"#,
+            "limit.unit",
+        ),
+    ] {
+        let (s, ctype, b) = call(&l, "POST", "/json", body).await;
+        assert_eq!(
+            (s, ctype.as_str()),
+            (StatusCode::BAD_REQUEST, "application/json"),
+            "{body}: {b}"
+        );
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert!(v["error"].as_str().unwrap().contains(needle), "{body}: {b}");
+    }
+    let down = common::limiter(YAML, Arc::new(Down), "b:");
+    let (s, v) = post_json(
+        &down,
+        json!({"domain": "adm", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(v["error"].as_str().unwrap().contains("unavailable"), "{v}");
+    // No storage needed: still answered while storage is down.
+    let (s, _) = post_json(
+        &down,
+        json!({"domain": "adm", "descriptors": [{"entries": [{"key": "vip", "value": "v"}]}]}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_over_sockets_and_health_not_serving_while_draining() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+
+    let l = common::limiter(YAML, memory(), "s:");
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), admin.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app::run(
+        Listeners { grpc, http: admin },
+        l.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let r = http(http_addr, "GET", "/healthcheck", None).await;
+    assert_eq!((r.status, r.body.as_str()), (200, "OK\n"));
+    let r = http(http_addr, "GET", "/rlconfig", None).await;
+    assert_eq!(r.status, 200);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["hash"], json!(l.config().hash));
+    let body = r#"{"domain":"adm","descriptors":[{"entries":[{"key":"user","value":"sock"}],"hitsAddend":3}]}"#;
+    let r = http(http_addr, "POST", "/json", Some(body)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = http(http_addr, "POST", "/json", Some(body)).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    let r = http(http_addr, "GET", "/metrics", None).await;
+    assert_eq!(r.status, 200);
+    assert!(metric(&r.body, m::OVER_LIMIT, &[("rule", "adm.user")]).unwrap() >= 1.0);
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let check = |s: HealthCheckResponse| ServingStatus::try_from(s.status).unwrap();
+    let resp = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(check(resp.into_inner()), ServingStatus::Serving);
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(check(first), ServingStatus::Serving);
+
+    stop.send(()).unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("a status update while draining");
+    assert_eq!(check(next.unwrap().unwrap()), ServingStatus::NotServing);
+    drop(watch);
+    drop(health);
+    tokio::time::timeout(Duration::from_secs(15), server)
+        .await
+        .expect("the server stops after draining")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_is_bounded_even_with_a_health_watch_held_open() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let l = common::limiter(YAML, memory(), "g:");
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_addr = grpc.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let grace = Duration::from_millis(300);
+    let server = tokio::spawn(app::run_with_grace(
+        Listeners { grpc, http: admin },
+        l,
+        async move {
+            let _ = stopped.await;
+        },
+        grace,
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    watch.message().await.unwrap().unwrap();
+    let started = std::time::Instant::now();
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("shutdown bounded by the grace period")
+        .unwrap()
+        .unwrap();
+    assert!(
+        started.elapsed() >= grace,
+        "in-flight work got the grace period"
+    );
+    drop(watch);
+}
