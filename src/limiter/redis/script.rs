@@ -90,7 +90,10 @@ impl BucketScript {
         Ok(())
     }
 
-    fn evalsha_cmd(&self, call: &ScriptCall) -> Cmd {
+    /// The `EVALSHA` command of one call (for pipelines or a synchronous
+    /// connection; [`BucketScript::eval`] adds the `NOSCRIPT` handling).
+    #[must_use]
+    pub fn evalsha_cmd(&self, call: &ScriptCall) -> Cmd {
         let mut cmd = ::redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(call.keys.len());
         for k in &call.keys {

@@ -1,0 +1,394 @@
+//! `lua/token_bucket.lua` against its reference model
+//! (`bucket::apply_request`): random request sequences through the script
+//! (test-only explicit now) and through the model give identical replies and
+//! identical stored state; every written key expires no earlier than its
+//! bucket is full again. Also the stored size of a bucket (BENCHMARKS.md).
+
+mod common;
+
+use bucket_rls::limiter::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit};
+use bucket_rls::limiter::redis::script::{BucketScript, SOURCE, ScriptCall};
+use bucket_rls::limiter::{Charge, group_by_key};
+use common::redis::{RedisServer, decode_bucket};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// 2023-11-14 in microseconds: a realistic epoch time.
+const T0_US: u64 = 1_700_000_000_000_000;
+/// Longest expiry the script writes, in ms.
+const MAX_TTL_MS: u128 = 1_000_000_000_000_000;
+const UNITS: [u64; 7] = [1, 60, 3600, 86_400, 604_800, 2_592_000, 31_536_000];
+
+fn limit() -> impl Strategy<Value = Limit> {
+    let rate = prop_oneof![
+        1 => Just(0u32),
+        4 => 1u32..20,
+        1 => Just(u32::MAX),
+        1 => any::<u32>(),
+    ];
+    let burst = prop_oneof![
+        3 => Just(None),
+        1 => Just(Some(u32::MAX)),
+        2 => (1u32..50).prop_map(Some),
+    ];
+    (rate, prop::sample::select(UNITS.to_vec()), burst).prop_map(|(r, u, b)| Limit {
+        requests_per_unit: r,
+        unit_secs: u,
+        burst: u64::from(b.unwrap_or(r)),
+    })
+}
+
+fn cost() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        2 => Just(0u64),
+        6 => 1u64..4,
+        2 => 1u64..100,
+        1 => Just(u64::MAX),
+        1 => Just(u64::from(u32::MAX)),
+        1 => any::<u64>(),
+    ]
+}
+
+/// Microseconds the clock moves before a step (sometimes backwards).
+fn step_us() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => Just(0i64),
+        3 => 1i64..1000,
+        3 => 1i64..10_000_000,
+        1 => 1i64..100_000_000_000,
+        1 => Just(31_536_000_000_000i64),
+        1 => -5_000_000i64..0,
+    ]
+}
+
+/// One charge: key number, optional own limit (else the key's), cost, refund, shadow.
+type ChargeGen = (usize, Option<Limit>, u64, bool, bool);
+
+fn charge() -> impl Strategy<Value = ChargeGen> {
+    (
+        0usize..3,
+        prop_oneof![4 => Just(None), 1 => limit().prop_map(Some)],
+        cost(),
+        prop::bool::weighted(0.2),
+        prop::bool::weighted(0.2),
+    )
+}
+
+fn sequence() -> impl Strategy<Value = (Vec<Limit>, Vec<(i64, Vec<ChargeGen>)>)> {
+    (
+        prop::collection::vec(limit(), 3),
+        prop::collection::vec((step_us(), prop::collection::vec(charge(), 1..5)), 1..12),
+    )
+}
+
+/// The model's store: what the memory backend keeps (a full bucket is dropped).
+type Model = HashMap<String, BucketState>;
+
+/// Runs the model; returns its result and the keys it wrote.
+fn run_model(
+    model: &mut Model,
+    charges: &[Charge],
+    now_us: u64,
+) -> (bucket::RequestResult, Vec<String>) {
+    let (keys, indexed) = group_by_key(charges);
+    let states: Vec<Option<BucketState>> = keys.iter().map(|k| model.get(*k).copied()).collect();
+    let mut last = vec![None; keys.len()];
+    for (i, spec) in &indexed {
+        last[*i] = Some(spec.limit);
+    }
+    let mut puts = Vec::new();
+    let r = bucket::apply_request(&indexed, &states, now_us, |i, st| puts.push((i, st)));
+    let written = puts.iter().map(|(i, _)| keys[*i].to_owned()).collect();
+    for (i, st) in puts {
+        let l = last[i].expect("charged bucket has a limit");
+        if bucket::time_to_full_us(&l, st.tokens_micro) == 0 {
+            model.remove(keys[i]);
+        } else {
+            model.insert(keys[i].to_owned(), st);
+        }
+    }
+    (r, written)
+}
+
+/// Expected PX in ms for a stored state (ceil, at least 1, capped).
+fn expected_px_ms(l: &Limit, st: &BucketState, now_us: u64) -> u128 {
+    let us = bucket::time_to_full_us(l, st.tokens_micro)
+        + u128::from(st.updated_us.saturating_sub(now_us));
+    us.div_ceil(1000).clamp(1, MAX_TTL_MS)
+}
+
+fn check_sequence(
+    conn: &mut redis::Connection,
+    script: &BucketScript,
+    case: u64,
+    limits: &[Limit],
+    steps: &[(i64, Vec<ChargeGen>)],
+) -> Result<(), TestCaseError> {
+    let mut model = Model::new();
+    let mut now = T0_US;
+    for (dt, gens) in steps {
+        now = now.saturating_add_signed(*dt);
+        let charges: Vec<Charge> = gens
+            .iter()
+            .map(|(k, own, cost, refund, shadow)| Charge {
+                key: format!("prop:{case}:{k}"),
+                spec: ChargeSpec {
+                    limit: own.unwrap_or(limits[*k]),
+                    cost: *cost,
+                    kind: if *refund {
+                        ChargeKind::Refund
+                    } else {
+                        ChargeKind::Consume
+                    },
+                    shadow: *shadow,
+                },
+            })
+            .collect();
+        let (expected, written) = run_model(&mut model, &charges, now);
+        let call = ScriptCall::new(&charges, Some(now)).expect("encodable");
+        // One transaction: the script, then GET, PTTL and PERSIST of every
+        // bucket, so no key can expire in real time between them.
+        let (keys, indexed) = group_by_key(&charges);
+        let mut pipe = redis::pipe();
+        pipe.atomic().add_command(script.evalsha_cmd(&call));
+        for key in &keys {
+            pipe.cmd("GET").arg(*key).cmd("PTTL").arg(*key);
+            // Keep it: Redis expires in real time, the model in test time.
+            pipe.cmd("PERSIST").arg(*key).ignore();
+        }
+        let replies: Vec<redis::Value> = pipe
+            .query(conn)
+            .map_err(|e| TestCaseError::fail(format!("script failed: {e}")))?;
+        let got = call
+            .parse_reply(&replies[0])
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&got, &expected, "reply at now={} for {:?}", now, charges);
+        // Stored state and expiry of every bucket of the request.
+        for (i, key) in keys.iter().enumerate() {
+            let raw: Option<Vec<u8>> =
+                redis::from_redis_value(replies[1 + 2 * i].clone()).expect("GET reply");
+            let pttl: i64 =
+                redis::from_redis_value(replies[2 + 2 * i].clone()).expect("PTTL reply");
+            let stored = raw.as_deref().map(decode_bucket);
+            let want = model.get(*key).map(|s| (s.tokens_micro, s.updated_us));
+            prop_assert_eq!(stored, want, "stored state of {}", key);
+            if let Some(st) = model.get(*key).filter(|_| written.iter().any(|w| w == key)) {
+                // >= 0: a 1 ms expiry may read 0 once the millisecond ticks.
+                prop_assert!(pttl >= 0, "{} has PTTL {} (no expiry)", key, pttl);
+                // Written by this request: the TTL follows the last charge's limit.
+                let last = indexed
+                    .iter()
+                    .rev()
+                    .find(|(j, _)| *j == i)
+                    .map(|(_, s)| s.limit);
+                if let Some(l) = last {
+                    let px = expected_px_ms(&l, st, now);
+                    let pttl = u128::try_from(pttl).unwrap_or(0);
+                    // Exact except for years-long waits (computed with a margin).
+                    prop_assert!(
+                        pttl <= px + px / 100_000_000 + 2,
+                        "{} PTTL {} above expected {}",
+                        key,
+                        pttl,
+                        px
+                    );
+                    prop_assert!(
+                        pttl + 1000 >= px,
+                        "{} PTTL {} below time to full {}",
+                        key,
+                        pttl,
+                        px
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The differential property test: identical replies and stored state.
+#[test]
+fn lua_matches_reference_model() {
+    let server = RedisServer::start();
+    let conn = RefCell::new(server.conn());
+    let script = BucketScript::new();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SOURCE)
+        .query(&mut *conn.borrow_mut())
+        .expect("SCRIPT LOAD");
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 300,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&sequence(), |(limits, steps)| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        check_sequence(&mut conn.borrow_mut(), &script, n, &limits, &steps)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Pinned extremes (also reachable by the property test, kept as named cases).
+#[test]
+fn extremes_match_model() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let script = BucketScript::new();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SOURCE)
+        .query(&mut conn)
+        .expect("SCRIPT LOAD");
+    let max = Limit {
+        requests_per_unit: u32::MAX,
+        unit_secs: 1,
+        burst: u64::from(u32::MAX),
+    };
+    let year = Limit {
+        requests_per_unit: u32::MAX,
+        unit_secs: 31_536_000,
+        burst: u64::from(u32::MAX),
+    };
+    let minute = Limit {
+        requests_per_unit: u32::MAX,
+        unit_secs: 60,
+        burst: u64::from(u32::MAX),
+    };
+    let zero = Limit {
+        requests_per_unit: 0,
+        unit_secs: 60,
+        burst: 0,
+    };
+    let c = |l: Limit, cost: u64, kind: ChargeKind| ChargeSpec {
+        limit: l,
+        cost,
+        kind,
+        shadow: false,
+    };
+    let seqs: Vec<Vec<(u64, ChargeSpec)>> = vec![
+        vec![
+            (0, c(max, u64::from(u32::MAX) - 1, ChargeKind::Consume)),
+            (1, c(max, u64::MAX, ChargeKind::Consume)),
+            (20, c(max, u64::from(u32::MAX), ChargeKind::Consume)),
+        ],
+        vec![
+            (0, c(year, u64::from(u32::MAX), ChargeKind::Consume)),
+            (
+                31_536_000_000_000 / 2,
+                c(year, 1 << 40, ChargeKind::Consume),
+            ),
+            (0, c(year, u64::MAX, ChargeKind::Refund)),
+        ],
+        // Refills whose naive double product exceeds 2^53 and rounds across an
+        // integer (floor(e * R / U) computed in doubles is off by one here).
+        vec![
+            (0, c(year, u64::from(u32::MAX), ChargeKind::Consume)),
+            (1_000_000_004_207, c(year, 0, ChargeKind::Consume)),
+        ],
+        vec![
+            (0, c(minute, u64::from(u32::MAX), ChargeKind::Consume)),
+            (10_000_012, c(minute, 0, ChargeKind::Consume)),
+        ],
+        vec![
+            (0, c(zero, 1, ChargeKind::Consume)),
+            (0, c(zero, 0, ChargeKind::Consume)),
+            (0, c(zero, 5, ChargeKind::Refund)),
+        ],
+    ];
+    for (n, seq) in seqs.iter().enumerate() {
+        let mut model = Model::new();
+        let mut now = T0_US;
+        for (dt, spec) in seq {
+            now += dt;
+            let charges = vec![Charge {
+                key: format!("ext:{n}"),
+                spec: *spec,
+            }];
+            let (expected, _) = run_model(&mut model, &charges, now);
+            let call = ScriptCall::new(&charges, Some(now)).expect("encodable");
+            let reply: redis::Value = script.evalsha_cmd(&call).query(&mut conn).expect("script");
+            assert_eq!(
+                call.parse_reply(&reply).expect("reply"),
+                expected,
+                "{n}: {spec:?}"
+            );
+            let raw: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(format!("ext:{n}"))
+                .query(&mut conn)
+                .expect("GET");
+            assert_eq!(
+                raw.as_deref().map(decode_bucket),
+                model
+                    .get(&format!("ext:{n}"))
+                    .map(|s| (s.tokens_micro, s.updated_us))
+            );
+        }
+    }
+}
+
+/// `MEMORY USAGE` of a bucket key with a 30-byte name against a plain integer
+/// string key of the same name (BENCHMARKS.md, "Redis storage").
+#[test]
+fn bucket_memory_usage() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let script = BucketScript::new();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SOURCE)
+        .query(&mut conn)
+        .expect("SCRIPT LOAD");
+    let name = "rls:d4:edge|k2:ip=v9:10.0.0.07";
+    assert_eq!(name.len(), 30);
+    let usage = |conn: &mut redis::Connection| -> i64 {
+        redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(name)
+            .arg("SAMPLES")
+            .arg(0)
+            .query(conn)
+            .expect("MEMORY USAGE")
+    };
+    let _: () = redis::cmd("SET")
+        .arg(name)
+        .arg(1_700_000_000_123_456_u64)
+        .query(&mut conn)
+        .expect("SET");
+    let plain = usage(&mut conn);
+    let mut report = vec![format!("plain integer key: {plain} bytes")];
+    for (burst, cost) in [(10u32, 1u64), (1000, 1), (1_000_000, 1), (u32::MAX, 1)] {
+        let _: () = redis::cmd("DEL").arg(name).query(&mut conn).expect("DEL");
+        let charges = vec![Charge {
+            key: name.to_owned(),
+            spec: ChargeSpec {
+                limit: Limit {
+                    requests_per_unit: burst,
+                    unit_secs: 60,
+                    burst: u64::from(burst),
+                },
+                cost,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+        }];
+        let call = ScriptCall::new(&charges, None).expect("encodable");
+        let _: redis::Value = script.evalsha_cmd(&call).query(&mut conn).expect("script");
+        let bucket = usage(&mut conn);
+        let raw: Vec<u8> = redis::cmd("GET").arg(name).query(&mut conn).expect("GET");
+        report.push(format!(
+            "bucket, burst {burst}: {bucket} bytes ({} byte value, {:+})",
+            raw.len(),
+            bucket - plain
+        ));
+        if u64::from(burst) * 1_000_000 < 1 << 40 {
+            assert!(bucket - plain <= 16, "{}", report.join("\n"));
+        }
+    }
+    println!("{}", report.join("\n"));
+}
