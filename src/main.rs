@@ -72,10 +72,15 @@ fn check_config(paths: &[std::path::PathBuf]) -> ExitCode {
 }
 
 fn init_tracing(level: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|e| {
+        eprintln!("warning: invalid --log-level '{level}' ({e}); logging at info");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    // Colours only on a terminal: log files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => b.init(),
