@@ -33,6 +33,9 @@ pub const UNLIMITED_REMAINING: u32 = u32::MAX;
 /// Distinct unknown domains that get their own metric label; later ones share `other`.
 pub const MAX_DOMAIN_LABELS: usize = 100;
 const DOMAIN_WARN_INTERVAL: Duration = Duration::from_secs(60);
+/// At most one "storage call failed" log line per interval (with the count
+/// of failures not logged since the previous line).
+const STORAGE_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Shared state of the request path: the current config (swapped atomically
 /// on reload), the storage backend and the settings.
@@ -43,6 +46,8 @@ pub struct Limiter {
     settings: ServiceSettings,
     unknown_domains: Mutex<HashMap<String, Instant>>,
     reload_error: Mutex<Option<crate::config::watcher::ReloadError>>,
+    /// Last storage-failure log line, and failures not logged since.
+    storage_log: Mutex<(Option<Instant>, u64)>,
 }
 
 /// How one descriptor is answered, decided before storage is called.
@@ -70,6 +75,7 @@ impl Limiter {
             settings,
             unknown_domains: Mutex::new(HashMap::new()),
             reload_error: Mutex::new(None),
+            storage_log: Mutex::new((None, 0)),
         }
     }
 
@@ -563,7 +569,26 @@ impl Limiter {
         e: &StorageError,
     ) -> Result<RateLimitResponse, Status> {
         metrics::counter!(m::STORAGE_ERRORS, "kind" => e.kind().to_owned()).increment(1);
-        tracing::error!(error = %e, policy = ?self.settings.on_storage_error, "storage call failed");
+        // One line per failure, but at most one per STORAGE_LOG_INTERVAL: an
+        // outage at thousands of requests per second must not flood the log
+        // (the metric counts every failure).
+        let suppressed = {
+            let mut log = self.storage_log.lock();
+            let now = Instant::now();
+            match log.0 {
+                Some(last) if now.duration_since(last) < STORAGE_LOG_INTERVAL => {
+                    log.1 += 1;
+                    None
+                }
+                _ => {
+                    log.0 = Some(now);
+                    Some(std::mem::take(&mut log.1))
+                }
+            }
+        };
+        if let Some(suppressed) = suppressed {
+            tracing::error!(error = %e, policy = ?self.settings.on_storage_error, suppressed, "storage call failed");
+        }
         let answer = |limited: fn() -> DescriptorStatus, overall: Code| {
             let statuses = plans
                 .iter()

@@ -211,3 +211,65 @@ async fn br32_domain_label_set_is_capped() {
         "later domains share `other`"
     );
 }
+
+/// A backend that is down.
+#[derive(Debug)]
+struct Down;
+
+#[async_trait::async_trait]
+impl bucket_rls::limiter::Storage for Down {
+    async fn apply(
+        &self,
+        _: &[bucket_rls::limiter::Charge],
+    ) -> Result<bucket_rls::limiter::RequestResult, bucket_rls::limiter::StorageError> {
+        Err(bucket_rls::limiter::StorageError::Unreachable(
+            "connection refused".into(),
+        ))
+    }
+    async fn ping(&self) -> Result<(), bucket_rls::limiter::StorageError> {
+        Ok(())
+    }
+    fn name(&self) -> &'static str {
+        "down"
+    }
+}
+
+#[test]
+fn storage_errors_counted_each_logged_at_most_once_per_second() {
+    bucket_rls::metrics::install();
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = limiter(
+            "domain: down\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+            Arc::new(Down),
+            "down:",
+        );
+        let errors = || {
+            metric(&scrape(), m::STORAGE_ERRORS, &[("kind", "unreachable")]).unwrap_or(0.0)
+        };
+        let service = || metric(&scrape(), m::SERVICE_ERROR, &[("kind", "storage")]).unwrap_or(0.0);
+        let (e0, s0) = (errors(), service());
+        for _ in 0..50 {
+            let e = l
+                .should_rate_limit(&req("down", vec![desc(&[("k", "v")])], 1))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unavailable);
+        }
+        assert_eq!(errors() - e0, 50.0);
+        assert_eq!(service() - s0, 50.0);
+        let text = String::from_utf8(logs.0.lock().clone()).unwrap();
+        let lines = text.lines().filter(|l| l.contains("storage call failed")).count();
+        assert_eq!(lines, 1, "{text}");
+    });
+}
