@@ -16,6 +16,9 @@
 //!   connection (concurrent requests are pipelined on it) that reconnects by
 //!   itself. It is created lazily, so startup never waits for or fails on
 //!   Redis; `/healthcheck` reports 503 through [`Storage::ping`] meanwhile.
+//!   A background `PING` every second ([`HEALTH_INTERVAL`]) replaces a dead
+//!   connection before a request finds it (e.g. Redis restarted while idle)
+//!   and closes the circuit breaker once Redis answers again.
 //!   `rediss://` uses rustls with the `ring` provider; ACL user and password
 //!   come from the URL and are never logged ([`redact_url`]).
 //! - **Bounded latency.** Every call is bounded by `--redis-timeout`
@@ -60,8 +63,8 @@ pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 pub const DEFAULT_LOCAL_CACHE_SIZE: usize = 100_000;
 /// Shortest connect timeout (a TLS handshake may take longer than a reply).
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Delay between attempts of the startup checks while Redis is down.
-const STARTUP_RETRY: Duration = Duration::from_secs(2);
+/// Period of the background health `PING`.
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why the Redis backend cannot be built (the URL itself is wrong; Redis
 /// being down is not an error at this point).
@@ -122,10 +125,11 @@ impl RedisStorageBuilder {
         self
     }
 
-    /// Builds the backend without connecting: the connection is made on the
-    /// first call and remade after failures. Spawns a background task that
-    /// loads the script and warns about an `allkeys-*` eviction policy once
-    /// Redis answers (BR-26). Must be called inside a Tokio runtime.
+    /// Builds the backend without waiting for Redis: the connection is made in
+    /// the background and remade after failures. Spawns a health task that
+    /// pings Redis every second, loads the script and warns about an
+    /// `allkeys-*` eviction policy once Redis answers (BR-26). Must be called
+    /// inside a Tokio runtime.
     ///
     /// # Errors
     /// [`RedisSetupError::InvalidUrl`] when the URL does not parse.
@@ -158,7 +162,7 @@ impl RedisStorageBuilder {
                 epoch: Instant::now(),
             }),
         };
-        storage.spawn_startup_checks();
+        storage.spawn_health_task();
         Ok(storage)
     }
 }
@@ -227,33 +231,56 @@ impl RedisStorage {
         }
     }
 
-    fn spawn_startup_checks(&self) {
-        let inner = Arc::downgrade(&self.inner);
+    /// Spawns the background health task: every [`HEALTH_INTERVAL`] a `PING`
+    /// (bounded by the timeout). It makes the connection manager notice a dead
+    /// connection and reconnect before a request would (Redis restarted while
+    /// idle), closes the circuit breaker as soon as Redis answers again, and on
+    /// the first answer loads the script and checks the eviction policy. Ends
+    /// when the storage is dropped.
+    fn spawn_health_task(&self) {
+        let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
+            let mut ready = false;
+            let mut warned = false;
             loop {
-                let Some(inner) = inner.upgrade() else { return };
+                let Some(inner) = weak.upgrade() else { return };
                 let mut conn = inner.conn.clone();
-                let loaded = tokio::time::timeout(
+                let pong = tokio::time::timeout(
                     inner.timeout.max(MIN_CONNECT_TIMEOUT),
-                    inner.script.load(&mut conn),
+                    ::redis::cmd("PING").query_async::<String>(&mut conn),
                 )
                 .await;
-                match loaded {
-                    Ok(Ok(())) => {
-                        tracing::info!(url = %inner.url, sha = inner.script.sha(), "Redis answers; token bucket script loaded");
-                        check_eviction_policy(&mut conn, inner.timeout).await;
-                        return;
+                match pong {
+                    Ok(Ok(_)) => {
+                        inner.breaker.success();
+                        warned = false;
+                        if !ready {
+                            match inner.script.load(&mut conn).await {
+                                Ok(()) => {
+                                    tracing::info!(url = %inner.url, sha = inner.script.sha(), "Redis answers; token bucket script loaded");
+                                    check_eviction_policy(&mut conn, inner.timeout).await;
+                                    ready = true;
+                                }
+                                Err(e) => {
+                                    let e = classify(&e, inner.timeout, inner.secret.as_deref());
+                                    tracing::warn!(url = %inner.url, error = %e, "cannot load the token bucket script");
+                                }
+                            }
+                        }
                     }
-                    Ok(Err(e)) => {
-                        let e = classify(&e, inner.timeout, inner.secret.as_deref());
-                        tracing::warn!(url = %inner.url, error = %e, "Redis not ready yet; serving anyway (storage errors until it answers)");
-                    }
-                    Err(_) => {
-                        tracing::warn!(url = %inner.url, "Redis does not answer yet; serving anyway (storage errors until it answers)");
+                    failed => {
+                        if !warned {
+                            let e = match failed {
+                                Ok(Err(e)) => classify(&e, inner.timeout, inner.secret.as_deref()),
+                                _ => StorageError::Timeout(inner.timeout.max(MIN_CONNECT_TIMEOUT)),
+                            };
+                            tracing::warn!(url = %inner.url, error = %e, "Redis does not answer; requests that need it fail until it does");
+                            warned = true;
+                        }
                     }
                 }
                 drop(inner);
-                tokio::time::sleep(STARTUP_RETRY).await;
+                tokio::time::sleep(HEALTH_INTERVAL).await;
             }
         });
     }

@@ -163,3 +163,115 @@ pub fn decode_bucket(raw: &[u8]) -> (u64, u64) {
     let be = |b: &[u8]| b.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x));
     (be(&raw[7..]), be(&raw[..7]))
 }
+
+/// A TCP proxy in front of a Redis for fault injection: passes bytes through,
+/// delays replies, or holds all traffic (a blackhole that keeps TCP open and
+/// delivers later, as a real network partition does).
+#[derive(Debug)]
+pub struct FaultProxy {
+    port: u16,
+    state: std::sync::Arc<ProxyState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug, Default)]
+struct ProxyState {
+    reply_delay_ms: std::sync::atomic::AtomicU64,
+    hold: std::sync::atomic::AtomicBool,
+}
+
+impl ProxyState {
+    async fn wait_released(&self) {
+        while self.hold.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+impl FaultProxy {
+    /// Listens on a free 127.0.0.1 port and forwards to `127.0.0.1:target_port`.
+    pub async fn start(target_port: u16) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let state = std::sync::Arc::new(ProxyState::default());
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                let Ok(server) =
+                    tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, target_port)).await
+                else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = st.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        up.wait_released().await;
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let down = st.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        down.wait_released().await;
+                        let delay = down
+                            .reply_delay_ms
+                            .load(std::sync::atomic::Ordering::SeqCst);
+                        if delay > 0 {
+                            tokio::time::sleep(Duration::from_millis(delay)).await;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { port, state, task }
+    }
+
+    /// `redis://127.0.0.1:PORT` of the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Delays every reply by `ms` milliseconds (0: no delay). Commands are
+    /// still delivered at once.
+    pub fn delay_replies_ms(&self, ms: u64) {
+        self.state
+            .reply_delay_ms
+            .store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Holds all traffic in both directions (`true`) or releases it (`false`).
+    pub fn hold(&self, on: bool) {
+        self.state
+            .hold
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,267 @@
+//! Redis failures through the service core, against real `redis-server`
+//! processes (production mode: time from Redis `TIME`):
+//! BR-23 (`NOSCRIPT` after `SCRIPT FLUSH` and restart), BR-24 (an ambiguous
+//! timeout is never replayed), BR-25 (Redis down or blackholed: fast
+//! `UNAVAILABLE`, circuit breaker, storage-free rules keep working, recovery
+//! without restart).
+
+mod common;
+
+use bucket_rls::limiter::Storage;
+use bucket_rls::limiter::redis::RedisStorage;
+use bucket_rls::service::Limiter;
+use common::redis::{FaultProxy, RedisServer};
+use common::{desc, limiter, req, unique_prefix};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const OK: i32 = Code::Ok as i32;
+
+const YAML: &str = r"
+domain: rl
+descriptors:
+  - key: k
+    value: v
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: ten
+    value: v
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+
+/// Timing tests run one at a time, so parallel tests do not skew latencies.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn storage(url: &str, timeout_ms: u64) -> Arc<RedisStorage> {
+    Arc::new(
+        RedisStorage::builder(url)
+            .timeout(Duration::from_millis(timeout_ms))
+            .build()
+            .expect("valid URL"),
+    )
+}
+
+async fn call(l: &Limiter, entries: &[(&str, &str)]) -> Result<RateLimitResponse, tonic::Status> {
+    l.should_rate_limit(&req("rl", vec![desc(entries)], 0))
+        .await
+}
+
+async fn ok_remaining(l: &Limiter, entries: &[(&str, &str)]) -> (i32, u32) {
+    let r = call(l, entries)
+        .await
+        .unwrap_or_else(|s| panic!("unexpected {s:?}"));
+    (r.overall_code, r.statuses[0].limit_remaining)
+}
+
+async fn wait_ready(s: &RedisStorage) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.ping().await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "Redis backend not ready within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn reload_counter() -> f64 {
+    bucket_rls::metrics::install()
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix("bucket_rls_redis_script_reload_total "))
+        .map_or(0.0, |v| v.trim().parse().unwrap_or(0.0))
+}
+
+/// BR-23: `SCRIPT FLUSH` (a) and a restart without persistence (b) are
+/// handled transparently: the script is reloaded and the call retried once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn br23_noscript_after_flush_and_restart() {
+    let mut server = RedisServer::start();
+    let s = storage(&server.url(), 1000);
+    let l = limiter(YAML, s.clone(), &unique_prefix("br23"));
+    wait_ready(&s).await;
+    for want in [99, 98, 97] {
+        assert_eq!(ok_remaining(&l, &[("k", "v")]).await, (OK, want));
+    }
+    let before = reload_counter();
+    let _: () = server.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    assert_eq!(
+        ok_remaining(&l, &[("k", "v")]).await,
+        (OK, 96),
+        "(a) exactly one token consumed"
+    );
+    assert!(reload_counter() >= before + 1.0, "reload counted");
+    server.restart();
+    wait_ready(&s).await;
+    assert_eq!(
+        ok_remaining(&l, &[("k", "v")]).await,
+        (OK, 99),
+        "(b) fresh bucket, no error"
+    );
+    assert_eq!(
+        server.command_calls("evalsha"),
+        2,
+        "NOSCRIPT, then one retry"
+    );
+}
+
+/// BR-24: a reply delayed past the timeout gives `UNAVAILABLE` quickly, and
+/// the call is not replayed: the next call sees exactly one more token gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn br24_ambiguous_timeout_is_not_replayed() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port()).await;
+    let s = storage(&proxy.url(), 50);
+    let l = limiter(YAML, s.clone(), &unique_prefix("br24"));
+    wait_ready(&s).await;
+    let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
+    assert_eq!(ok_remaining(&l, &[("ten", "v")]).await, (OK, 9));
+    proxy.delay_replies_ms(200);
+    let t = Instant::now();
+    let e = call(&l, &[("ten", "v")]).await.expect_err("timed out");
+    let took = t.elapsed();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(
+        took <= Duration::from_millis(60),
+        "UNAVAILABLE after {took:?}"
+    );
+    proxy.delay_replies_ms(0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        ok_remaining(&l, &[("ten", "v")]).await,
+        (OK, 7),
+        "OK(6) would be a replay"
+    );
+    assert_eq!(
+        server.command_calls("evalsha"),
+        3,
+        "the script ran exactly 3 times"
+    );
+    assert_eq!(server.command_calls("eval"), 0);
+}
+
+/// BR-25 (step 1 and 3): Redis stopped. Fast `UNAVAILABLE`, never
+/// `OVER_LIMIT`; the breaker answers at once after repeated failures;
+/// unlimited and unmatched descriptors still answer OK; a mixed request is
+/// `UNAVAILABLE`; the health check fails; recovery without restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn br25_redis_stopped_then_back() {
+    let _serial = SERIAL.lock().await;
+    let mut server = RedisServer::start();
+    let s = storage(&server.url(), 50);
+    let l = limiter(YAML, s.clone(), &unique_prefix("br25"));
+    wait_ready(&s).await;
+    assert_eq!(ok_remaining(&l, &[("ten", "v")]).await, (OK, 9));
+    server.stop();
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let e = call(&l, &[("ten", "v")]).await.expect_err("Redis is down");
+        took.push(t.elapsed());
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    }
+    assert!(
+        took.iter().all(|d| *d <= Duration::from_millis(60)),
+        "each within timeout + 10 ms: {took:?}"
+    );
+    assert!(s.circuit_open(), "breaker open after 20 failures");
+    let fast = took[10..]
+        .iter()
+        .filter(|d| **d < Duration::from_millis(1))
+        .count();
+    assert!(fast >= 9, "breaker answers in < 1 ms: {took:?}");
+    for _ in 0..5 {
+        let r = call(&l, &[("free", "x")])
+            .await
+            .expect("unlimited needs no Redis");
+        assert_eq!(
+            (r.overall_code, r.statuses[0].limit_remaining),
+            (OK, u32::MAX)
+        );
+        let r = call(&l, &[("nomatch", "1")])
+            .await
+            .expect("no match needs no Redis");
+        assert_eq!(r.overall_code, OK);
+        assert!(r.statuses[0].current_limit.is_none());
+    }
+    let e = l
+        .should_rate_limit(&req(
+            "rl",
+            vec![desc(&[("ten", "v")]), desc(&[("free", "x")])],
+            0,
+        ))
+        .await
+        .expect_err("mixed request needs Redis");
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    assert!(s.ping().await.is_err(), "health check reports not ready");
+    server.restart();
+    let t = Instant::now();
+    loop {
+        match call(&l, &[("ten", "v")]).await {
+            Ok(r) => {
+                // Fresh Redis without persistence: a full bucket.
+                assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 9));
+                break;
+            }
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "not recovered within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!s.circuit_open());
+}
+
+/// BR-25 (step 1 and 2, blackhole): Redis unreachable without a reset, also
+/// from startup. Every call is `UNAVAILABLE` within timeout + 10 ms, the
+/// breaker then answers at once; when traffic flows again, answers are
+/// normal within 5 s without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn br25_blackholed_from_startup() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port()).await;
+    proxy.hold(true);
+    let s = storage(&proxy.url(), 50);
+    let l = limiter(YAML, s.clone(), &unique_prefix("br25b"));
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let e = call(&l, &[("ten", "v")]).await.expect_err("blackholed");
+        took.push(t.elapsed());
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    }
+    assert!(
+        took.iter().all(|d| *d <= Duration::from_millis(60)),
+        "each within timeout + 10 ms: {took:?}"
+    );
+    assert!(s.circuit_open());
+    assert!(
+        took[10..].iter().all(|d| *d < Duration::from_millis(5)),
+        "breaker answers at once: {took:?}"
+    );
+    assert!(s.ping().await.is_err(), "not ready while blackholed");
+    let r = call(&l, &[("free", "x")])
+        .await
+        .expect("unlimited needs no Redis");
+    assert_eq!(r.overall_code, OK);
+    proxy.hold(false);
+    let t = Instant::now();
+    loop {
+        if let Ok(r) = call(&l, &[("ten", "v")]).await {
+            assert_eq!(r.overall_code, OK);
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "not recovered within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
