@@ -416,8 +416,14 @@ fn docker_compose_refers_to_existing_files_and_the_tested_envoy() {
         assert!(services.contains_key(s), "no service {s}");
     }
     // The replicas share a `<<: *bucket-rls` block: it must have been merged.
-    assert_eq!(services["bucket-rls-1"]["volumes"], services["bucket-rls-2"]["volumes"]);
-    assert!(services["bucket-rls-1"]["volumes"].is_array(), "merge key not applied");
+    assert_eq!(
+        services["bucket-rls-1"]["volumes"],
+        services["bucket-rls-2"]["volumes"]
+    );
+    assert!(
+        services["bucket-rls-1"]["volumes"].is_array(),
+        "merge key not applied"
+    );
     for (name, svc) in services {
         if let Some(image) = svc["image"].as_str()
             && image.starts_with("envoyproxy/envoy:")
