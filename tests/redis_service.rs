@@ -1,0 +1,507 @@
+//! The service core over the Redis backend against real `redis-server`
+//! processes: TTLs (BR-26), Redis time and timestamps that never move back
+//! (BR-27), several service instances sharing buckets under concurrency
+//! (exact burst, BR-16), high rates (BR-17), config changes and the local
+//! over-limit cache (BR-21), block rules (BR-04), and one script call per
+//! request whatever the number of descriptors.
+
+mod common;
+
+use bucket_rls::limiter::Storage;
+use bucket_rls::limiter::clock::{Clock, ManualClock};
+use bucket_rls::limiter::redis::RedisStorage;
+use bucket_rls::service::Limiter;
+use common::redis::{RedisServer, decode_bucket};
+use common::{config, desc, desc_hits, limiter, req, unique_prefix};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+/// 2023-11-14 in microseconds.
+const T0_US: u64 = 1_700_000_000_000_000;
+
+/// A production-mode backend (time from Redis `TIME`).
+fn storage(server: &RedisServer) -> Arc<RedisStorage> {
+    Arc::new(
+        RedisStorage::builder(server.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("valid URL"),
+    )
+}
+
+/// A backend with the test-only explicit clock.
+fn clocked(server: &RedisServer, clock: &ManualClock) -> Arc<RedisStorage> {
+    Arc::new(
+        RedisStorage::builder(server.url())
+            .timeout(Duration::from_secs(2))
+            .test_clock(Arc::new(clock.clone()))
+            .build()
+            .expect("valid URL"),
+    )
+}
+
+async fn call(l: &Limiter, domain: &str, entries: &[(&str, &str)], hits: u32) -> RateLimitResponse {
+    l.should_rate_limit(&req(domain, vec![desc(entries)], hits))
+        .await
+        .unwrap_or_else(|s| panic!("unexpected {s:?}"))
+}
+
+/// `(code, remaining, duration seconds)` of status `i`.
+fn st(r: &RateLimitResponse, i: usize) -> (i32, u32, Option<i64>) {
+    let s = &r.statuses[i];
+    (
+        s.code,
+        s.limit_remaining,
+        s.duration_until_reset.as_ref().map(|d| d.seconds),
+    )
+}
+
+/// Every key under `prefix`.
+fn keys(server: &RedisServer, prefix: &str) -> Vec<String> {
+    let mut conn = server.conn();
+    let iter: redis::Iter<'_, String> = redis::cmd("SCAN")
+        .cursor_arg(0)
+        .arg("MATCH")
+        .arg(format!("{prefix}*"))
+        .arg("COUNT")
+        .arg(1000)
+        .clone()
+        .iter(&mut conn)
+        .expect("SCAN");
+    iter.map(|k| k.expect("key")).collect()
+}
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server.query(redis::cmd("PTTL").arg(key))
+}
+
+fn raw(server: &RedisServer, key: &str) -> Option<Vec<u8>> {
+    server.query(redis::cmd("GET").arg(key))
+}
+
+const PER_VALUE: &str = r"
+domain: ttl
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 60}
+";
+
+/// BR-26: every bucket key has a TTL covering its time to full, never more
+/// than one unit here, never none; a check (cost 0) writes nothing and
+/// refreshes no TTL; state survives until the bucket is full (OK(29) at t=30).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn br26_every_key_expires_when_full_again() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("br26");
+    let l = limiter(PER_VALUE, storage(&server), &prefix);
+    let r = call(&l, "ttl", &[("k", "a")], 60).await;
+    assert_eq!(st(&r, 0).0, OK);
+    let ks = keys(&server, &prefix);
+    assert_eq!(ks.len(), 1);
+    let drained = ks[0].clone();
+    let t = pttl(&server, &drained);
+    assert!(
+        (59_000..=60_000).contains(&t),
+        "PTTL {t} covers the 60 s to full"
+    );
+    // A check leaves the key byte-identical and does not re-arm the TTL.
+    let before = (raw(&server, &drained), pttl(&server, &drained));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let r = l
+        .should_rate_limit(&req("ttl", vec![desc_hits(&[("k", "a")], 0)], 0))
+        .await
+        .expect("check");
+    assert_eq!(st(&r, 0).0, OVER, "a 1-hit request would be denied");
+    let after = (raw(&server, &drained), pttl(&server, &drained));
+    assert_eq!(after.0, before.0, "bucket bytes unchanged by a check");
+    assert!(
+        after.1 <= before.1 - 20,
+        "TTL not refreshed: {before:?} -> {after:?}"
+    );
+    // 1000 distinct values: OK, OVER_LIMIT after draining, and checks.
+    for i in 0..1000 {
+        let v = format!("v{i}");
+        match i % 3 {
+            0 => {
+                assert_eq!(st(&call(&l, "ttl", &[("k", &v)], 60).await, 0).0, OK);
+                assert_eq!(st(&call(&l, "ttl", &[("k", &v)], 1).await, 0).0, OVER);
+            }
+            1 => assert_eq!(st(&call(&l, "ttl", &[("k", &v)], 1).await, 0).1, 59),
+            _ => {
+                let r = l
+                    .should_rate_limit(&req("ttl", vec![desc_hits(&[("k", &v)], 0)], 0))
+                    .await
+                    .expect("check");
+                assert_eq!(st(&r, 0).1, 60);
+            }
+        }
+    }
+    let ks = keys(&server, &prefix);
+    assert_eq!(ks.len(), 1 + 334 + 333, "checks create no key");
+    for k in &ks {
+        let t = pttl(&server, k);
+        assert!(t > 0 && t <= 60_000, "{k}: PTTL {t}");
+    }
+    // t = 30 s on a paused clock (test-only explicit time): state was kept.
+    let clock = ManualClock::new(T0_US);
+    let l = limiter(PER_VALUE, clocked(&server, &clock), &unique_prefix("br26t"));
+    assert_eq!(st(&call(&l, "ttl", &[("k", "a")], 60).await, 0).1, 0);
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(
+        st(&call(&l, "ttl", &[("k", "a")], 1).await, 0),
+        (OK, 29, Some(31))
+    );
+}
+
+const TEN_PER_SECOND: &str = r"
+domain: skew
+descriptors:
+  - key: k
+    value: v
+    rate_limit: {unit: second, requests_per_unit: 10}
+";
+
+/// BR-27: in production the script reads Redis `TIME` (the stored timestamp
+/// is Redis's clock, whatever the service's); with explicit clocks that are
+/// skewed and step backwards (test-only mode), a stored timestamp never moves
+/// back and no tokens are minted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn br27_skewed_clocks_mint_no_tokens() {
+    let server = RedisServer::start();
+    // Production: the stored timestamp is Redis time.
+    let prefix = unique_prefix("br27");
+    let l = limiter(TEN_PER_SECOND, storage(&server), &prefix);
+    assert_eq!(st(&call(&l, "skew", &[("k", "v")], 1).await, 0).1, 9);
+    let (_, updated_us) = decode_bucket(&raw(&server, &keys(&server, &prefix)[0]).expect("bucket"));
+    let (secs, micros): (u64, u64) = server.query(&redis::cmd("TIME"));
+    let redis_now = secs * 1_000_000 + micros;
+    assert!(redis_now >= updated_us && redis_now - updated_us < 2_000_000);
+    // Replicas A (+3 s) and B (-3 s) alternate at 100 calls/s for 3 s.
+    let base = ManualClock::new(T0_US);
+    let a_clock = ManualClock::new(T0_US + 3_000_000);
+    let b_clock = ManualClock::new(T0_US - 3_000_000);
+    let prefix = unique_prefix("br27s");
+    let a = limiter(TEN_PER_SECOND, clocked(&server, &a_clock), &prefix);
+    let b = limiter(TEN_PER_SECOND, clocked(&server, &b_clock), &prefix);
+    let run = |n: usize| {
+        let (a, b, base, a_clock, b_clock) = (&a, &b, &base, &a_clock, &b_clock);
+        async move {
+            let mut admitted_here = 0;
+            for i in 0..n {
+                base.advance(Duration::from_millis(10));
+                a_clock.advance(Duration::from_millis(10));
+                b_clock.advance(Duration::from_millis(10));
+                let l = if i % 2 == 0 { a } else { b };
+                let r = call(l, "skew", &[("k", "v")], 1).await;
+                assert!(r.statuses[0].limit_remaining <= 10);
+                if r.overall_code == OK {
+                    admitted_here += 1;
+                }
+            }
+            admitted_here
+        }
+    };
+    let admitted = run(300).await;
+    assert!(admitted <= 41, "admitted {admitted} over 3 s");
+    let stored_before = decode_bucket(&raw(&server, &keys(&server, &prefix)[0]).expect("bucket")).1;
+    // A's clock steps back by 5 s: no burst of admissions.
+    a_clock.set_us(a_clock.now_us() - 5_000_000);
+    let after_step = run(100).await;
+    assert!(
+        after_step <= 11,
+        "{after_step} admitted in the second after the step"
+    );
+    let stored_after = decode_bucket(&raw(&server, &keys(&server, &prefix)[0]).expect("bucket")).1;
+    assert!(stored_after >= stored_before, "stored timestamp moved back");
+}
+
+const SLOW: &str = r"
+domain: shared
+descriptors:
+  - key: k
+    value: v
+    rate_limit: {unit: hour, requests_per_unit: 1, burst: 50}
+";
+
+/// Two service instances on one Redis, 16 concurrent clients: exactly the
+/// burst is admitted (refill of 1/hour adds no whole token during the test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_admit_exactly_the_burst() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("two");
+    let instances = [
+        limiter(SLOW, storage(&server), &prefix),
+        limiter(SLOW, storage(&server), &prefix),
+    ];
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..16 {
+        let l = instances[c % 2].clone();
+        let admitted = admitted.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let r = call(&l, "shared", &[("k", "v")], 1).await;
+                if r.overall_code == OK {
+                    admitted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client");
+    }
+    assert_eq!(admitted.load(Ordering::SeqCst), 50);
+}
+
+const BR16: &str = r"
+domain: api
+descriptors:
+  - key: group
+    value: reports
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: special
+    value: export
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+
+/// BR-16 under concurrency: 50 concurrent callers through two instances;
+/// at most 3 admitted on `special`, and `group` is charged only for those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br16_concurrent_all_or_nothing() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("br16");
+    let instances = [
+        limiter(BR16, storage(&server), &prefix),
+        limiter(BR16, storage(&server), &prefix),
+    ];
+    let mut tasks = Vec::new();
+    for c in 0..50 {
+        let l = instances[c % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let r = l
+                .should_rate_limit(&req(
+                    "api",
+                    vec![
+                        desc(&[("group", "reports")]),
+                        desc(&[("special", "export")]),
+                    ],
+                    0,
+                ))
+                .await
+                .expect("answer");
+            r.overall_code == OK
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        if t.await.expect("caller") {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3, "exactly the special budget");
+    let r = call(&instances[0], "api", &[("group", "reports")], 1).await;
+    assert_eq!(st(&r, 0).0, OK);
+    assert_eq!(st(&r, 0).1, 6, "group charged only by admitted requests");
+}
+
+const FAST: &str = r"
+domain: fast
+descriptors:
+  - key: k
+    value: fast
+    rate_limit: {unit: second, requests_per_unit: 6000}
+  - key: k
+    value: huge
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+";
+
+/// BR-17 with Redis time: 64 concurrent streams send 12,000 hits at a
+/// 6000/s rule (admitted <= 6000 + 6000 T + 1, no errors); a 10^6/s bucket
+/// drained by one hit of 10^6 keeps its key (PTTL >= 1 ms) and denies the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br17_high_rates() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("br17");
+    let l = limiter(FAST, storage(&server), &prefix);
+    let admitted = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let l = l.clone();
+        let admitted = admitted.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..(12_000 / 64 + 1) {
+                let r = call(&l, "fast", &[("k", "fast")], 1).await;
+                if r.overall_code == OK {
+                    admitted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("stream");
+    }
+    let t = started.elapsed().as_secs_f64();
+    let admitted = admitted.load(Ordering::SeqCst) as f64;
+    assert!(
+        admitted <= 6000.0 + 6000.0 * t + 1.0,
+        "{admitted} admitted in {t} s"
+    );
+    assert!(admitted >= 6000.0, "the burst is available: {admitted}");
+    let r = call(&l, "fast", &[("k", "huge")], 1_000_000).await;
+    assert_eq!(st(&r, 0).0, OK);
+    let ks: Vec<String> = keys(&server, &prefix)
+        .into_iter()
+        .filter(|k| k.contains("huge"))
+        .collect();
+    assert_eq!(ks.len(), 1);
+    let p = pttl(&server, &ks[0]);
+    assert!(p >= 1, "PTTL {p}");
+    let r = call(&l, "fast", &[("k", "huge")], 1_000_000).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(1)));
+}
+
+const CACHE_V1: &str = r"
+domain: reload
+descriptors:
+  - key: tenant
+    value: t1
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+const CACHE_V2: &str = r"
+domain: reload
+descriptors:
+  - key: tenant
+    value: t1
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+
+/// BR-21 with Redis time and the local cache: a denial is cached and answers
+/// the same as Redis without a call; a config change clears it and the new
+/// limit applies at once, with the tokens carried over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn br21_reload_clears_the_local_cache() {
+    let server = RedisServer::start();
+    let s = storage(&server);
+    let l = limiter(CACHE_V1, s.clone(), &unique_prefix("br21"));
+    assert_eq!(
+        st(&call(&l, "reload", &[("tenant", "t1")], 1).await, 0),
+        (OK, 0, Some(60))
+    );
+    let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
+    let denied = call(&l, "reload", &[("tenant", "t1")], 1).await;
+    assert_eq!(st(&denied, 0), (OVER, 0, Some(60)));
+    assert_eq!(s.local_cache_len(), 1, "denial cached");
+    let cached = call(&l, "reload", &[("tenant", "t1")], 1).await;
+    assert_eq!(cached, denied, "the cache answers exactly as Redis did");
+    assert_eq!(
+        server.command_calls("evalsha"),
+        1,
+        "second denial from the cache"
+    );
+    // At 100/min a token takes 0.6 s; a stale "empty for 60 s" entry would deny.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    l.swap_config(config(&[("test.yaml", CACHE_V2)]));
+    assert_eq!(s.local_cache_len(), 0);
+    let r = call(&l, "reload", &[("tenant", "t1")], 1).await;
+    assert_eq!(st(&r, 0).0, OK, "the new limit applies at once");
+    assert!(
+        st(&r, 0).1 <= 1,
+        "carried over, not refilled: {:?}",
+        st(&r, 0)
+    );
+}
+
+const BLOCK: &str = r"
+domain: block
+descriptors:
+  - key: user_agent
+    value: bad-scanner
+    rate_limit: {unit: minute, requests_per_unit: 0}
+";
+
+/// BR-04 with Redis: a 0-rate rule denies everything for one unit, without
+/// a script error, and leaves no key behind (hence no inf/nan anywhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn br04_block_rule_writes_nothing() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("br04");
+    let l = limiter(BLOCK, storage(&server), &prefix);
+    for hits in [1, 1, 1, 0] {
+        let r = call(&l, "block", &[("user_agent", "bad-scanner")], hits).await;
+        assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
+        assert_eq!(
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .map(|c| c.requests_per_unit),
+            Some(0)
+        );
+    }
+    let r = l
+        .should_rate_limit(&req(
+            "block",
+            vec![desc_hits(&[("user_agent", "bad-scanner")], 0)],
+            0,
+        ))
+        .await
+        .expect("check");
+    assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
+    assert!(keys(&server, &prefix).is_empty(), "no key for a block rule");
+}
+
+const MANY: &str = r"
+domain: many
+descriptors:
+  - key: d
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+
+/// One `EVALSHA` per `ShouldRateLimit` on a single node, whatever the number
+/// of descriptors, and no other command (BENCHMARKS.md, "Redis storage").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_script_call_per_request() {
+    let server = RedisServer::start();
+    let s = storage(&server);
+    let l = limiter(MANY, s.clone(), &unique_prefix("cmds"));
+    // Warm-up: connection, script load, startup checks.
+    let _ = call(&l, "many", &[("d", "warm")], 1).await;
+    let mut report = Vec::new();
+    for n in [1usize, 5, 20] {
+        let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
+        let descriptors = (0..n)
+            .map(|i| desc(&[("d", &format!("{n}-{i}"))]))
+            .collect();
+        let r = l
+            .should_rate_limit(&req("many", descriptors, 1))
+            .await
+            .expect("answer");
+        assert_eq!(r.overall_code, OK);
+        let all = server.all_command_calls();
+        // Sent by the client: everything but the background health PING, the
+        // measuring commands and what the script itself calls inside EVALSHA.
+        let sent: Vec<&(String, u64)> = all
+            .iter()
+            .filter(|(c, _)| {
+                !matches!(
+                    c.as_str(),
+                    "ping" | "info" | "config|resetstat" | "get" | "set" | "del" | "time"
+                )
+            })
+            .collect();
+        assert_eq!(
+            sent,
+            vec![&("evalsha".to_owned(), 1)],
+            "{n} descriptors: {all:?}"
+        );
+        let get = all.iter().find(|(c, _)| c == "get").map_or(0, |(_, n)| *n);
+        assert_eq!(get, n as u64, "one GET per bucket inside the script");
+        report.push(format!("{n} descriptors: {all:?}"));
+    }
+    println!("{}", report.join("\n"));
+}
