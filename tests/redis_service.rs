@@ -7,7 +7,6 @@
 
 mod common;
 
-use bucket_rls::limiter::Storage;
 use bucket_rls::limiter::clock::{Clock, ManualClock};
 use bucket_rls::limiter::redis::RedisStorage;
 use bucket_rls::service::Limiter;
