@@ -39,8 +39,10 @@
 //! and [`local_cache::LocalCache`].
 
 pub mod breaker;
+pub mod cluster;
 pub mod local_cache;
 pub mod script;
+pub mod sentinel;
 
 use self::breaker::CircuitBreaker;
 use self::local_cache::LocalCache;

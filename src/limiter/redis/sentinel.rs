@@ -1,0 +1,483 @@
+//! The `redis` backend behind **Redis Sentinel** (`--redis-sentinel
+//! host:port,... --redis-master-name NAME`): one master found through the
+//! Sentinels, followed across failovers without a restart.
+//!
+//! Everything about a call is as on a single node
+//! ([`RedisStorage`](super::RedisStorage)): one atomic script call per request,
+//! `EVALSHA` with one reload on `NOSCRIPT` (a promoted replica never saw
+//! `SCRIPT LOAD`, BR-23), no replay after a timeout (BR-24), the response
+//! timeout, the circuit breaker and the local over-limit cache. Only the
+//! connection source differs:
+//!
+//! - A background task asks the Sentinels (`SENTINEL MASTERS`, first one that
+//!   answers) for the master's address, checks with `ROLE` that the node
+//!   really is a master, connects (one multiplexed connection, pipelined
+//!   across concurrent requests) and loads the script there. Startup never
+//!   waits for it; calls fail with [`StorageError::Unreachable`] until a master
+//!   is known.
+//! - A connection error, a timeout that leaves the connection unusable, or a
+//!   `READONLY` / `MASTERDOWN` reply (the node was demoted to a replica, or
+//!   lost its master) drops the connection and wakes the task, which asks the
+//!   Sentinels again. `READONLY` is treated as a connection error, never as a
+//!   result: the call answers `UNAVAILABLE` and nothing is retried, so during
+//!   a failover requests get `UNAVAILABLE` for at most the failover time and
+//!   then reach the new master. Sentinel itself disconnects every client of a
+//!   demoted master (`CLIENT KILL TYPE normal`), so a stale master is not
+//!   kept.
+//! - While no master is known, the task retries every 250 ms; calls wait for
+//!   it within their own timeout.
+
+use super::breaker::CircuitBreaker;
+use super::local_cache::LocalCache;
+use super::script::{BucketScript, ScriptCall, classify, is_transient, redact};
+use super::{
+    DEFAULT_BREAKER_THRESHOLD, DEFAULT_LOCAL_CACHE_SIZE, DEFAULT_PROBE_INTERVAL, DEFAULT_TIMEOUT,
+    RedisSetupError, install_crypto_provider, redact_url,
+};
+use crate::limiter::clock::Clock;
+use crate::limiter::{Charge, RequestResult, Storage, StorageError};
+use crate::metrics as m;
+use ::redis::AsyncConnectionConfig;
+use ::redis::aio::MultiplexedConnection;
+use ::redis::sentinel::{SentinelClient, SentinelServerType};
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, watch};
+
+/// Shortest connect timeout (to a Sentinel or to the master).
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Delay between discovery attempts while no master is found.
+const DISCOVERY_RETRY: Duration = Duration::from_millis(250);
+
+/// Options of the Sentinel backend; see [`RedisSentinelStorage::builder`].
+#[derive(Debug, Clone)]
+pub struct RedisSentinelStorageBuilder {
+    sentinels: Vec<String>,
+    master_name: String,
+    timeout: Duration,
+    local_cache_size: usize,
+    breaker_threshold: u32,
+    probe_interval: Duration,
+    test_clock: Option<Arc<dyn Clock>>,
+}
+
+impl RedisSentinelStorageBuilder {
+    /// Response timeout of every call (default 50 ms, `--redis-timeout`).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Entries of the local over-limit cache; 0 disables it (default 100,000).
+    #[must_use]
+    pub fn local_cache_size(mut self, entries: usize) -> Self {
+        self.local_cache_size = entries;
+        self
+    }
+
+    /// Consecutive failures that open the circuit breaker, and the time
+    /// between probes while it is open (defaults 5 and 500 ms).
+    #[must_use]
+    pub fn breaker(mut self, threshold: u32, probe_interval: Duration) -> Self {
+        self.breaker_threshold = threshold;
+        self.probe_interval = probe_interval;
+        self
+    }
+
+    /// **Tests only.** Sends `clock`'s time to the script as an explicit
+    /// `now_us` instead of Redis `TIME` (see
+    /// [`RedisStorageBuilder::test_clock`](super::RedisStorageBuilder::test_clock)).
+    #[must_use]
+    pub fn test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.test_clock = Some(clock);
+        self
+    }
+
+    /// Builds the backend and starts the discovery task (see the module
+    /// docs). Must be called inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`RedisSetupError::InvalidUrl`] when no Sentinel is given, the master
+    /// name is empty, or a Sentinel address does not parse.
+    pub fn build(self) -> Result<RedisSentinelStorage, RedisSetupError> {
+        install_crypto_provider();
+        let urls: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|n| {
+                if n.contains("://") {
+                    n.clone()
+                } else {
+                    format!("redis://{n}")
+                }
+            })
+            .collect();
+        let shown = urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",");
+        let secret = urls.iter().find_map(|u| super::url_password(u));
+        let invalid = |message: String| RedisSetupError::InvalidUrl {
+            url: shown.clone(),
+            message,
+        };
+        if urls.is_empty() {
+            return Err(invalid("no Redis Sentinel address given".into()));
+        }
+        if self.master_name.is_empty() {
+            return Err(invalid("no master name given (--redis-master-name)".into()));
+        }
+        let client = SentinelClient::build(
+            urls.iter().map(String::as_str).collect(),
+            self.master_name.as_str(),
+            None,
+            SentinelServerType::Master,
+        )
+        .map_err(|e| invalid(redact(&e.to_string(), secret.as_deref())))?;
+        let (ready, _) = watch::channel(0u64);
+        let storage = RedisSentinelStorage {
+            inner: Arc::new(Inner {
+                master: Mutex::new(None),
+                wake: Notify::new(),
+                ready,
+                script: BucketScript::new(),
+                timeout: self.timeout,
+                breaker: CircuitBreaker::new(self.breaker_threshold, self.probe_interval),
+                cache: (self.local_cache_size > 0).then(|| LocalCache::new(self.local_cache_size)),
+                test_clock: self.test_clock,
+                secret,
+                sentinels: shown,
+                master_name: self.master_name,
+                epoch: Instant::now(),
+            }),
+        };
+        storage.spawn_discovery(client);
+        Ok(storage)
+    }
+}
+
+/// The master in use.
+#[derive(Clone)]
+struct Master {
+    /// Increments with every discovery, so a stale failure cannot drop a
+    /// newer connection.
+    generation: u64,
+    /// `host:port` as the Sentinels reported it.
+    addr: String,
+    conn: MultiplexedConnection,
+}
+
+impl std::fmt::Debug for Master {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Master")
+            .field("generation", &self.generation)
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    master: Mutex<Option<Master>>,
+    /// Wakes the discovery task.
+    wake: Notify,
+    /// The generation of the latest master found.
+    ready: watch::Sender<u64>,
+    script: BucketScript,
+    timeout: Duration,
+    breaker: CircuitBreaker,
+    cache: Option<LocalCache>,
+    test_clock: Option<Arc<dyn Clock>>,
+    secret: Option<String>,
+    /// Sentinel addresses with passwords redacted, for logs.
+    sentinels: String,
+    master_name: String,
+    epoch: Instant,
+}
+
+/// Token buckets in the Redis master watched by Sentinel. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RedisSentinelStorage {
+    inner: Arc<Inner>,
+}
+
+impl RedisSentinelStorage {
+    /// Options for a backend on master `master_name` watched by `sentinels`
+    /// (`host:port` or `redis://[user:password@]host:port` of each Sentinel).
+    #[must_use]
+    pub fn builder<S: Into<String>>(
+        sentinels: impl IntoIterator<Item = S>,
+        master_name: impl Into<String>,
+    ) -> RedisSentinelStorageBuilder {
+        RedisSentinelStorageBuilder {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            master_name: master_name.into(),
+            timeout: DEFAULT_TIMEOUT,
+            local_cache_size: DEFAULT_LOCAL_CACHE_SIZE,
+            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            test_clock: None,
+        }
+    }
+
+    /// The Sentinel addresses (passwords redacted), comma-separated.
+    #[must_use]
+    pub fn sentinels(&self) -> &str {
+        &self.inner.sentinels
+    }
+
+    /// `host:port` of the master in use, if one is known now.
+    #[must_use]
+    pub fn master_addr(&self) -> Option<String> {
+        self.inner.master.lock().as_ref().map(|m| m.addr.clone())
+    }
+
+    /// How many times a master has been found (1 after startup, +1 per
+    /// rediscovery).
+    #[must_use]
+    pub fn discoveries(&self) -> u64 {
+        *self.inner.ready.borrow()
+    }
+
+    /// Whether the circuit breaker is open now.
+    #[must_use]
+    pub fn circuit_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    fn local_now_us(&self) -> u64 {
+        match &self.inner.test_clock {
+            Some(c) => c.now_us(),
+            None => u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX),
+        }
+    }
+
+    fn spawn_discovery(&self, mut client: SentinelClient) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut generation = 0u64;
+            let mut failing = false;
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                if inner.master.lock().is_some() {
+                    // Wait for a failure report (or the storage to be dropped).
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), inner.wake.notified()).await;
+                    continue;
+                }
+                let budget = inner.timeout.max(MIN_CONNECT_TIMEOUT) * 2;
+                match tokio::time::timeout(budget, discover(&mut client, &inner)).await {
+                    Ok(Ok((addr, conn))) => {
+                        generation += 1;
+                        tracing::info!(master = %addr, name = %inner.master_name, sentinels = %inner.sentinels, generation, "Redis master found through Sentinel");
+                        *inner.master.lock() = Some(Master {
+                            generation,
+                            addr,
+                            conn,
+                        });
+                        inner.ready.send_replace(generation);
+                        failing = false;
+                    }
+                    Ok(Err(e)) => {
+                        if !failing {
+                            let e = classify(&e, inner.timeout, inner.secret.as_deref());
+                            tracing::warn!(name = %inner.master_name, sentinels = %inner.sentinels, error = %e, "no Redis master through Sentinel yet; retrying");
+                        }
+                        failing = true;
+                        drop(inner);
+                        tokio::time::sleep(DISCOVERY_RETRY).await;
+                    }
+                    Err(_) => {
+                        if !failing {
+                            tracing::warn!(name = %inner.master_name, sentinels = %inner.sentinels, "Sentinel discovery timed out; retrying");
+                        }
+                        failing = true;
+                        drop(inner);
+                        tokio::time::sleep(DISCOVERY_RETRY).await;
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Asks the Sentinels for the master, connects and loads the script.
+async fn discover(
+    client: &mut SentinelClient,
+    inner: &Inner,
+) -> Result<(String, MultiplexedConnection), ::redis::RedisError> {
+    let master = client.async_get_client().await?;
+    let addr = master.get_connection_info().addr().to_string();
+    let config = AsyncConnectionConfig::new()
+        .set_response_timeout(Some(inner.timeout))
+        .set_connection_timeout(Some(inner.timeout.max(MIN_CONNECT_TIMEOUT)));
+    let mut conn = master
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    // Best effort: a promoted replica has an empty script cache; NOSCRIPT
+    // would reload it anyway.
+    if let Err(e) = inner.script.load(&mut conn).await {
+        tracing::debug!(error = %redact(&e.to_string(), inner.secret.as_deref()), "SCRIPT LOAD on the new master failed; NOSCRIPT reloads it on first use");
+    }
+    Ok((addr, conn))
+}
+
+impl Inner {
+    /// The current master, waiting (within the caller's timeout) for the
+    /// discovery task when none is known.
+    async fn master(&self) -> Master {
+        let mut rx = self.ready.subscribe();
+        loop {
+            if let Some(m) = self.master.lock().clone() {
+                return m;
+            }
+            self.wake.notify_one();
+            if rx.changed().await.is_err() {
+                // The sender lives in `self`; cannot happen while borrowed.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Drops the connection of `generation` (if still in use) and wakes the
+    /// discovery task.
+    fn rediscover(&self, generation: u64, why: &StorageError) {
+        let mut m = self.master.lock();
+        if m.as_ref().is_some_and(|m| m.generation == generation) {
+            tracing::warn!(master = %m.as_ref().map_or("", |m| m.addr.as_str()), error = %why, "Redis master connection failed; asking Sentinel for the master again");
+            *m = None;
+            drop(m);
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// Whether an error means the node we talk to may no longer be the master.
+fn needs_rediscovery(e: &StorageError) -> bool {
+    match e {
+        StorageError::Unreachable(_) => true,
+        StorageError::Backend { kind, .. } => {
+            matches!(kind.as_str(), "READONLY" | "MASTERDOWN" | "LOADING")
+        }
+        StorageError::Timeout(_) | StorageError::CircuitOpen => false,
+    }
+}
+
+#[async_trait]
+impl Storage for RedisSentinelStorage {
+    async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
+        let inner = &self.inner;
+        if let Some(cache) = &inner.cache {
+            if let Some(r) = cache.lookup(charges, self.local_now_us()) {
+                metrics::counter!(m::LOCAL_CACHE_HITS).increment(1);
+                return Ok(r);
+            }
+            cache.before_call(charges);
+        }
+        let now_us = inner.test_clock.as_ref().map(|c| c.now_us());
+        let call = ScriptCall::new(charges, now_us)?;
+        if !inner.breaker.allow() {
+            return Err(StorageError::CircuitOpen);
+        }
+        let sent_us = self.local_now_us();
+        let mut generation = None;
+        let attempt = async {
+            let master = inner.master().await;
+            generation = Some(master.generation);
+            let mut conn = master.conn;
+            inner.script.eval(&mut conn, &call).await
+        };
+        let out = tokio::time::timeout(inner.timeout, attempt).await;
+        let result = match out {
+            Err(_) if generation.is_none() => Err(StorageError::Unreachable(format!(
+                "no Redis master known for {} (Sentinel discovery in progress)",
+                inner.master_name
+            ))),
+            Err(_) => Err(StorageError::Timeout(inner.timeout)),
+            Ok(Err(e)) => Err(classify(&e, inner.timeout, inner.secret.as_deref())),
+            Ok(Ok(v)) => call.parse_reply(&v),
+        };
+        match &result {
+            Ok(r) => {
+                inner.breaker.success();
+                if let Some(cache) = &inner.cache {
+                    cache.record(charges, r, sent_us);
+                }
+            }
+            Err(e) => {
+                if is_transient(e) {
+                    inner.breaker.failure();
+                }
+                // Repeated timeouts may be a master cut off by a partition
+                // (Sentinel cannot disconnect us from it): ask again.
+                let stuck = matches!(e, StorageError::Timeout(_)) && inner.breaker.is_open();
+                if let Some(g) = generation
+                    && (needs_rediscovery(e) || stuck)
+                {
+                    inner.rediscover(g, e);
+                }
+            }
+        }
+        result
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        let inner = &self.inner;
+        let mut generation = None;
+        let attempt = async {
+            let master = inner.master().await;
+            generation = Some(master.generation);
+            let mut conn = master.conn;
+            ::redis::cmd("ROLE")
+                .query_async::<::redis::Value>(&mut conn)
+                .await
+        };
+        let out = tokio::time::timeout(inner.timeout, attempt).await;
+        let result = match out {
+            Err(_) if generation.is_none() => Err(StorageError::Unreachable(format!(
+                "no Redis master known for {}",
+                inner.master_name
+            ))),
+            Err(_) => Err(StorageError::Timeout(inner.timeout)),
+            Ok(Err(e)) => Err(classify(&e, inner.timeout, inner.secret.as_deref())),
+            Ok(Ok(v)) => {
+                // ROLE: ["master", offset, replicas] on a master.
+                let is_master = matches!(&v, ::redis::Value::Array(items)
+                    if matches!(items.first(), Some(::redis::Value::BulkString(b)) if b == b"master"));
+                if is_master {
+                    Ok(())
+                } else {
+                    Err(StorageError::Backend {
+                        kind: "READONLY".into(),
+                        message: "the node Sentinel named is no longer a master".into(),
+                    })
+                }
+            }
+        };
+        match &result {
+            Ok(()) => inner.breaker.success(),
+            Err(e) => {
+                if let Some(g) = generation
+                    && needs_rediscovery(e)
+                {
+                    inner.rediscover(g, e);
+                }
+            }
+        }
+        result
+    }
+
+    fn name(&self) -> &'static str {
+        "redis-sentinel"
+    }
+
+    fn invalidate_local_cache(&self) {
+        if let Some(cache) = &self.inner.cache {
+            cache.clear();
+        }
+    }
+}
