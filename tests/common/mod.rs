@@ -1,9 +1,11 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unused_imports)]
 
+pub mod cluster;
 pub mod conformance;
-pub mod redis;
 pub mod procs;
+pub mod redis;
+pub mod sentinel;
 
 use bucket_rls::config::loader;
 use bucket_rls::limiter::Storage;

@@ -1,0 +1,200 @@
+//! A real Sentinel setup for tests: one master, one replica and three
+//! Sentinels (`mymaster`, quorum 2, `down-after-milliseconds 1000`,
+//! `failover-timeout 3000`), all on free 127.0.0.1 ports, killed on drop.
+
+use super::cluster::{Node, free_port};
+use std::time::{Duration, Instant};
+
+/// The master name the Sentinels watch.
+pub const MASTER_NAME: &str = "mymaster";
+
+/// Master, replica and three Sentinels.
+#[derive(Debug)]
+pub struct SentinelSetup {
+    /// The two data nodes (initially `[master, replica]`).
+    pub data: Vec<Node>,
+    /// The three Sentinels.
+    pub sentinels: Vec<Node>,
+    dir: tempfile::TempDir,
+}
+
+fn data_args(port: u16, dir: &std::path::Path, replica_of: Option<u16>) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        &dir.to_string_lossy(),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if let Some(m) = replica_of {
+        a.extend(["--replicaof".into(), "127.0.0.1".into(), m.to_string()]);
+    }
+    a
+}
+
+impl SentinelSetup {
+    /// Starts everything and waits until the replica is in sync and every
+    /// Sentinel knows the replica and the two other Sentinels.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mp = free_port();
+        let rp = free_port();
+        let master = Node::start(
+            "redis-server",
+            &data_args(mp, dir.path(), None),
+            mp,
+            dir.path(),
+            &format!("master-{mp}"),
+        );
+        let replica = Node::start(
+            "redis-server",
+            &data_args(rp, dir.path(), Some(mp)),
+            rp,
+            dir.path(),
+            &format!("replica-{rp}"),
+        );
+        wait_for("replica in sync", || {
+            replica
+                .try_query::<String>(redis::cmd("INFO").arg("replication"))
+                .is_ok_and(|i| i.contains("master_link_status:up"))
+        });
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let sp = free_port();
+            let conf = dir.path().join(format!("sentinel-{sp}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {sp}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {mp} 2\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                     sentinel failover-timeout {MASTER_NAME} 3000\n\
+                     sentinel parallel-syncs {MASTER_NAME} 1\n",
+                    dir = dir.path().display()
+                ),
+            )
+            .expect("write sentinel.conf");
+            sentinels.push(Node::start(
+                "redis-server",
+                &[conf.to_string_lossy().into_owned(), "--sentinel".into()],
+                sp,
+                dir.path(),
+                &format!("sentinel{i}-{sp}"),
+            ));
+        }
+        let s = Self {
+            data: vec![master, replica],
+            sentinels,
+            dir,
+        };
+        wait_for("Sentinels know the replica and each other", || {
+            s.sentinels.iter().all(|n| {
+                let reps: redis::RedisResult<Vec<redis::Value>> =
+                    n.try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME));
+                let sens: redis::RedisResult<Vec<redis::Value>> =
+                    n.try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(MASTER_NAME));
+                reps.is_ok_and(|r| r.len() == 1) && sens.is_ok_and(|r| r.len() == 2)
+            })
+        });
+        s
+    }
+
+    /// `127.0.0.1:PORT` of each Sentinel.
+    pub fn sentinel_addrs(&self) -> Vec<String> {
+        self.sentinels.iter().map(Node::addr).collect()
+    }
+
+    /// The master's port as the first answering Sentinel reports it.
+    pub fn master_port(&self) -> u16 {
+        for s in &self.sentinels {
+            if let Ok((_, port)) = s.try_query::<(String, u16)>(
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(MASTER_NAME),
+            ) {
+                return port;
+            }
+        }
+        panic!("no Sentinel answers");
+    }
+
+    /// The data node on `port`.
+    pub fn data_node(&self, port: u16) -> &Node {
+        self.data
+            .iter()
+            .find(|n| n.port == port)
+            .expect("a data node")
+    }
+
+    /// Stops the data node on `port` (SIGKILL).
+    pub fn stop_data(&mut self, port: u16) {
+        self.data
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a data node")
+            .stop();
+    }
+
+    /// `SENTINEL FAILOVER mymaster` on the first Sentinel (no agreement
+    /// needed), then waits until every Sentinel reports the other node as
+    /// master and that node says it is one. Returns the new master's port.
+    pub fn failover(&self) -> u16 {
+        let old = self.master_port();
+        let _: () =
+            self.sentinels[0].query(redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME));
+        self.wait_master_change(old)
+    }
+
+    /// Waits until every running Sentinel names a master other than `old`
+    /// and that node reports `role:master`; returns its port.
+    pub fn wait_master_change(&self, old: u16) -> u16 {
+        let mut new = 0;
+        wait_for("failover", || {
+            let ports: Vec<u16> = self
+                .sentinels
+                .iter()
+                .filter_map(|s| {
+                    s.try_query::<(String, u16)>(
+                        redis::cmd("SENTINEL")
+                            .arg("GET-MASTER-ADDR-BY-NAME")
+                            .arg(MASTER_NAME),
+                    )
+                    .ok()
+                    .map(|(_, p)| p)
+                })
+                .collect();
+            if ports.len() != self.sentinels.len()
+                || ports.iter().any(|p| *p == old || *p != ports[0])
+            {
+                return false;
+            }
+            new = ports[0];
+            self.data_node(new)
+                .try_query::<String>(redis::cmd("INFO").arg("replication"))
+                .is_ok_and(|i| i.contains("role:master"))
+        });
+        new
+    }
+
+    /// The temporary directory with logs and configs.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+/// Polls `f` every 50 ms for up to 30 s; panics with `what` on timeout.
+pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
