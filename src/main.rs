@@ -8,6 +8,8 @@ use bucket_rls::config::watcher::{ConfigWatcher, ReloadHandle, WatchOptions};
 use bucket_rls::limiter::Storage;
 use bucket_rls::limiter::memory::MemoryStorage;
 use bucket_rls::limiter::redis::RedisStorage;
+use bucket_rls::limiter::redis::cluster::RedisClusterStorage;
+use bucket_rls::limiter::redis::sentinel::RedisSentinelStorage;
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use clap::Parser;
@@ -94,12 +96,32 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("invalid config, not starting:\n{e}"))?;
     metrics::counter!(bucket_rls::metrics::CONFIG_LOAD, "result" => "success").increment(1);
     tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
-    let storage: Arc<dyn Storage> = if !args.redis_sentinel.is_empty()
-        || !args.redis_cluster.is_empty()
-    {
-        anyhow::bail!(
-            "Redis Sentinel and Cluster are not available in this build yet; use --redis-url for a single Redis node"
-        );
+    let timeout = std::time::Duration::from_millis(args.redis_timeout);
+    let cache_size = usize::try_from(args.local_cache_size).unwrap_or(usize::MAX);
+    let topologies = usize::from(args.redis_url.is_some())
+        + usize::from(!args.redis_sentinel.is_empty())
+        + usize::from(!args.redis_cluster.is_empty());
+    if topologies > 1 {
+        anyhow::bail!("give only one of --redis-url, --redis-sentinel and --redis-cluster");
+    }
+    let storage: Arc<dyn Storage> = if !args.redis_cluster.is_empty() {
+        let redis = RedisClusterStorage::builder(args.redis_cluster.iter().cloned())
+            .timeout(timeout)
+            .local_cache_size(cache_size)
+            .build()?;
+        tracing::info!(nodes = redis.nodes(), timeout_ms = args.redis_timeout, "Redis Cluster backend (connecting in the background)");
+        Arc::new(redis)
+    } else if !args.redis_sentinel.is_empty() {
+        let name = args
+            .redis_master_name
+            .clone()
+            .context("--redis-sentinel needs --redis-master-name")?;
+        let redis = RedisSentinelStorage::builder(args.redis_sentinel.iter().cloned(), name)
+            .timeout(timeout)
+            .local_cache_size(cache_size)
+            .build()?;
+        tracing::info!(sentinels = redis.sentinels(), timeout_ms = args.redis_timeout, "Redis Sentinel backend (discovering the master in the background)");
+        Arc::new(redis)
     } else if let Some(url) = &args.redis_url {
         let redis = RedisStorage::builder(url.as_str())
             .timeout(std::time::Duration::from_millis(args.redis_timeout))
@@ -134,7 +156,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.config.clone(),
         limiter.clone(),
         WatchOptions::default(),
-    )?;
+    );
     tokio::spawn(reload_on_sighup(watcher.reload_handle()));
     tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, backend = limiter.storage().name(), "serving");
     app::run(Listeners { grpc, http }, limiter, shutdown_signal()).await?;

@@ -58,8 +58,8 @@ fn start_with_clock(source: &Path) -> (Arc<Limiter>, ConfigWatcher, ManualClock)
         source.to_path_buf(),
         limiter.clone(),
         WatchOptions::default(),
-    )
-    .expect("watcher starts");
+    );
+    assert!(watcher.is_watching());
     (limiter, watcher, clock)
 }
 
@@ -470,4 +470,36 @@ async fn reloader_skips_unchanged_and_repeated_failures() {
     std::fs::write(&file, rule("rl-unit", 2)).unwrap();
     assert!(matches!(r.reload(false), Outcome::Applied(h) if h == limiter.config().hash));
     assert!(limiter.last_reload_error().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_rescan_applies_changes_no_event_reported() {
+    let _serial = SERIAL.lock().await;
+    // The source is a symlink to a file in another directory: writes to the
+    // target raise no event in the watched directory; the rescan finds them.
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, elsewhere) = (dir.path().join("cfg"), dir.path().join("elsewhere"));
+    std::fs::create_dir(&cfg).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    let target = elsewhere.join("target.yaml");
+    std::fs::write(&target, rule("rescan", 1)).unwrap();
+    let source = cfg.join("rl.yaml");
+    std::os::unix::fs::symlink(&target, &source).unwrap();
+    let config = loader::load_source(&source).unwrap();
+    let storage = Arc::new(MemoryStorage::default());
+    let limiter = Arc::new(Limiter::new(config, storage, ServiceSettings::default()));
+    let options = WatchOptions {
+        rescan: Duration::from_millis(300),
+        ..WatchOptions::default()
+    };
+    let _w = ConfigWatcher::spawn(source, limiter.clone(), options);
+    let (ok0, old) = (success(), limiter.config().hash.clone());
+    std::fs::write(&target, rule("rescan", 2)).unwrap();
+    applied(&limiter, &old, "the rescan").await;
+    assert_eq!(
+        codes(&limiter, "rescan", "a", 1).await,
+        vec![(OK, 1, Some(2))]
+    );
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(success() - ok0, 1.0, "later rescans do not count again");
 }

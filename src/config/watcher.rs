@@ -250,7 +250,7 @@ enum Trigger {
     Force,
 }
 
-/// Errors starting the watcher.
+/// Why file events are unavailable (logged; the rescan still runs).
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
     /// The file watcher could not be created or could not watch the path.
@@ -264,6 +264,11 @@ pub enum WatchError {
     },
 }
 
+type Debouncer = notify_debouncer_full::Debouncer<
+    notify_debouncer_full::notify::RecommendedWatcher,
+    notify_debouncer_full::RecommendedCache,
+>;
+
 /// A running watcher: file events, the periodic rescan and forced reloads,
 /// all applied by one task in order. Stops when dropped.
 #[derive(Debug)]
@@ -271,61 +276,46 @@ pub struct ConfigWatcher {
     triggers: mpsc::UnboundedSender<Trigger>,
     task: tokio::task::JoinHandle<()>,
     reloader: Arc<Reloader>,
-    _debouncer: notify_debouncer_full::Debouncer<
-        notify_debouncer_full::notify::RecommendedWatcher,
-        notify_debouncer_full::RecommendedCache,
-    >,
+    debouncer: Option<Debouncer>,
 }
 
 impl ConfigWatcher {
     /// Starts watching `source` and applying its changes to `limiter`. Must
     /// be called inside a Tokio runtime.
     ///
-    /// # Errors
-    /// [`WatchError::Notify`] when the directory cannot be watched (missing,
-    /// no permission, inotify limits reached).
-    pub fn spawn(
-        source: PathBuf,
-        limiter: Arc<Limiter>,
-        options: WatchOptions,
-    ) -> Result<Self, WatchError> {
+    /// When the directory cannot be watched (inotify limits reached, no
+    /// permission), the error is logged and reloads still happen on
+    /// [`Self::reload_now`] (SIGHUP) and every [`WatchOptions::rescan`]: a
+    /// running service is not stopped because file events are unavailable.
+    #[must_use]
+    pub fn spawn(source: PathBuf, limiter: Arc<Limiter>, options: WatchOptions) -> Self {
         let dir = watched_dir(&source);
         let (tx, rx) = mpsc::unbounded_channel();
-        let events = tx.clone();
-        let notify_err = |e| WatchError::Notify {
-            path: dir.display().to_string(),
-            source: e,
+        let debouncer = match watch_dir(&dir, options.debounce, tx.clone()) {
+            Ok(d) => {
+                tracing::info!(dir = %dir.display(), source = %source.display(), "watching config for changes");
+                Some(d)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, rescan = ?options.rescan, "no file events for the config; changes apply on SIGHUP and at each rescan");
+                None
+            }
         };
-        let mut debouncer = new_debouncer(
-            options.debounce,
-            None,
-            move |result: DebounceEventResult| match result {
-                Ok(evs) => {
-                    if evs.iter().any(|e| is_change(&e.event.kind)) {
-                        let _ = events.send(Trigger::Event);
-                    }
-                }
-                Err(errs) => {
-                    for e in errs {
-                        tracing::warn!(error = %e, "config watcher error; the periodic rescan still applies changes");
-                    }
-                    let _ = events.send(Trigger::Event);
-                }
-            },
-        )
-        .map_err(notify_err)?;
-        debouncer
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(notify_err)?;
         let reloader = Arc::new(Reloader::new(source, limiter));
         let task = tokio::spawn(run(reloader.clone(), rx, options));
-        tracing::info!(dir = %dir.display(), source = %reloader.source().display(), "watching config for changes");
-        Ok(Self {
+        Self {
             triggers: tx,
             task,
             reloader,
-            _debouncer: debouncer,
-        })
+            debouncer,
+        }
+    }
+
+    /// Whether file events are being received (false when the directory
+    /// could not be watched; the rescan still runs).
+    #[must_use]
+    pub fn is_watching(&self) -> bool {
+        self.debouncer.is_some()
     }
 
     /// Asks for an immediate reload (what SIGHUP does): the source is read
@@ -363,6 +353,38 @@ impl Drop for ConfigWatcher {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Watches `dir` non-recursively; every debounced change sends a trigger.
+fn watch_dir(
+    dir: &Path,
+    debounce: Duration,
+    triggers: mpsc::UnboundedSender<Trigger>,
+) -> Result<Debouncer, WatchError> {
+    let notify_err = |e| WatchError::Notify {
+        path: dir.display().to_string(),
+        source: e,
+    };
+    let mut debouncer = new_debouncer(debounce, None, move |result: DebounceEventResult| {
+        match result {
+            Ok(evs) => {
+                if evs.iter().any(|e| is_change(&e.event.kind)) {
+                    let _ = triggers.send(Trigger::Event);
+                }
+            }
+            Err(errs) => {
+                for e in errs {
+                    tracing::warn!(error = %e, "config watcher error; the periodic rescan still applies changes");
+                }
+                let _ = triggers.send(Trigger::Event);
+            }
+        }
+    })
+    .map_err(notify_err)?;
+    debouncer
+        .watch(dir, RecursiveMode::NonRecursive)
+        .map_err(notify_err)?;
+    Ok(debouncer)
 }
 
 /// The directory to watch for `source`: a directory itself, or a file's parent.
