@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// Redis Cluster seed nodes, `host:port,host:port,...`.
     #[arg(long, env = "BUCKET_RLS_REDIS_CLUSTER", value_delimiter = ',')]
     pub redis_cluster: Vec<String>,
+    /// PEM file with the CA certificate(s) that sign the Redis server
+    /// certificate of a `rediss://` URL (default: the public web PKI roots).
+    #[arg(long, env = "BUCKET_RLS_REDIS_TLS_CA_FILE")]
+    pub redis_tls_ca_file: Option<PathBuf>,
     /// Prefix of every bucket key in Redis.
     #[arg(long, env = "BUCKET_RLS_REDIS_KEY_PREFIX", default_value = "rls:")]
     pub redis_key_prefix: String,

@@ -123,10 +123,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(sentinels = redis.sentinels(), timeout_ms = args.redis_timeout, "Redis Sentinel backend (discovering the master in the background)");
         Arc::new(redis)
     } else if let Some(url) = &args.redis_url {
-        let redis = RedisStorage::builder(url.as_str())
+        let mut builder = RedisStorage::builder(url.as_str())
             .timeout(std::time::Duration::from_millis(args.redis_timeout))
-            .local_cache_size(usize::try_from(args.local_cache_size).unwrap_or(usize::MAX))
-            .build()?;
+            .local_cache_size(usize::try_from(args.local_cache_size).unwrap_or(usize::MAX));
+        if let Some(ca) = &args.redis_tls_ca_file {
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("reading --redis-tls-ca-file {}", ca.display()))?;
+            builder = builder.tls_root_ca_pem(pem);
+        }
+        let redis = builder.build()?;
         tracing::info!(
             url = redis.url(),
             timeout_ms = args.redis_timeout,

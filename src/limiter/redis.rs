@@ -91,6 +91,7 @@ pub struct RedisStorageBuilder {
     breaker_threshold: u32,
     probe_interval: Duration,
     test_clock: Option<Arc<dyn Clock>>,
+    tls_root_ca_pem: Option<Vec<u8>>,
 }
 
 impl RedisStorageBuilder {
@@ -114,6 +115,15 @@ impl RedisStorageBuilder {
     pub fn breaker(mut self, threshold: u32, probe_interval: Duration) -> Self {
         self.breaker_threshold = threshold;
         self.probe_interval = probe_interval;
+        self
+    }
+
+    /// PEM certificate(s) of the CA that signs the server certificate of a
+    /// `rediss://` URL (a private CA), instead of the public web PKI roots
+    /// (`--redis-tls-ca-file`).
+    #[must_use]
+    pub fn tls_root_ca_pem(mut self, pem: Vec<u8>) -> Self {
+        self.tls_root_ca_pem = Some(pem);
         self
     }
 
@@ -142,7 +152,17 @@ impl RedisStorageBuilder {
             url: redact_url(&self.url),
             message: redact(&e.to_string(), secret.as_deref()),
         };
-        let client = ::redis::Client::open(self.url.as_str()).map_err(|e| invalid(&e))?;
+        let client = match &self.tls_root_ca_pem {
+            Some(pem) => ::redis::Client::build_with_tls(
+                self.url.as_str(),
+                ::redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => ::redis::Client::open(self.url.as_str()),
+        }
+        .map_err(|e| invalid(&e))?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeout))
             .set_connection_timeout(Some(self.timeout.max(MIN_CONNECT_TIMEOUT)))
@@ -203,6 +223,7 @@ impl RedisStorage {
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             test_clock: None,
+            tls_root_ca_pem: None,
         }
     }
 

@@ -18,7 +18,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
