@@ -83,11 +83,11 @@ pub struct LoadgenArgs {
     #[arg(long = "descriptor", required = true, value_parser = parse_descriptor)]
     pub descriptors: Vec<Vec<(String, String)>>,
     /// Distinct values of each descriptor's last entry: with N > 1 the value is
-    /// `<value>-<i>` for `i` in `0..N`, one `i` drawn per request (shared by all
+    /// `<value>-<i>` for `i` in `0..N`, one `i` chosen per request (shared by all
     /// its descriptors).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub keys: u64,
-    /// How `i` is drawn.
+    /// How `i` is chosen.
     #[arg(long, value_enum, default_value = "uniform")]
     pub distribution: KeyDistribution,
     /// Exponent `s` of the Zipf distribution (rank `r` has weight `1 / r^s`).
@@ -120,6 +120,9 @@ pub enum KeyDistribution {
     Uniform,
     /// A few values are hot (rank `r` has weight `1 / r^s`, `--zipf-exponent`).
     Zipf,
+    /// Request `k` uses value `k mod N`: every value once before any repeats
+    /// (to create exactly N buckets).
+    Sequential,
 }
 
 /// Why a load run could not start or finish.
@@ -411,6 +414,7 @@ enum KeyPicker {
     One,
     Uniform(u64),
     Zipf(Zipf<f64>),
+    Sequential(u64),
 }
 
 impl KeyPicker {
@@ -418,6 +422,7 @@ impl KeyPicker {
         Ok(match (args.keys, args.distribution) {
             (1, _) => Self::One,
             (n, KeyDistribution::Uniform) => Self::Uniform(n),
+            (n, KeyDistribution::Sequential) => Self::Sequential(n),
             (n, KeyDistribution::Zipf) => Self::Zipf(
                 Zipf::new(n as f64, args.zipf_exponent)
                     .map_err(|e| LoadgenError::Args(format!("--zipf-exponent: {e}")))?,
@@ -425,9 +430,11 @@ impl KeyPicker {
         })
     }
 
-    fn pick(&self, rng: &mut SmallRng) -> u64 {
+    /// The key index of request number `k`.
+    fn pick(&self, k: u64, rng: &mut SmallRng) -> u64 {
         match self {
             Self::One => 0,
+            Self::Sequential(n) => k % n,
             Self::Uniform(n) => rng.random_range(0..*n),
             // Zipf samples ranks 1..=n as floats.
             Self::Zipf(z) => (z.sample(rng) as u64).saturating_sub(1),
@@ -539,7 +546,7 @@ async fn run(args: &LoadgenArgs, target: SocketAddr) -> Result<Report, LoadgenEr
                     break;
                 }
                 let scheduled = rate.map_or(now, |r| start + Duration::from_secs_f64(k as f64 / r));
-                let req = factory.build(picker.pick(&mut rng));
+                let req = factory.build(picker.pick(k, &mut rng));
                 let outcome = tokio::time::timeout(timeout, client.should_rate_limit(req)).await;
                 let latency = scheduled.elapsed();
                 hist.saturating_record(
@@ -735,6 +742,13 @@ mod tests {
         assert_eq!(r.descriptors[0].entries[1].value, "y-2");
         let p = KeyPicker::new(&args).unwrap();
         let mut rng = SmallRng::seed_from_u64(1);
-        assert!((0..1000).all(|_| p.pick(&mut rng) < 3));
+        assert!((0..1000).all(|k| p.pick(k, &mut rng) < 3));
+        let args = LoadgenArgs {
+            distribution: KeyDistribution::Sequential,
+            ..args
+        };
+        let p = KeyPicker::new(&args).unwrap();
+        let picks: Vec<u64> = (0..6).map(|k| p.pick(k, &mut rng)).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
     }
 }
