@@ -711,7 +711,8 @@ async fn eval_in_slot(
                     .and_then(|mut v| v.pop().unwrap_or(Value::Nil).extract_error())
             }
         };
-        let e = match reply {
+        // The cluster client returns most server errors as a value.
+        let e = match reply.and_then(Value::extract_error) {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
@@ -799,15 +800,15 @@ impl Storage for RedisClusterStorage {
     async fn ping(&self) -> Result<(), StorageError> {
         let inner = &self.inner;
         let mut conn = inner.connection()?;
-        // Healthy when a master answers: a lost slot range must not take the
+        // Healthy when any node answers: a lost slot range must not take the
         // whole service out of rotation.
         let mut last = StorageError::Timeout(inner.timeout);
-        for _ in 0..3 {
+        for _ in 0..10 {
             let pong = tokio::time::timeout(
                 inner.timeout,
                 conn.route_command(
                     ::redis::cmd("PING"),
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
                 ),
             )
             .await;

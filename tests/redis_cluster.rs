@@ -1,0 +1,605 @@
+//! The Redis Cluster backend against a real six-node cluster (three masters,
+//! three replicas) on 127.0.0.1: BR-28 (no `CROSSSLOT`, keys on three
+//! masters, a slot migrated while traffic runs, a lost slot range), BR-16
+//! across slots under concurrency, `NOSCRIPT` on cluster nodes (BR-23), and
+//! the BR-29 latency shape as a printed measurement (no timed assertion).
+
+mod common;
+
+use bucket_rls::limiter::Storage;
+use bucket_rls::limiter::bucket::{ChargeKind, ChargeSpec, Limit};
+use bucket_rls::limiter::key::{KeyValue, encode};
+use bucket_rls::limiter::redis::cluster::{RedisClusterStorage, key_slot};
+use bucket_rls::limiter::{Charge, StorageError};
+use bucket_rls::service::Limiter;
+use common::cluster::{RedisCluster, Shard};
+use common::{desc, limiter, req, unique_prefix};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// The cluster shared by the tests that do not break it.
+fn shared() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
+async fn shared_async() -> &'static RedisCluster {
+    tokio::task::spawn_blocking(shared).await.expect("cluster")
+}
+
+async fn own_cluster() -> RedisCluster {
+    tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("cluster")
+}
+
+async fn storage(c: &RedisCluster, timeout: Duration) -> RedisClusterStorage {
+    let s = RedisClusterStorage::builder(c.seeds())
+        .timeout(timeout)
+        .build()
+        .expect("valid seeds");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s.connected() {
+        assert!(Instant::now() < deadline, "cluster storage did not connect");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    s
+}
+
+fn bucket(prefix: &str, domain: &str, k: &str, v: &str) -> String {
+    encode(prefix, domain, &[(k, KeyValue::Value(v))])
+}
+
+/// A value `<stem><n>` whose bucket key lands in `shard` (and not in `avoid`).
+fn value_in(
+    shard: &Shard,
+    prefix: &str,
+    domain: &str,
+    k: &str,
+    stem: &str,
+    avoid: &[u16],
+) -> String {
+    (0..10_000)
+        .map(|n| format!("{stem}{n}"))
+        .find(|v| {
+            let s = key_slot(&bucket(prefix, domain, k, v));
+            shard.serves(s) && !avoid.contains(&s)
+        })
+        .expect("a value in that shard")
+}
+
+fn st(r: &RateLimitResponse, i: usize) -> (i32, u32) {
+    (r.statuses[i].code, r.statuses[i].limit_remaining)
+}
+
+fn dur(r: &RateLimitResponse, i: usize) -> i64 {
+    r.statuses[i]
+        .duration_until_reset
+        .as_ref()
+        .map_or(-1, |d| d.seconds)
+}
+
+async fn call(l: &Limiter, domain: &str, descs: &[(&str, &str)]) -> RateLimitResponse {
+    let r = req(
+        domain,
+        descs.iter().map(|(k, v)| desc(&[(k, v)])).collect(),
+        0,
+    );
+    l.should_rate_limit(&r)
+        .await
+        .unwrap_or_else(|s| panic!("unexpected gRPC error {s:?}"))
+}
+
+/// Sum of `errorstat_CROSSSLOT` over every running node.
+fn crossslot_errors(c: &RedisCluster) -> u64 {
+    c.nodes
+        .iter()
+        .filter(|n| n.running())
+        .map(|n| {
+            let info: String = n.query(redis::cmd("INFO").arg("errorstats"));
+            info.lines()
+                .find_map(|l| l.strip_prefix("errorstat_CROSSSLOT:count="))
+                .map_or(0, |v| v.trim().parse().expect("count"))
+        })
+        .sum()
+}
+
+const BR28: &str = "
+domain: c
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: route
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+
+/// BR-28 step 1: the three buckets of one request live on three different
+/// masters; calls 1-2 OK, call 3 OVER_LIMIT on both users and OK on the
+/// route (not charged); no CROSSSLOT anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br28_keys_on_three_masters() {
+    let c = shared_async().await;
+    let prefix = unique_prefix("br28");
+    let shards = c.shards();
+    assert_eq!(shards.len(), 3, "three masters");
+    let a = value_in(&shards[0], &prefix, "c", "user", "a", &[]);
+    let b = value_in(&shards[1], &prefix, "c", "user", "b", &[]);
+    let r = value_in(&shards[2], &prefix, "c", "route", "r", &[]);
+    let evalsha_before: Vec<u64> = shards
+        .iter()
+        .map(|s| c.command_calls(s.master, "evalsha"))
+        .collect();
+    let s = storage(c, Duration::from_secs(1)).await;
+    let l = limiter(BR28, Arc::new(s), &prefix);
+    let d = [
+        ("user", a.as_str()),
+        ("user", b.as_str()),
+        ("route", r.as_str()),
+    ];
+    let r1 = call(&l, "c", &d).await;
+    assert_eq!(r1.overall_code, OK);
+    assert_eq!(
+        (st(&r1, 0), st(&r1, 1), st(&r1, 2)),
+        ((OK, 1), (OK, 1), (OK, 99))
+    );
+    let r2 = call(&l, "c", &d).await;
+    assert_eq!(r2.overall_code, OK);
+    assert_eq!(
+        (st(&r2, 0), st(&r2, 1), st(&r2, 2)),
+        ((OK, 0), (OK, 0), (OK, 98))
+    );
+    let r3 = call(&l, "c", &d).await;
+    assert_eq!(r3.overall_code, OVER);
+    assert_eq!(st(&r3, 0), (OVER, 0));
+    assert_eq!(st(&r3, 1), (OVER, 0));
+    assert_eq!(st(&r3, 2), (OK, 98), "route not charged by the denied call");
+    assert_eq!(dur(&r3, 0), 30, "one token of 2/min is 30 s away");
+    // The route bucket was charged exactly twice (the denied call's
+    // reservation, if any, was given back).
+    let raw = c
+        .get(&bucket(&prefix, "c", "route", &r))
+        .expect("route bucket stored");
+    let (tokens, _) = common::redis::decode_bucket(&raw);
+    assert!(
+        (98_000_000..98_500_000).contains(&tokens),
+        "route tokens {tokens}"
+    );
+    // Every master ran scripts; no node ever answered CROSSSLOT.
+    for (s, before) in shards.iter().zip(evalsha_before) {
+        assert!(
+            c.command_calls(s.master, "evalsha") > before,
+            "master {} got no script call",
+            s.master
+        );
+    }
+    assert_eq!(crossslot_errors(c), 0);
+}
+
+const BR16: &str = "
+domain: api
+descriptors:
+  - key: group
+    value: reports
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: special
+    value: export
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+
+/// A prefix under which `group=reports` and `special=export` live on
+/// different masters.
+fn split_prefix(c: &RedisCluster, name: &str) -> String {
+    loop {
+        let p = unique_prefix(name);
+        let g = c.shard_of(key_slot(&bucket(&p, "api", "group", "reports")));
+        let s = c.shard_of(key_slot(&bucket(&p, "api", "special", "export")));
+        if g.master != s.master {
+            return p;
+        }
+    }
+}
+
+/// BR-16 with the two buckets on different masters: exact sequential values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br16_across_masters_sequential() {
+    let c = shared_async().await;
+    let prefix = split_prefix(c, "br16s");
+    let l = limiter(
+        BR16,
+        Arc::new(storage(c, Duration::from_secs(1)).await),
+        &prefix,
+    );
+    let both = [("group", "reports"), ("special", "export")];
+    for (i, (g, s)) in [(9, 2), (8, 1), (7, 0)].into_iter().enumerate() {
+        let r = call(&l, "api", &both).await;
+        assert_eq!(r.overall_code, OK, "call {}", i + 1);
+        assert_eq!((st(&r, 0), st(&r, 1)), ((OK, g), (OK, s)));
+    }
+    for _ in 0..2 {
+        let r = call(&l, "api", &both).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!(st(&r, 0), (OK, 7), "group not consumed");
+        assert_eq!(st(&r, 1), (OVER, 0));
+        assert_eq!(dur(&r, 1), 20);
+    }
+    for rem in (0..7).rev() {
+        let r = call(&l, "api", &[("group", "reports")]).await;
+        assert_eq!(st(&r, 0), (OK, rem));
+    }
+    let r = call(&l, "api", &[("group", "reports")]).await;
+    assert_eq!(r.overall_code, OVER);
+}
+
+/// BR-16 under concurrency across masters: 50 concurrent callers; at most 3
+/// admitted on `special`, and once the refunds have landed `group` has been
+/// charged exactly once per admitted request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br16_across_masters_concurrent() {
+    let c = shared_async().await;
+    let prefix = split_prefix(c, "br16c");
+    let l = limiter(
+        BR16,
+        Arc::new(storage(c, Duration::from_secs(2)).await),
+        &prefix,
+    );
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let l = l.clone();
+        let admitted = admitted.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = call(&l, "api", &[("group", "reports"), ("special", "export")]).await;
+            if r.overall_code == OK {
+                admitted.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("caller");
+    }
+    let n = u32::try_from(admitted.load(Ordering::SeqCst)).expect("small");
+    assert!((1..=3).contains(&n), "admitted {n}, must be 1..=3");
+    // A cost-0 check reports the group's tokens: 10 minus one per admitted
+    // request (refill is 1 token per 6 s, far longer than this test).
+    let check = req(
+        "api",
+        vec![common::desc_hits(&[("group", "reports")], 0)],
+        0,
+    );
+    let r = l.should_rate_limit(&check).await.expect("check");
+    assert_eq!(
+        st(&r, 0),
+        (OK, 10 - n),
+        "group charged only for admitted requests"
+    );
+    let r = call(&l, "api", &[("special", "export")]).await;
+    if n == 3 {
+        assert_eq!(st(&r, 0), (OVER, 0));
+    }
+}
+
+/// BR-23 on a cluster: after `SCRIPT FLUSH` on every master, requests
+/// spanning all masters still succeed (NOSCRIPT answered with EVAL), and
+/// exactly one token is consumed per bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn noscript_on_cluster_nodes_is_transparent() {
+    let c = shared_async().await;
+    let prefix = unique_prefix("noscript");
+    let shards = c.shards();
+    let a = value_in(&shards[0], &prefix, "c", "route", "a", &[]);
+    let b = value_in(&shards[1], &prefix, "c", "route", "b", &[]);
+    let d = value_in(&shards[2], &prefix, "c", "route", "d", &[]);
+    let l = limiter(
+        BR28,
+        Arc::new(storage(c, Duration::from_secs(1)).await),
+        &prefix,
+    );
+    let descs = [
+        ("route", a.as_str()),
+        ("route", b.as_str()),
+        ("route", d.as_str()),
+    ];
+    let r = call(&l, "c", &descs).await;
+    assert_eq!(
+        (st(&r, 0), st(&r, 1), st(&r, 2)),
+        ((OK, 99), (OK, 99), (OK, 99))
+    );
+    for s in &shards {
+        let _: () = c.node(s.master).query(redis::cmd("SCRIPT").arg("FLUSH"));
+    }
+    let r = call(&l, "c", &descs).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(
+        (st(&r, 0), st(&r, 1), st(&r, 2)),
+        ((OK, 98), (OK, 98), (OK, 98))
+    );
+}
+
+/// BR-28 step 3: a master and its replica stopped. Requests touching the
+/// lost slots answer UNAVAILABLE (kind CLUSTERDOWN) for the whole request;
+/// requests whose buckets all live elsewhere keep working, before and after
+/// the cluster marks the nodes failed; a mixed request charges nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br28_lost_slot_range() {
+    let mut c = own_cluster().await;
+    let prefix = unique_prefix("lost");
+    let shards = c.shards();
+    let lost = shards[0].clone();
+    let live_a = value_in(&shards[1], &prefix, "c", "route", "x", &[]);
+    let live_b = value_in(&shards[2], &prefix, "c", "route", "y", &[]);
+    let dead = value_in(&lost, &prefix, "c", "route", "z", &[]);
+    // No breaker in the way: this test checks what each call answers.
+    let s = RedisClusterStorage::builder(c.seeds())
+        .timeout(Duration::from_millis(500))
+        .breaker(1_000_000, Duration::from_millis(500))
+        .build()
+        .expect("seeds");
+    while !s.connected() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let s = Arc::new(s);
+    let l = limiter(BR28, s.clone(), &prefix);
+    let r = call(&l, "c", &[("route", &live_a), ("route", &dead)]).await;
+    assert_eq!(r.overall_code, OK);
+
+    c.node_mut(lost.master).stop();
+    for p in &lost.replicas {
+        c.node_mut(*p).stop();
+    }
+    // 100 per hour: refill stays far below a token during the test.
+    let limit = Limit {
+        requests_per_unit: 100,
+        unit_secs: 3600,
+        burst: 100,
+    };
+    let charge = |v: &str| Charge {
+        key: bucket(&prefix, "c", "route", v),
+        spec: ChargeSpec {
+            limit,
+            cost: 1,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        },
+    };
+    let mut live_ok = 0;
+    let mut expected_live_b = 100;
+    let started = Instant::now();
+    // 3 s: before and after the cluster marks the nodes failed (node timeout 1 s).
+    while started.elapsed() < Duration::from_secs(3) {
+        match s.apply(&[charge(&dead)]).await {
+            Err(StorageError::Backend { kind, .. }) if kind == "CLUSTERDOWN" => {}
+            other => panic!("lost slot answered {other:?}"),
+        }
+        // Mixed: whole request fails, the live bucket is not charged.
+        match s.apply(&[charge(&live_b), charge(&dead)]).await {
+            Err(e) => assert_eq!(e.kind(), "CLUSTERDOWN"),
+            Ok(r) => panic!("mixed request answered {r:?}"),
+        }
+        let r = s
+            .apply(&[charge(&live_a), charge(&live_b)])
+            .await
+            .unwrap_or_else(|e| panic!("live slots failed after {:?}: {e}", started.elapsed()));
+        assert!(r.admitted);
+        expected_live_b -= 1;
+        assert_eq!(r.charges[1].tokens_micro / 1_000_000, expected_live_b);
+        live_ok += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(live_ok > 20, "{live_ok} live requests");
+    // Through the service: UNAVAILABLE for the whole request.
+    let e = l
+        .should_rate_limit(&req(
+            "c",
+            vec![desc(&[("route", &live_a)]), desc(&[("route", &dead)])],
+            0,
+        ))
+        .await
+        .expect_err("lost slot");
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    assert!(
+        s.ping().await.is_ok(),
+        "health stays up while other masters answer"
+    );
+}
+
+/// BR-28 step 2: the slot holding `user=a` is migrated to another master
+/// (`CLUSTER SETSLOT ... IMPORTING/MIGRATING`, `MIGRATE`, `SETSLOT NODE`)
+/// while requests run at about 200/s. ASK and MOVED are followed; every
+/// answer is correct, at most a few transient UNAVAILABLE, and the bucket
+/// moves with its tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br28_slot_migration_under_traffic() {
+    let c = Arc::new(own_cluster().await);
+    let prefix = unique_prefix("reshard");
+    let shards = c.shards();
+    let (src, dst) = (shards[0].clone(), shards[1].clone());
+    let user = value_in(&src, &prefix, "c", "user", "a", &[]);
+    let route = value_in(&shards[2], &prefix, "c", "route", "r", &[]);
+    let key = bucket(&prefix, "c", "user", &user);
+    let slot = key_slot(&key);
+    // 1000 per hour: no refill worth a token during the test.
+    let yaml = "
+domain: c
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+  - key: route
+    rate_limit: {unit: hour, requests_per_unit: 100000}
+";
+    let l = limiter(
+        yaml,
+        Arc::new(storage(&c, Duration::from_millis(500)).await),
+        &prefix,
+    );
+    let r = call(&l, "c", &[("user", &user), ("route", &route)]).await;
+    assert_eq!(st(&r, 0), (OK, 999));
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (l, stop, user, route) = (l.clone(), stop.clone(), user.clone(), route.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut unavailable, mut last_remaining) = (0u32, 0u32, 999u32);
+            while !stop.load(Ordering::SeqCst) {
+                let r = req(
+                    "c",
+                    vec![desc(&[("user", &user)]), desc(&[("route", &route)])],
+                    0,
+                );
+                match l.should_rate_limit(&r).await {
+                    Ok(r) => {
+                        assert_eq!(r.overall_code, OK, "{r:?}");
+                        let rem = r.statuses[0].limit_remaining;
+                        // Exactly one token per admitted call; an
+                        // UNAVAILABLE call may or may not have taken one.
+                        assert!(
+                            rem < last_remaining && last_remaining - rem <= 1 + unavailable,
+                            "remaining went from {last_remaining} to {rem}"
+                        );
+                        last_remaining = rem;
+                        ok += 1;
+                    }
+                    Err(s) => {
+                        assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                        unavailable += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (ok, unavailable, last_remaining)
+        })
+    };
+    let migrate = {
+        let c = c.clone();
+        let key = key.clone();
+        tokio::task::spawn_blocking(move || {
+            let id = |p: u16| -> String { c.node(p).query(redis::cmd("CLUSTER").arg("MYID")) };
+            let (src_id, dst_id) = (id(src.master), id(dst.master));
+            let setslot = |p: u16, state: &str, node: &str| {
+                let _: () = c.node(p).query(
+                    redis::cmd("CLUSTER")
+                        .arg("SETSLOT")
+                        .arg(slot)
+                        .arg(state)
+                        .arg(node),
+                );
+            };
+            std::thread::sleep(Duration::from_millis(200));
+            setslot(dst.master, "IMPORTING", &src_id);
+            setslot(src.master, "MIGRATING", &dst_id);
+            std::thread::sleep(Duration::from_millis(300));
+            let keys: Vec<String> = c.node(src.master).query(
+                redis::cmd("CLUSTER")
+                    .arg("GETKEYSINSLOT")
+                    .arg(slot)
+                    .arg(100),
+            );
+            assert!(keys.contains(&key), "{keys:?}");
+            let _: redis::Value = c.node(src.master).query(
+                redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(dst.master)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("KEYS")
+                    .arg(&keys),
+            );
+            // Requests now get ASK from the source.
+            std::thread::sleep(Duration::from_millis(300));
+            for m in [dst.master, src.master, shards[2].master] {
+                setslot(m, "NODE", &dst_id);
+            }
+            // Requests now get MOVED until the client's slot map is refreshed.
+            std::thread::sleep(Duration::from_millis(500));
+        })
+    };
+    migrate.await.expect("migration");
+    stop.store(true, Ordering::SeqCst);
+    let (ok, unavailable, last) = traffic.await.expect("traffic");
+    assert!(ok > 100, "{ok} calls answered");
+    assert!(unavailable <= 5, "{unavailable} UNAVAILABLE");
+    common::sentinel::wait_for("every node sees the slot moved", || {
+        c.nodes.iter().all(|n| {
+            n.try_query::<String>(redis::cmd("CLUSTER").arg("NODES"))
+                .is_ok_and(|_| c.shard_of(slot).master == dst.master)
+        })
+    });
+    assert!(
+        c.command_calls(dst.master, "asking") > 0,
+        "ASK was followed (ASKING sent to the target)"
+    );
+    // The bucket lives on the target with every token it lost.
+    let raw: Option<Vec<u8>> = c.node(dst.master).query(redis::cmd("GET").arg(&key));
+    let (tokens, _) = common::redis::decode_bucket(&raw.expect("bucket migrated"));
+    assert_eq!(u32::try_from(tokens / 1_000_000).expect("small"), last);
+    let r = call(&l, "c", &[("user", &user), ("route", &route)]).await;
+    assert_eq!(st(&r, 0), (OK, last - 1));
+    assert_eq!(crossslot_errors(&c), 0);
+}
+
+/// BR-29 latency shape, printed for BENCHMARKS.md (no timed assertion):
+/// sequential requests with 1 descriptor and with 8 descriptors spread over
+/// the three masters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br29_latency_shape() {
+    let c = shared_async().await;
+    let prefix = unique_prefix("br29");
+    let shards = c.shards();
+    let yaml = "
+domain: c
+descriptors:
+  - key: route
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+";
+    let mut values = Vec::new();
+    let mut used = Vec::new();
+    for i in 0..8 {
+        let v = value_in(
+            &shards[i % 3],
+            &prefix,
+            "c",
+            "route",
+            &format!("v{i}_"),
+            &used,
+        );
+        used.push(key_slot(&bucket(&prefix, "c", "route", &v)));
+        values.push(v);
+    }
+    let l = limiter(
+        yaml,
+        Arc::new(storage(c, Duration::from_secs(1)).await),
+        &prefix,
+    );
+    let mut report = Vec::new();
+    for n in [1usize, 8] {
+        let descs: Vec<(&str, &str)> = values[..n].iter().map(|v| ("route", v.as_str())).collect();
+        for _ in 0..200 {
+            call(&l, "c", &descs).await;
+        }
+        let mut lat = Vec::new();
+        for _ in 0..2000 {
+            let t = Instant::now();
+            let r = call(&l, "c", &descs).await;
+            lat.push(t.elapsed());
+            assert_eq!(r.overall_code, OK);
+        }
+        lat.sort();
+        let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+        report.push(format!(
+            "BR-29 cluster, {n} descriptor(s) on {} slot(s): p50 {:?} p90 {:?} p99 {:?}",
+            used[..n].len(),
+            p(0.5),
+            p(0.9),
+            p(0.99)
+        ));
+    }
+    for line in report {
+        eprintln!("{line}");
+    }
+}
