@@ -385,6 +385,8 @@ descriptors:
 /// limit applies at once, with the tokens carried over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn br21_reload_clears_the_local_cache() {
+    // The metrics recorder must exist before the hit to count it.
+    bucket_rls::metrics::install();
     let server = RedisServer::start();
     let s = storage(&server);
     let l = limiter(CACHE_V1, s.clone(), &unique_prefix("br21"));
@@ -403,6 +405,12 @@ async fn br21_reload_clears_the_local_cache() {
         1,
         "second denial from the cache"
     );
+    let hits = bucket_rls::metrics::install()
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix("bucket_rls_local_cache_hits_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(hits >= Some(1.0), "cache hits counted: {hits:?}");
     // At 100/min a token takes 0.6 s; a stale "empty for 60 s" entry would deny.
     tokio::time::sleep(Duration::from_millis(700)).await;
     l.swap_config(config(&[("test.yaml", CACHE_V2)]));
@@ -503,4 +511,52 @@ async fn one_script_call_per_request() {
         report.push(format!("{n} descriptors: {all:?}"));
     }
     println!("{}", report.join("\n"));
+}
+
+const COSTS: &str = r"
+domain: cost
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+
+/// BR-13 and BR-14 on the stored bytes: a denied cost (even 10^6, above the
+/// capacity) and a check (cost 0) leave the bucket's value byte-identical
+/// and its TTL not re-armed; the TTL never exceeds the time to full (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_costs_and_checks_write_nothing() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("br13");
+    let l = limiter(COSTS, storage(&server), &prefix);
+    assert_eq!(
+        st(&call(&l, "cost", &[("api_key", "k1")], 8).await, 0),
+        (OK, 2, Some(48))
+    );
+    let key = keys(&server, &prefix).pop().expect("bucket");
+    let before = (raw(&server, &key), pttl(&server, &key));
+    assert!(before.1 > 47_000 && before.1 <= 48_000, "PTTL {}", before.1);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let denied = call(&l, "cost", &[("api_key", "k1")], 5).await;
+    assert_eq!(st(&denied, 0), (OVER, 0, Some(18)));
+    for hits in [0u64, 1_000_000] {
+        let r = l
+            .should_rate_limit(&req("cost", vec![desc_hits(&[("api_key", "k1")], hits)], 0))
+            .await
+            .expect("answer");
+        assert_eq!(st(&r, 0).0, if hits == 0 { OK } else { OVER });
+        if hits == 1_000_000 {
+            assert_eq!(
+                st(&r, 0),
+                (OVER, 0, Some(48)),
+                "cost above capacity: time to full"
+            );
+        }
+    }
+    let after = (raw(&server, &key), pttl(&server, &key));
+    assert_eq!(after.0, before.0, "value unchanged");
+    assert!(
+        after.1 <= before.1 - 20,
+        "TTL not re-armed: {before:?} -> {after:?}"
+    );
+    assert_eq!(st(&call(&l, "cost", &[("api_key", "k1")], 2).await, 0).1, 0);
 }

@@ -15,9 +15,14 @@
 //! Limits of the guarantee: tokens given back by refunds or a config change
 //! on *another* replica are not seen until the entry is replaced; a config
 //! change on this replica clears the cache ([`LocalCache::clear`], BR-21), and
-//! entries are keyed by limit as well. The reported tokens are a lower bound,
-//! so a duration may exceed Redis's by at most one micro-token's refill time.
-//! Bounded by `--local-cache-size` entries (LRU-like eviction by `quick_cache`).
+//! entries are keyed by limit as well.
+//!
+//! Exactness: the estimate can differ from what Redis would compute by the
+//! refill of one round trip (Redis evaluated somewhat after `at`) and by one
+//! micro-token of rounding; the reported `duration_until_reset` is in whole
+//! seconds, so it is the same except when the true wait is within that margin
+//! of a second boundary. Bounded by `--local-cache-size` entries (eviction by
+//! `quick_cache`).
 
 use crate::limiter::Charge;
 use crate::limiter::bucket::{BucketState, ChargeKind, ChargeResult, Limit, RequestResult};
