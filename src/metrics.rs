@@ -89,9 +89,10 @@ static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle
 ///
 /// Metrics are process-global by design of the `metrics` crate: every
 /// [`crate::service::Limiter`] in a process records into this one recorder.
-/// If another recorder was installed first (by an embedding program), ours is
-/// not installed, a warning is logged, and the handle renders only the
-/// descriptions.
+/// Install it before the first metric is recorded: the `metrics` macros drop
+/// what is recorded while no recorder is installed. If another recorder was
+/// installed first (by an embedding program), ours is not installed, a
+/// warning is logged, and the handle renders nothing of bucket-rls.
 pub fn install() -> &'static metrics_exporter_prometheus::PrometheusHandle {
     HANDLE.get_or_init(|| {
         let builder = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -99,6 +100,7 @@ pub fn install() -> &'static metrics_exporter_prometheus::PrometheusHandle {
                 metrics_exporter_prometheus::Matcher::Full(REQUEST_DURATION.to_owned()),
                 REQUEST_DURATION_BUCKETS_SECS,
             )
+            // Only fails for an empty bucket list, which the constant is not.
             .unwrap_or_else(|_| metrics_exporter_prometheus::PrometheusBuilder::new());
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
