@@ -197,9 +197,16 @@ impl Reloader {
             Err(errors) => {
                 metrics::counter!(m::CONFIG_LOAD, "result" => "error").increment(1);
                 let message = errors.to_string();
+                // One physical log line, also in the text format.
+                let one_line = errors
+                    .0
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ");
                 tracing::error!(
                     source = %self.source.display(),
-                    errors = %message,
+                    errors = %one_line,
                     kept = %current.hash,
                     "config reload failed; keeping the config in force"
                 );
