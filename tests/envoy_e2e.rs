@@ -712,3 +712,39 @@ async fn compose_topology_on_loopback_matches_the_readme() {
         "both replicas used"
     );
 }
+
+/// BR-19 through Envoy: when one descriptor denies, the `X-RateLimit-*`
+/// headers and `Retry-After` describe that descriptor (remaining 0, its
+/// wait), not the one with tokens left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_denying_descriptor_drives_the_rate_limit_headers() {
+    let yaml = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 60}\n    descriptors:\n      - key: path\n        value: /spend\n        rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let s = Stack::start(yaml, |_| {}).await;
+    for _ in 0..5 {
+        assert_eq!(s.get("/spend", &[KEY]).await.status, 200);
+    }
+    let r = s.get("/spend", &[KEY]).await;
+    assert_eq!(r.status, 429);
+    // The per-minute rule still has 55 tokens; the hourly one has none and
+    // its next token is 720 s away.
+    assert_eq!(r.header("x-ratelimit-limit"), Some("5, 60;w=60, 5;w=3600"));
+    assert_eq!(r.num("x-ratelimit-remaining"), 0);
+    assert_eq!(r.num("x-ratelimit-reset"), 720);
+    assert_eq!(r.all("retry-after"), vec!["720"]);
+}
+
+/// `rate_limited_as_resource_exhausted: true`: a limited gRPC call gets
+/// grpc-status 8 (RESOURCE_EXHAUSTED) instead of 14 (UNAVAILABLE), which
+/// gRPC retry policies would retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limited_grpc_calls_get_resource_exhausted() {
+    let s = Stack::start(&edge_config(), |_| {}).await;
+    let grpc = [KEY, ("content-type", "application/grpc")];
+    for _ in 0..5 {
+        assert_eq!(s.get("/pkg.Service/Method", &[KEY]).await.status, 200);
+    }
+    let r = s.get("/pkg.Service/Method", &grpc).await;
+    assert_eq!(r.status, 200, "gRPC errors travel in grpc-status: {r:?}");
+    assert_eq!(r.header("grpc-status"), Some("8"), "{r:?}");
+    assert_eq!(r.all("retry-after"), vec!["12"]);
+}
