@@ -88,8 +88,9 @@ pub struct ServeArgs {
     /// Entries of the local over-limit cache (0 disables it).
     #[arg(long, env = "BUCKET_RLS_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
     pub local_cache_size: u64,
-    /// An admitted hit leaving fewer than (1 - ratio) x capacity tokens counts as near_limit.
-    #[arg(long, env = "BUCKET_RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    /// An admitted hit leaving fewer than (1 - ratio) x capacity tokens counts
+    /// as near_limit; from 0 to 1.
+    #[arg(long, env = "BUCKET_RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = ratio)]
     pub near_limit_ratio: f64,
     /// Most descriptors accepted per request.
     #[arg(long, env = "BUCKET_RLS_MAX_DESCRIPTORS", default_value_t = 1024)]
@@ -118,4 +119,13 @@ pub struct ServeArgs {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+/// Parses a ratio from 0 to 1 (`--near-limit-ratio`).
+fn ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        Ok(r) => Err(format!("{r} is not between 0 and 1")),
+        Err(e) => Err(e.to_string()),
+    }
 }
