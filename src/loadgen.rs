@@ -102,9 +102,12 @@ pub struct LoadgenArgs {
     /// Runtime worker threads (default: the number of CPUs).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Seed of the key choice (runs with the same seed send the same keys).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seed of the key choice; runs with the same seed send the same keys
+    /// (default: from the clock, printed as `seed:`). Beware: repeating a seed
+    /// against a live server replays the same hot values and can push them
+    /// over their limit.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -171,6 +174,8 @@ pub struct Report {
     pub elapsed: Duration,
     /// Latency histogram, microseconds.
     pub latency_us: Histogram<u64>,
+    /// Seed the key choice used.
+    pub seed: u64,
 }
 
 impl Report {
@@ -204,6 +209,7 @@ impl Report {
         writeln!(out, "connections: {}", args.connections)?;
         writeln!(out, "descriptors/request: {}", args.descriptors.len())?;
         writeln!(out, "keys: {} ({:?})", args.keys, args.distribution)?;
+        writeln!(out, "seed: {}", self.seed)?;
         writeln!(out, "duration: {:.3} s", self.elapsed.as_secs_f64())?;
         writeln!(out, "requests: {}", self.requests)?;
         writeln!(out, "requests/s: {:.1}", self.requests_per_sec())?;
@@ -235,6 +241,7 @@ impl Report {
             "keys": args.keys,
             "distribution": format!("{:?}", args.distribution).to_lowercase(),
             "hits": args.hits,
+            "seed": self.seed,
             "duration_secs": self.elapsed.as_secs_f64(),
             "requests": self.requests,
             "requests_per_sec": self.requests_per_sec(),
@@ -479,6 +486,11 @@ async fn run(args: &LoadgenArgs, target: SocketAddr) -> Result<Report, LoadgenEr
         None => args.requests.unwrap_or(u64::MAX),
     };
     let picker = Arc::new(KeyPicker::new(args)?);
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
     let factory = Arc::new(RequestFactory::new(args));
 
     let mut clients = Vec::with_capacity(args.connections as usize);
@@ -524,7 +536,7 @@ async fn run(args: &LoadgenArgs, target: SocketAddr) -> Result<Report, LoadgenEr
             factory.clone(),
             permits.clone(),
         );
-        let (rate, timeout, seed) = (args.rate, args.timeout, args.seed);
+        let (rate, timeout) = (args.rate, args.timeout);
         tasks.push(tokio::spawn(async move {
             let mut rng =
                 SmallRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(u64::from(t)));
@@ -632,6 +644,7 @@ async fn run(args: &LoadgenArgs, target: SocketAddr) -> Result<Report, LoadgenEr
         errors_by_kind,
         elapsed: end - start,
         latency_us: hist,
+        seed,
     })
 }
 
@@ -731,7 +744,7 @@ mod tests {
             hits: 2,
             timeout: Duration::from_secs(1),
             threads: None,
-            seed: 1,
+            seed: Some(1),
             json: None,
             quiet: true,
         };
