@@ -273,3 +273,24 @@ fn storage_errors_counted_each_logged_at_most_once_per_second() {
         assert_eq!(lines, 1, "{text}");
     });
 }
+
+#[tokio::test]
+async fn near_limit_counts_hits_past_the_ratio() {
+    let l = limiter(
+        "domain: near\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+        paused_memory(),
+        "near:",
+    );
+    for _ in 0..11 {
+        l.should_rate_limit(&req("near", vec![desc(&[("k", "v")])], 1))
+            .await
+            .unwrap();
+    }
+    let text = scrape();
+    let v = |name| metric(&text, name, &[("rule", "near.k")]);
+    // Ratio 0.8 of 10: the 9th and 10th admitted hits are near the limit.
+    assert_eq!(v(m::NEAR_LIMIT), Some(2.0));
+    assert_eq!(v(m::WITHIN_LIMIT), Some(10.0));
+    assert_eq!(v(m::OVER_LIMIT), Some(1.0));
+    assert_eq!(v(m::TOTAL_HITS), Some(11.0));
+}
