@@ -109,7 +109,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .timeout(timeout)
             .local_cache_size(cache_size)
             .build()?;
-        tracing::info!(nodes = redis.nodes(), timeout_ms = args.redis_timeout, "Redis Cluster backend (connecting in the background)");
+        tracing::info!(
+            nodes = redis.nodes(),
+            timeout_ms = args.redis_timeout,
+            "Redis Cluster backend (connecting in the background)"
+        );
         Arc::new(redis)
     } else if !args.redis_sentinel.is_empty() {
         let name = args
@@ -120,7 +124,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .timeout(timeout)
             .local_cache_size(cache_size)
             .build()?;
-        tracing::info!(sentinels = redis.sentinels(), timeout_ms = args.redis_timeout, "Redis Sentinel backend (discovering the master in the background)");
+        tracing::info!(
+            sentinels = redis.sentinels(),
+            timeout_ms = args.redis_timeout,
+            "Redis Sentinel backend (discovering the master in the background)"
+        );
         Arc::new(redis)
     } else if let Some(url) = &args.redis_url {
         let mut builder = RedisStorage::builder(url.as_str())
