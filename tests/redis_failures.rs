@@ -79,6 +79,7 @@ fn reload_counter() -> f64 {
 /// handled transparently: the script is reloaded and the call retried once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn br23_noscript_after_flush_and_restart() {
+    let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start();
     let s = storage(&server.url(), 1000);
     let l = limiter(YAML, s.clone(), &unique_prefix("br23"));
@@ -264,4 +265,52 @@ async fn br25_blackholed_from_startup() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+fn charge(key: &str, cost: u64) -> bucket_rls::limiter::Charge {
+    bucket_rls::limiter::Charge {
+        key: key.into(),
+        spec: bucket_rls::limiter::ChargeSpec {
+            limit: bucket_rls::limiter::Limit {
+                requests_per_unit: 10,
+                unit_secs: 60,
+                burst: 10,
+            },
+            cost,
+            kind: bucket_rls::limiter::ChargeKind::Consume,
+            shadow: false,
+        },
+    }
+}
+
+/// Redis error replies are classified by kind (the `kind` label of
+/// `bucket_rls_storage_errors_total`), and none is mistaken for an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_replies_are_classified() {
+    let primary = RedisServer::start();
+    let s = storage(&primary.url(), 1000);
+    wait_ready(&s).await;
+    let kind = |r: Result<_, bucket_rls::limiter::StorageError>| match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.kind().to_owned(),
+    };
+    // A foreign value under a bucket's name.
+    let _: () = primary.query(redis::cmd("HSET").arg("foreign").arg("f").arg("v"));
+    assert_eq!(kind(s.apply(&[charge("foreign", 1)]).await), "WRONGTYPE");
+    // Memory full with `noeviction`.
+    let _: () = primary.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1"));
+    assert_eq!(kind(s.apply(&[charge("b", 1)]).await), "OOM");
+    let _: () = primary.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"));
+    // A burst the script cannot compute exactly: refused before sending.
+    let mut big = charge("b", 1);
+    big.spec.limit.burst = u64::from(u32::MAX) + 1;
+    assert_eq!(kind(s.apply(&[big]).await), "argument");
+    // A read-only replica (stale primary after a failover).
+    let replica = RedisServer::start();
+    let _: () = replica.query(redis::cmd("REPLICAOF").arg("127.0.0.1").arg(primary.port()));
+    let r = storage(&replica.url(), 1000);
+    wait_ready(&r).await;
+    assert_eq!(kind(r.apply(&[charge("b", 1)]).await), "READONLY");
+    // A check writes nothing, so a replica can answer it.
+    assert!(r.apply(&[charge("b", 0)]).await.is_ok());
 }

@@ -247,8 +247,9 @@ pub fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult, Stora
 ///   [`StorageError::Unreachable`];
 /// - server errors by their code (`READONLY`, `CLUSTERDOWN`, `LOADING`,
 ///   `MASTERDOWN`, `TRYAGAIN`, `MOVED`, `ASK`, `CROSSSLOT`, `NOSCRIPT`,
-///   `NOPERM`), script errors as `script`, authentication as `auth`, anything
-///   else as `redis`: [`StorageError::Backend`] with that kind.
+///   `NOPERM`, `BUSY`, `OOM`, `WRONGTYPE`), other script errors as `script`,
+///   authentication as `auth`, malformed replies as `reply`, anything else as
+///   `redis`: [`StorageError::Backend`] with that kind.
 ///
 /// `timeout` is the configured response timeout (reported in the error).
 /// `secret` (the password from the URL, if any) is removed from messages.
@@ -277,18 +278,16 @@ pub fn classify(
         ErrorKind::Server(ServerErrorKind::NoScript) => "NOSCRIPT",
         ErrorKind::Server(ServerErrorKind::NoPerm) => "NOPERM",
         ErrorKind::AuthenticationFailed => "auth",
-        ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::Extension
-            if message.contains("script") =>
-        {
-            "script"
-        }
         ErrorKind::UnexpectedReturnType | ErrorKind::Parse => "reply",
-        ErrorKind::Server(ServerErrorKind::ResponseError)
-            if e.code().is_some_and(|c| c == "BUSY") =>
-        {
-            "BUSY"
-        }
-        _ => "redis",
+        // Codes the client has no kind for: a script running too long
+        // (BUSY), memory full (OOM), a foreign value under a bucket's name.
+        _ => match e.code() {
+            Some("BUSY") => "BUSY",
+            Some("OOM") => "OOM",
+            Some("WRONGTYPE") => "WRONGTYPE",
+            _ if message.contains("script") => "script",
+            _ => "redis",
+        },
     };
     StorageError::Backend {
         kind: kind.into(),
@@ -305,7 +304,7 @@ pub fn is_transient(e: &StorageError) -> bool {
         StorageError::Timeout(_) | StorageError::Unreachable(_) | StorageError::CircuitOpen => true,
         StorageError::Backend { kind, .. } => !matches!(
             kind.as_str(),
-            "script" | "argument" | "reply" | "NOSCRIPT" | "CROSSSLOT"
+            "script" | "argument" | "reply" | "NOSCRIPT" | "CROSSSLOT" | "WRONGTYPE"
         ),
     }
 }
