@@ -24,6 +24,11 @@
 //!   then reach the new master. Sentinel itself disconnects every client of a
 //!   demoted master (`CLIENT KILL TYPE normal`), so a stale master is not
 //!   kept.
+//! - While a master is in use, the task asks the Sentinels again every second
+//!   and switches when they name another node: after a failover the old
+//!   master keeps accepting writes until Sentinel demotes it (Redis
+//!   replication is asynchronous; those writes are lost with it), so its own
+//!   answers would not reveal the switch.
 //! - While no master is known, the task retries every 250 ms; calls wait for
 //!   it within their own timeout.
 
@@ -50,6 +55,10 @@ use tokio::sync::{Notify, watch};
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Delay between discovery attempts while no master is found.
 const DISCOVERY_RETRY: Duration = Duration::from_millis(250);
+/// How often the Sentinels are asked again while a master is in use: after
+/// a failover the old master may keep accepting writes until Sentinel
+/// demotes it, so its answer alone does not reveal the switch.
+const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Options of the Sentinel backend; see [`RedisSentinelStorage::builder`].
 #[derive(Debug, Clone)]
@@ -263,17 +272,31 @@ impl RedisSentinelStorage {
             let mut failing = false;
             loop {
                 let Some(inner) = weak.upgrade() else { return };
-                if inner.master.lock().is_some() {
-                    // Wait for a failure report (or the storage to be dropped).
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(1), inner.wake.notified()).await;
+                let known = inner.master.lock().as_ref().map(|m| m.addr.clone());
+                if known.is_some()
+                    && tokio::time::timeout(CHECK_INTERVAL, inner.wake.notified())
+                        .await
+                        .is_ok()
+                {
+                    // A failure report: the loop sees the dropped master.
                     continue;
                 }
                 let budget = inner.timeout.max(MIN_CONNECT_TIMEOUT) * 2;
-                match tokio::time::timeout(budget, discover(&mut client, &inner)).await {
-                    Ok(Ok((addr, conn))) => {
+                let found =
+                    tokio::time::timeout(budget, discover(&mut client, &inner, known.as_deref()))
+                        .await;
+                match found {
+                    Ok(Ok(None)) => {}
+                    Ok(Ok(Some((addr, conn)))) => {
                         generation += 1;
-                        tracing::info!(master = %addr, name = %inner.master_name, sentinels = %inner.sentinels, generation, "Redis master found through Sentinel");
+                        match &known {
+                            Some(old) => {
+                                tracing::warn!(old = %old, master = %addr, name = %inner.master_name, generation, "Sentinel names a new Redis master; switching");
+                            }
+                            None => {
+                                tracing::info!(master = %addr, name = %inner.master_name, sentinels = %inner.sentinels, generation, "Redis master found through Sentinel");
+                            }
+                        }
                         *inner.master.lock() = Some(Master {
                             generation,
                             addr,
@@ -282,6 +305,8 @@ impl RedisSentinelStorage {
                         inner.ready.send_replace(generation);
                         failing = false;
                     }
+                    // Sentinels unreachable while a master is known: keep it.
+                    _ if known.is_some() => {}
                     Ok(Err(e)) => {
                         if !failing {
                             let e = classify(&e, inner.timeout, inner.secret.as_deref());
@@ -305,13 +330,18 @@ impl RedisSentinelStorage {
     }
 }
 
-/// Asks the Sentinels for the master, connects and loads the script.
+/// Asks the Sentinels for the master; unless it is `known`, connects and
+/// loads the script (`None`: still `known`).
 async fn discover(
     client: &mut SentinelClient,
     inner: &Inner,
-) -> Result<(String, MultiplexedConnection), ::redis::RedisError> {
+    known: Option<&str>,
+) -> Result<Option<(String, MultiplexedConnection)>, ::redis::RedisError> {
     let master = client.async_get_client().await?;
     let addr = master.get_connection_info().addr().to_string();
+    if known == Some(addr.as_str()) {
+        return Ok(None);
+    }
     let config = AsyncConnectionConfig::new()
         .set_response_timeout(Some(inner.timeout))
         .set_connection_timeout(Some(inner.timeout.max(MIN_CONNECT_TIMEOUT)));
@@ -323,7 +353,7 @@ async fn discover(
     if let Err(e) = inner.script.load(&mut conn).await {
         tracing::debug!(error = %redact(&e.to_string(), inner.secret.as_deref()), "SCRIPT LOAD on the new master failed; NOSCRIPT reloads it on first use");
     }
-    Ok((addr, conn))
+    Ok(Some((addr, conn)))
 }
 
 impl Inner {

@@ -1,0 +1,262 @@
+//! The Sentinel backend against a real setup (one master, one replica, three
+//! Sentinels on 127.0.0.1): discovery, a failover during traffic that ends
+//! with correct answers without restarting the storage, a killed master, and
+//! BR-23 (c): 50 concurrent requests after a failover to a node without the
+//! script are all OK.
+
+mod common;
+
+use bucket_rls::limiter::Storage;
+use bucket_rls::limiter::redis::sentinel::RedisSentinelStorage;
+use bucket_rls::service::Limiter;
+use common::sentinel::{MASTER_NAME, SentinelSetup, wait_for};
+use common::{desc, desc_hits, limiter, req, unique_prefix};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const OK: i32 = Code::Ok as i32;
+
+/// 100 per hour: refill stays below one token during a test.
+const YAML: &str = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: probe
+    rate_limit: {unit: hour, requests_per_unit: 1000000}
+  - key: t
+    rate_limit: {unit: day, requests_per_unit: 1, burst: 100000}
+";
+
+async fn setup() -> SentinelSetup {
+    tokio::task::spawn_blocking(SentinelSetup::start)
+        .await
+        .expect("sentinel setup")
+}
+
+async fn storage(s: &SentinelSetup) -> Arc<RedisSentinelStorage> {
+    let st = RedisSentinelStorage::builder(s.sentinel_addrs(), MASTER_NAME)
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("valid sentinels");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while st.master_addr().is_none() {
+        assert!(Instant::now() < deadline, "no master discovered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Arc::new(st)
+}
+
+/// `limit_remaining` of one `[[k=v]]` call, or `None` on UNAVAILABLE.
+async fn one(l: &Limiter, v: &str) -> Option<u32> {
+    match l
+        .should_rate_limit(&req("d", vec![desc(&[("k", v)])], 0))
+        .await
+    {
+        Ok(r) => {
+            assert_eq!(r.overall_code, OK, "{r:?}");
+            Some(r.statuses[0].limit_remaining)
+        }
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+            None
+        }
+    }
+}
+
+/// Tokens left in `[[k=v]]` by a cost-0 check.
+async fn remaining(l: &Limiter, v: &str) -> u32 {
+    let r = l
+        .should_rate_limit(&req("d", vec![desc_hits(&[("k", v)], 0)], 0))
+        .await
+        .expect("check");
+    r.statuses[0].limit_remaining
+}
+
+/// Waits until the master has shipped everything to the replica.
+fn wait_replicated(s: &SentinelSetup, master: u16) {
+    let replica = s.data.iter().find(|n| n.port != master).expect("replica");
+    wait_for("replica caught up", || {
+        let m: String = s
+            .data_node(master)
+            .query(redis::cmd("INFO").arg("replication"));
+        let r: String = replica.query(redis::cmd("INFO").arg("replication"));
+        let off = |info: &str, field: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .map(|v| v.trim().to_owned())
+        };
+        off(&m, "master_repl_offset:").is_some()
+            && off(&m, "master_repl_offset:") == off(&r, "slave_repl_offset:")
+    });
+}
+
+/// Waits (bounded) until the storage answers again after a failover, on a
+/// bucket of its own.
+async fn wait_answers(l: &Limiter) -> Duration {
+    let t = Instant::now();
+    loop {
+        if l.should_rate_limit(&req("d", vec![desc(&[("probe", "p")])], 0))
+            .await
+            .is_ok()
+        {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no answer after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A failover (`SENTINEL FAILOVER`) while requests run every 5 ms: the same
+/// storage follows the new master, answers are UNAVAILABLE at most during
+/// the switch, and from then on every call takes exactly one token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_during_traffic() {
+    let s = setup().await;
+    let st = storage(&s).await;
+    let first = s.master_port();
+    assert_eq!(
+        st.master_addr().as_deref(),
+        Some(format!("127.0.0.1:{first}").as_str())
+    );
+    let l = limiter(YAML, st.clone(), &unique_prefix("failover"));
+    let call = |l: Arc<Limiter>| async move {
+        match l
+            .should_rate_limit(&req("d", vec![desc(&[("t", "v")])], 0))
+            .await
+        {
+            Ok(r) => {
+                assert_eq!(r.overall_code, OK, "{r:?}");
+                Some(r.statuses[0].limit_remaining)
+            }
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                None
+            }
+        }
+    };
+    assert_eq!(call(l.clone()).await, Some(99_999));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (l, stop) = (l.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut log = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let r = call(l.clone()).await;
+                log.push((Instant::now(), r));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            log
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| wait_replicated(&s, first));
+    let new = tokio::task::block_in_place(|| s.failover());
+    assert_ne!(new, first);
+    let switched = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let log = traffic.await.expect("traffic");
+    let unavailable = log.iter().filter(|(_, r)| r.is_none()).count();
+    eprintln!("failover: {} calls, {unavailable} UNAVAILABLE", log.len());
+    // 1.5 s after the Sentinels agreed (the storage re-asks them every
+    // second), every call is OK and takes exactly one token. Writes the old
+    // master accepted before it was demoted are lost with it: Redis
+    // replication is asynchronous.
+    let settled: Vec<u32> = log
+        .iter()
+        .filter(|(t, _)| *t > switched + Duration::from_millis(1500))
+        .map(|(t, r)| {
+            r.unwrap_or_else(|| panic!("UNAVAILABLE {:?} after the switch", *t - switched))
+        })
+        .collect();
+    assert!(
+        settled.len() > 20,
+        "{} calls after the switch",
+        settled.len()
+    );
+    for w in settled.windows(2) {
+        assert_eq!(w[1] + 1, w[0], "one token per call: {settled:?}");
+    }
+    assert_eq!(
+        st.master_addr().as_deref(),
+        Some(format!("127.0.0.1:{new}").as_str()),
+        "the same storage follows the new master"
+    );
+    assert!(st.discoveries() >= 2);
+    assert!(st.ping().await.is_ok());
+}
+
+/// The master is killed (no graceful failover): requests answer UNAVAILABLE
+/// until the Sentinels promote the replica, then OK on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn master_killed() {
+    let mut s = setup().await;
+    let st = storage(&s).await;
+    let l = limiter(YAML, st.clone(), &unique_prefix("killed"));
+    assert_eq!(one(&l, "v").await, Some(99));
+    let first = s.master_port();
+    tokio::task::block_in_place(|| wait_replicated(&s, first));
+    s.stop_data(first);
+    assert_eq!(one(&l, "v").await, None, "the dead master cannot answer");
+    let new = tokio::task::block_in_place(|| s.wait_master_change(first));
+    let waited = wait_answers(&l).await;
+    eprintln!("answers again {waited:?} after the Sentinels agreed");
+    assert_eq!(
+        st.master_addr().as_deref(),
+        Some(format!("127.0.0.1:{new}").as_str())
+    );
+    assert_eq!(
+        one(&l, "v").await,
+        Some(98),
+        "the replicated bucket carries on"
+    );
+}
+
+/// BR-23 (c): after a failover to a node whose script cache is empty, 50
+/// concurrent requests are all OK; no NOSCRIPT reaches a caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br23c_noscript_after_failover() {
+    let s = setup().await;
+    let st = storage(&s).await;
+    let l = limiter(YAML, st.clone(), &unique_prefix("br23c"));
+    for want in [99, 98, 97] {
+        assert_eq!(one(&l, "v").await, Some(want));
+    }
+    let first = s.master_port();
+    tokio::task::block_in_place(|| wait_replicated(&s, first));
+    let new = tokio::task::block_in_place(|| s.failover());
+    wait_answers(&l).await;
+    // The storage re-asks the Sentinels every second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while st.master_addr() != Some(format!("127.0.0.1:{new}")) {
+        assert!(Instant::now() < deadline, "storage still on the old master");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The storage loads the script when it finds a new master; empty the
+    // cache again so these requests meet a node that never saw SCRIPT LOAD.
+    let _: () = s.data_node(new).query(redis::cmd("SCRIPT").arg("FLUSH"));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let l = l.clone();
+        tasks.push(tokio::spawn(async move { one(&l, "v").await }));
+    }
+    let mut got = Vec::new();
+    for t in tasks {
+        got.push(t.await.expect("caller").expect("OK, not UNAVAILABLE"));
+    }
+    got.sort_unstable();
+    assert_eq!(got, (47..=96).collect::<Vec<u32>>(), "one token each");
+    let errors: String = s.data_node(new).query(redis::cmd("INFO").arg("errorstats"));
+    assert!(
+        errors.contains("errorstat_NOSCRIPT"),
+        "the NOSCRIPT path ran: {errors}"
+    );
+    assert_eq!(remaining(&l, "v").await, 47);
+}
