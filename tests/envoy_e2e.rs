@@ -13,6 +13,16 @@ use common::procs::{
     BucketRls, Envoy, HttpResponse, envoy_for_loopback, http_get, http_get_from, yaml_file,
 };
 use common::redis::RedisServer;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use serde_json::Value;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -747,4 +757,85 @@ async fn limited_grpc_calls_get_resource_exhausted() {
     assert_eq!(r.status, 200, "gRPC errors travel in grpc-status: {r:?}");
     assert_eq!(r.header("grpc-status"), Some("8"), "{r:?}");
     assert_eq!(r.all("retry-after"), vec!["12"]);
+}
+
+/// A stand-in rate limit service that always answers OVER_LIMIT with a 7 s
+/// wait and the given `response_headers_to_add`.
+struct FakeRls {
+    headers: Vec<(&'static str, &'static str)>,
+}
+
+#[tonic::async_trait]
+impl RateLimitService for FakeRls {
+    async fn should_rate_limit(
+        &self,
+        _: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::OverLimit as i32,
+            statuses: vec![DescriptorStatus {
+                code: Code::OverLimit as i32,
+                current_limit: Some(RateLimit {
+                    name: "fake".into(),
+                    requests_per_unit: 1,
+                    unit: ProtoUnit::Minute as i32,
+                }),
+                limit_remaining: 0,
+                duration_until_reset: Some(PbDuration {
+                    seconds: 7,
+                    nanos: 0,
+                }),
+                quota: None,
+            }],
+            response_headers_to_add: self
+                .headers
+                .iter()
+                .map(|(k, v)| HeaderValue {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }))
+    }
+}
+
+/// Who sets `Retry-After`: with `enable_retry_after_header: true` (the
+/// example) Envoy adds its own from `duration_until_reset` when the service
+/// sends none, and never adds a second one when the service sends it; the
+/// service's value wins. bucket-rls always sends it, with the same value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_adds_retry_after_only_when_the_service_does_not() {
+    for (headers, want) in [(vec![], "7"), (vec![("retry-after", "9")], "9")] {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind");
+        let rls = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RateLimitServiceServer::new(FakeRls { headers }))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                ),
+        );
+        let (up, hits) = upstream().await;
+        let mut bootstrap = envoy_for_loopback(
+            yaml_file(&example("envoy.yaml")),
+            &[("bucket_rls", &[rls]), ("upstream", &[up])],
+        );
+        ratelimit_filter(&mut bootstrap)["timeout"] = "2s".into(); // as in Stack::start
+        let envoy = Envoy::start(&bootstrap).await;
+        let r = http_get(envoy.listener, "/", &[]).await.expect("request");
+        assert_eq!(r.status, 429);
+        assert_eq!(r.all("retry-after"), vec![want]);
+        assert_eq!(r.num("x-ratelimit-reset"), 7);
+        assert_eq!(hits.load(Ordering::SeqCst), 0);
+        let _ = stop.send(());
+        let _ = server.await;
+    }
 }
