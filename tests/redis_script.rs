@@ -221,7 +221,7 @@ fn lua_matches_reference_model() {
         .expect("SCRIPT LOAD");
     let case = std::sync::atomic::AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
-        cases: 300,
+        cases: 1000,
         failure_persistence: None,
         ..Config::default()
     });

@@ -560,3 +560,34 @@ async fn denied_costs_and_checks_write_nothing() {
     );
     assert_eq!(st(&call(&l, "cost", &[("api_key", "k1")], 2).await, 0).1, 0);
 }
+
+const SHORT: &str = r"
+domain: short
+descriptors:
+  - key: s
+    rate_limit: {unit: second, requests_per_unit: 2}
+";
+
+/// BR-26 step 4, scaled to a 1 s unit: once every bucket is full again, no
+/// key is left (unique values cannot grow Redis without bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_gone_once_full_again() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("gone");
+    let l = limiter(SHORT, storage(&server), &prefix);
+    for i in 0..200 {
+        let v = format!("v{i}");
+        let hits = if i % 2 == 0 { 2 } else { 1 };
+        assert_eq!(st(&call(&l, "short", &[("s", &v)], hits).await, 0).0, OK);
+        if i % 2 == 0 {
+            assert_eq!(st(&call(&l, "short", &[("s", &v)], 1).await, 0).0, OVER);
+        }
+    }
+    assert_eq!(keys(&server, &prefix).len(), 200);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        keys(&server, &prefix),
+        Vec::<String>::new(),
+        "every key expired"
+    );
+}
