@@ -447,11 +447,12 @@ pub fn source_files(source: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     Ok(files)
 }
 
-/// Loads a file or directory into a complete [`Config`].
+/// Reads every file of `source` (a file or a directory, with the rules of
+/// [`source_files`]) as `(name, bytes)`, without parsing.
 ///
 /// # Errors
-/// Every problem of every file, plus duplicate domains across files.
-pub fn load_source(source: &Path) -> Result<Config, ConfigErrors> {
+/// The source or one of its files cannot be read.
+pub fn read_source(source: &Path) -> Result<Vec<(String, Vec<u8>)>, ConfigErrors> {
     let files = source_files(source).map_err(|e| ConfigErrors(vec![e]))?;
     let mut texts = Vec::with_capacity(files.len());
     let mut errors = Vec::new();
@@ -467,10 +468,19 @@ pub fn load_source(source: &Path) -> Result<Config, ConfigErrors> {
             }),
         }
     }
-    if !errors.is_empty() {
-        return Err(ConfigErrors(errors));
+    if errors.is_empty() {
+        Ok(texts)
+    } else {
+        Err(ConfigErrors(errors))
     }
-    compile_texts(&texts)
+}
+
+/// Loads a file or directory into a complete [`Config`].
+///
+/// # Errors
+/// Every problem of every file, plus duplicate domains across files.
+pub fn load_source(source: &Path) -> Result<Config, ConfigErrors> {
+    compile_texts(&read_source(source)?)
 }
 
 /// Compiles already-read files `(name, bytes)` into a [`Config`].

@@ -29,7 +29,7 @@
 //! Reloads never touch buckets: bucket identity does not include the rate
 //! (DESIGN 3), so tokens carry over, capped at the new capacity.
 
-use super::loader::{compile_texts, hash_files, source_files};
+use super::loader::{compile_texts, hash_files};
 use super::{Config, ConfigError, ConfigErrors};
 use crate::metrics as m;
 use crate::service::Limiter;
@@ -97,36 +97,8 @@ pub enum Outcome {
 /// [`super::loader::load_source`] gives them, so hashes agree with it.
 pub type Snapshot = Result<Vec<(String, Vec<u8>)>, ConfigErrors>;
 
-/// Reads every file of `source` (a file or a directory, with the loader's
-/// rules for which entries count).
-///
-/// # Errors
-/// The source or one of its files cannot be read.
-pub fn read_source(source: &Path) -> Snapshot {
-    let files = source_files(source).map_err(|e| ConfigErrors(vec![e]))?;
-    let mut texts = Vec::with_capacity(files.len());
-    let mut errors = Vec::new();
-    for f in &files {
-        let name = f.display().to_string();
-        match std::fs::read(f) {
-            Ok(bytes) => texts.push((name, bytes)),
-            Err(e) => errors.push(ConfigError {
-                file: name,
-                line: None,
-                path: String::new(),
-                message: format!("cannot read: {e}"),
-            }),
-        }
-    }
-    if errors.is_empty() {
-        Ok(texts)
-    } else {
-        Err(ConfigErrors(errors))
-    }
-}
+pub use super::loader::read_source;
 
-/// Identity of a snapshot: the config hash for readable files, the error text
-/// otherwise (so an unchanged failure is recognised).
 fn fingerprint(snap: &Snapshot) -> String {
     match snap {
         Ok(texts) => hash_files(texts),
