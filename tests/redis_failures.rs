@@ -314,3 +314,42 @@ async fn error_replies_are_classified() {
     // A check writes nothing, so a replica can answer it.
     assert!(r.apply(&[charge("b", 0)]).await.is_ok());
 }
+
+/// `--on-storage-error allow|deny` with Redis down: `allow` answers OK with
+/// no `current_limit` (never a limit it did not check), `deny` answers
+/// OVER_LIMIT for the descriptors that needed Redis; storage-free
+/// descriptors keep their normal answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policies_with_redis_down() {
+    use bucket_rls::settings::{OnStorageError, ServiceSettings};
+    let mut server = RedisServer::start();
+    let s = storage(&server.url(), 50);
+    wait_ready(&s).await;
+    server.stop();
+    for (policy, code) in [
+        (OnStorageError::Allow, OK),
+        (OnStorageError::Deny, Code::OverLimit as i32),
+    ] {
+        let settings = ServiceSettings {
+            key_prefix: unique_prefix("policy"),
+            on_storage_error: policy,
+            ..ServiceSettings::default()
+        };
+        let l = Limiter::new(common::config(&[("t.yaml", YAML)]), s.clone(), settings);
+        let r = l
+            .should_rate_limit(&req(
+                "rl",
+                vec![desc(&[("ten", "v")]), desc(&[("free", "x")])],
+                0,
+            ))
+            .await
+            .expect("answered by policy");
+        assert_eq!(r.overall_code, code, "{policy:?}");
+        assert_eq!(r.statuses[0].code, code);
+        assert!(r.statuses[0].current_limit.is_none(), "{policy:?}: {r:?}");
+        assert_eq!(
+            (r.statuses[1].code, r.statuses[1].limit_remaining),
+            (OK, u32::MAX)
+        );
+    }
+}
