@@ -603,3 +603,139 @@ descriptors:
         eprintln!("{line}");
     }
 }
+
+/// A TCP proxy on 127.0.0.1 that delays every byte from `upstream` to the
+/// client by `delay` (pure latency: chunks keep their order and are not
+/// serialised behind each other's delay). Runs until the test ends.
+async fn delay_proxy(upstream: u16, delay: Duration) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind proxy");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+                continue;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = sr.read(&mut buf).await {
+                    if n == 0
+                        || tx
+                            .send((Instant::now() + delay, buf[..n].to_vec()))
+                            .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                while let Some((at, bytes)) = rx.recv().await {
+                    tokio::time::sleep_until(at.into()).await;
+                    if cw.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// BR-29 with 2 ms of latency added to every master's replies (a delaying
+/// proxy announced as the master's address): 1 descriptor against 8
+/// descriptors on 8 slots spread over the three masters. Printed for
+/// BENCHMARKS.md; the only assertion is on the answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br29_latency_shape_with_2ms_per_master() {
+    let c = own_cluster().await;
+    let prefix = unique_prefix("br29d");
+    let shards = c.shards();
+    let mut proxied = Vec::new();
+    for s in &shards {
+        let p = delay_proxy(s.master, Duration::from_millis(2)).await;
+        let _: () = c.node(s.master).query(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-announce-port")
+                .arg(p),
+        );
+        proxied.push(p);
+    }
+    tokio::task::block_in_place(|| {
+        common::sentinel::wait_for("every node announces the proxies", || {
+            c.nodes.iter().all(|n| {
+                n.try_query::<Vec<redis::Value>>(redis::cmd("CLUSTER").arg("SLOTS"))
+                    .is_ok()
+                    && {
+                        let masters: Vec<u16> = c.shards().iter().map(|s| s.master).collect();
+                        proxied.iter().all(|p| masters.contains(p))
+                    }
+            })
+        });
+    });
+    // Shards as seen through the proxies (same slot ranges).
+    let shards = c.shards();
+    let yaml = "
+domain: c
+descriptors:
+  - key: route
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+";
+    let mut values = Vec::new();
+    let mut used = Vec::new();
+    for i in 0..8 {
+        let v = value_in(
+            &shards[i % 3],
+            &prefix,
+            "c",
+            "route",
+            &format!("v{i}_"),
+            &used,
+        );
+        used.push(key_slot(&bucket(&prefix, "c", "route", &v)));
+        values.push(v);
+    }
+    // Seeds through the proxies only, so every call pays the latency.
+    let s = RedisClusterStorage::builder(proxied.iter().map(|p| format!("127.0.0.1:{p}")))
+        .timeout(Duration::from_secs(1))
+        .build()
+        .expect("seeds");
+    while !s.connected() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let l = limiter(yaml, Arc::new(s), &prefix);
+    let mut report = Vec::new();
+    for n in [1usize, 8] {
+        let descs: Vec<(&str, &str)> = values[..n].iter().map(|v| ("route", v.as_str())).collect();
+        for _ in 0..50 {
+            call(&l, "c", &descs).await;
+        }
+        let mut lat = Vec::new();
+        for _ in 0..500 {
+            let t = Instant::now();
+            let r = call(&l, "c", &descs).await;
+            lat.push(t.elapsed());
+            assert_eq!(r.overall_code, OK);
+        }
+        lat.sort();
+        let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+        report.push(format!(
+            "BR-29 cluster +2 ms per master, {n} descriptor(s) on {n} slot(s): p50 {:?} p90 {:?} p99 {:?}",
+            p(0.5),
+            p(0.9),
+            p(0.99)
+        ));
+    }
+    for line in report {
+        eprintln!("{line}");
+    }
+}
