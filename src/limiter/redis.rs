@@ -166,9 +166,10 @@ impl RedisStorageBuilder {
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeout))
             .set_connection_timeout(Some(self.timeout.max(MIN_CONNECT_TIMEOUT)))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500));
+            // One attempt per reconnect: requests waiting on a reconnect fail
+            // at once when Redis refuses, instead of waiting out a backoff;
+            // the next request (or the health PING) tries again.
+            .set_number_of_retries(0);
         let conn =
             ConnectionManager::new_lazy_with_config(client, config).map_err(|e| invalid(&e))?;
         let storage = RedisStorage {
@@ -354,6 +355,7 @@ impl Storage for RedisStorage {
             return Err(StorageError::CircuitOpen);
         }
         let sent_us = self.local_now_us();
+        let started = Instant::now();
         let mut conn = inner.conn.clone();
         let result =
             match tokio::time::timeout(inner.timeout, inner.script.eval(&mut conn, &call)).await {
@@ -368,7 +370,7 @@ impl Storage for RedisStorage {
                     cache.record(charges, r, sent_us);
                 }
             }
-            Err(e) if is_transient(e) => inner.breaker.failure(),
+            Err(e) if is_transient(e) => inner.breaker.failure_of_call_started(started),
             Err(_) => {}
         }
         result

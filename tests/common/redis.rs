@@ -137,6 +137,23 @@ impl RedisServer {
             .map_or(0, |n| n.parse().expect("calls count"))
     }
 
+    /// Successful executions of `command` (`calls - failed_calls`; e.g. an
+    /// `EVALSHA` answered `NOSCRIPT` did not run the script).
+    pub fn command_executions(&self, command: &str) -> u64 {
+        let info: String = self.query(redis::cmd("INFO").arg("commandstats"));
+        let prefix = format!("cmdstat_{command}:");
+        let Some(stats) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+            return 0;
+        };
+        let field = |name: &str| {
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .map_or(0, |n| n.trim().parse::<u64>().expect("count"))
+        };
+        field("calls") - field("failed_calls")
+    }
+
     /// Every `cmdstat_*` calls count, from `INFO commandstats`.
     pub fn all_command_calls(&self) -> Vec<(String, u64)> {
         let info: String = self.query(redis::cmd("INFO").arg("commandstats"));

@@ -3,6 +3,13 @@
 //! instead of each waiting for the Redis timeout (BR-25). While open, one call
 //! per `probe_interval` is let through as a probe; the first success (of a
 //! probe, or of a health-check ping) closes the breaker.
+//!
+//! Only failures of calls *started after the failing began* count (see
+//! [`CircuitBreaker::failure_of_call_started`]): when one latency spike makes
+//! all the calls in flight time out together, that is one observation, not
+//! `threshold` of them, so a short stall under load does not turn into an
+//! outage of `probe_interval`. A Redis that is really down fails the calls
+//! that follow too, and the breaker opens after `threshold` of them.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,6 +23,8 @@ pub struct CircuitBreaker {
     failures: AtomicU32,
     /// While open: when the next probe may go through.
     next_probe: Mutex<Option<Instant>>,
+    /// When the current run of failures began (`None` after a success).
+    streak_start: Mutex<Option<Instant>>,
 }
 
 impl CircuitBreaker {
@@ -28,6 +37,7 @@ impl CircuitBreaker {
             probe_interval,
             failures: AtomicU32::new(0),
             next_probe: Mutex::new(None),
+            streak_start: Mutex::new(None),
         }
     }
 
@@ -56,9 +66,27 @@ impl CircuitBreaker {
             metrics::gauge!(crate::metrics::REDIS_CIRCUIT_OPEN).set(0.0);
         }
         *self.next_probe.lock() = None;
+        *self.streak_start.lock() = None;
     }
 
-    /// Records a transient failure; opens the breaker at the threshold.
+    /// Records a transient failure of a call sent at `started`. It counts
+    /// only if the call started after the current run of failures began (the
+    /// first failure of a run always counts and starts it): calls that were
+    /// already in flight when Redis stalled add no evidence.
+    pub fn failure_of_call_started(&self, started: Instant) {
+        {
+            let mut streak = self.streak_start.lock();
+            match *streak {
+                None => *streak = Some(Instant::now()),
+                Some(s) if started < s => return,
+                Some(_) => {}
+            }
+        }
+        self.failure();
+    }
+
+    /// Records a transient failure (counted unconditionally); opens the
+    /// breaker at the threshold.
     pub fn failure(&self) {
         let n = self
             .failures
@@ -86,6 +114,23 @@ impl CircuitBreaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calls_in_flight_together_count_once() {
+        let b = CircuitBreaker::new(3, Duration::from_millis(30));
+        let before = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        for _ in 0..10 {
+            b.failure_of_call_started(before);
+        }
+        assert!(!b.is_open(), "one spike is one observation");
+        b.failure_of_call_started(Instant::now());
+        b.failure_of_call_started(Instant::now());
+        assert!(b.is_open(), "later calls failing too");
+        b.success();
+        b.failure_of_call_started(before);
+        assert!(!b.is_open());
+    }
 
     #[test]
     fn opens_probes_and_closes() {
