@@ -9,7 +9,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// Bound listeners for the two ports.
 #[derive(Debug)]
@@ -87,9 +86,14 @@ pub async fn run_with_grace(
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(RateLimitGrpc::server(limiter.clone()))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), async move {
-            let _ = grpc_stop.recv().await;
-        });
+        // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
+        // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            async move {
+                let _ = grpc_stop.recv().await;
+            },
+        );
     let http = axum::serve(listeners.http, crate::http::router(limiter.clone()))
         .with_graceful_shutdown(async move {
             let _ = http_stop.recv().await;
