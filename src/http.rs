@@ -3,6 +3,9 @@
 //! Endpoints:
 //! - `GET /healthcheck`: 200 `OK` when a config is loaded and storage answers
 //!   a ping within [`HEALTH_PING_TIMEOUT`]; 503 with a short reason otherwise.
+//! - `GET /livez`: 200 `OK` whenever the process answers HTTP at all; it never
+//!   looks at storage, so a Kubernetes liveness probe on it does not restart
+//!   every replica during a Redis outage (BR-25). Use `/healthcheck` for readiness.
 //! - `GET /metrics`: Prometheus text exposition (names and labels in the
 //!   README and [`crate::metrics`]), plus the identity of the config in force
 //!   (`bucket_rls_config_info{hash}`, `bucket_rls_config_load_timestamp_seconds`).
@@ -40,10 +43,15 @@ pub fn router(limiter: Arc<Limiter>) -> Router {
     crate::metrics::install();
     Router::new()
         .route("/healthcheck", get(healthcheck))
+        .route("/livez", get(livez))
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
         .with_state(limiter)
+}
+
+async fn livez() -> &'static str {
+    "OK\n"
 }
 
 async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> (StatusCode, String) {

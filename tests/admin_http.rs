@@ -101,6 +101,8 @@ async fn healthcheck_is_200_with_storage_and_503_without() {
         body.contains("storage unavailable") && body.contains("connection refused"),
         "{body}"
     );
+    // Liveness never looks at storage.
+    assert_eq!(call(&down, "GET", "/livez", "").await.0, StatusCode::OK);
 }
 
 #[tokio::test]

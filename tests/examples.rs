@@ -282,7 +282,7 @@ fn k8s_manifests_have_the_documented_shape() {
         json!({"path": "/healthcheck", "port": 8080})
     );
     assert_eq!(c["livenessProbe"]["httpGet"]["port"], 8080);
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/metrics");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
 
     // Redis URL from a Secret that exists and has the key.
     let env = c["env"].as_array().expect("env");
