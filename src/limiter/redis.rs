@@ -367,7 +367,7 @@ impl Storage for RedisStorage {
             Ok(r) => {
                 inner.breaker.success();
                 if let Some(cache) = &inner.cache {
-                    cache.record(charges, r, sent_us);
+                    cache.record_between(charges, r, sent_us, self.local_now_us());
                 }
             }
             Err(e) if is_transient(e) => inner.breaker.failure_of_call_started(started),

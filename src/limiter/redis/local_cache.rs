@@ -3,8 +3,12 @@
 //! without a Redis call, until enough tokens could have refilled.
 //!
 //! An entry remembers, per bucket key, the limit it was evaluated under, the
-//! micro-tokens Redis reported and the time just *before* the call was sent
-//! (so the refill estimated since then is an upper bound of the true one).
+//! micro-tokens Redis reported, and the times just before the call was sent
+//! and just after the reply came: Redis evaluated somewhere in between, so
+//! the refill since `sent` is an upper bound of the true refill (used to be
+//! certain of a denial) and the refill since `received` a lower bound (used
+//! for the tokens reported, so the wait reported is never too short and a
+//! client retrying after it is admitted, DESIGN 4).
 //! A request is answered from the cache only when **every** charge is a
 //! non-shadow consume whose bucket has an entry for the same limit and whose
 //! estimated tokens, plus one micro-token for the rounding of two partial
@@ -17,11 +21,11 @@
 //! change on this replica clears the cache ([`LocalCache::clear`], BR-21), and
 //! entries are keyed by limit as well.
 //!
-//! Exactness: the estimate can differ from what Redis would compute by the
-//! refill of one round trip (Redis evaluated somewhat after `at`) and by one
-//! micro-token of rounding; the reported `duration_until_reset` is in whole
-//! seconds, so it is the same except when the true wait is within that margin
-//! of a second boundary. Bounded by `--local-cache-size` entries (eviction by
+//! Exactness: the reported tokens can be below what Redis would compute by
+//! the refill of one round trip and one micro-token of rounding; the reported
+//! `duration_until_reset` is in whole seconds, so it is the same except when
+//! the true wait is within that margin of a second boundary (then one second
+//! longer, never shorter). With the test clock both times are equal. Bounded by `--local-cache-size` entries (eviction by
 //! `quick_cache`).
 
 use crate::limiter::Charge;
@@ -33,7 +37,9 @@ struct Entry {
     limit: Limit,
     tokens_micro: u64,
     /// Microseconds (on the cache's time line) just before the call was sent.
-    at_us: u64,
+    sent_us: u64,
+    /// Microseconds just after the reply was received.
+    received_us: u64,
 }
 
 /// A bounded map from bucket key to "had `tokens` at time `at`".
@@ -67,20 +73,23 @@ impl LocalCache {
             if e.limit != c.spec.limit {
                 return None;
             }
-            let est = BucketState {
-                tokens_micro: e.tokens_micro,
-                updated_us: e.at_us,
-            }
-            .tokens_at(&e.limit, now_us);
-            if est + 1 >= c.spec.need_micro() {
-                if est >= e.limit.capacity_micro() {
+            let at = |t_us: u64| {
+                BucketState {
+                    tokens_micro: e.tokens_micro,
+                    updated_us: t_us,
+                }
+                .tokens_at(&e.limit, now_us)
+            };
+            let most = at(e.sent_us);
+            if most + 1 >= c.spec.need_micro() {
+                if most >= e.limit.capacity_micro() {
                     self.map.remove(c.key.as_str());
                 }
                 return None;
             }
             out.push(ChargeResult {
                 enough: false,
-                tokens_micro: u64::try_from(est).unwrap_or(u64::MAX),
+                tokens_micro: u64::try_from(at(e.received_us)).unwrap_or(u64::MAX),
             });
         }
         Some(RequestResult {
@@ -98,9 +107,22 @@ impl LocalCache {
         }
     }
 
-    /// Learns from Redis's answer to `charges`, sent at `sent_us`: a consume
-    /// that lacked tokens records the bucket; any other charge forgets it.
+    /// [`LocalCache::record_between`] with the reply taken as received at
+    /// `sent_us` (exact with a test clock, where time does not move).
     pub fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64) {
+        self.record_between(charges, result, sent_us, sent_us);
+    }
+
+    /// Learns from Redis's answer to `charges`, sent at `sent_us` and
+    /// received at `received_us`: a consume that lacked tokens records the
+    /// bucket; any other charge forgets it.
+    pub fn record_between(
+        &self,
+        charges: &[Charge],
+        result: &RequestResult,
+        sent_us: u64,
+        received_us: u64,
+    ) {
         for (c, r) in charges.iter().zip(&result.charges) {
             if c.spec.kind == ChargeKind::Consume && !r.enough {
                 self.map.insert(
@@ -108,7 +130,8 @@ impl LocalCache {
                     Entry {
                         limit: c.spec.limit,
                         tokens_micro: r.tokens_micro,
-                        at_us: sent_us,
+                        sent_us,
+                        received_us: received_us.max(sent_us),
                     },
                 );
             } else {
@@ -154,6 +177,28 @@ mod tests {
                 shadow,
             },
         }
+    }
+
+    #[test]
+    fn reports_a_lower_bound_and_denies_on_an_upper_bound() {
+        let cache = LocalCache::new(10);
+        let c = charge("a", 1, false);
+        let denied = RequestResult {
+            admitted: false,
+            charges: vec![ChargeResult {
+                enough: false,
+                tokens_micro: 0,
+            }],
+        };
+        // Sent at 1 s, received at 2 s (a slow round trip).
+        cache.record_between(std::slice::from_ref(&c), &denied, 1_000_000, 2_000_000);
+        // At 6 s: at most 833,333 micro-tokens (since 1 s), at least 666,666 (since 2 s).
+        let r = cache
+            .lookup(std::slice::from_ref(&c), 6_000_000)
+            .expect("certain");
+        assert_eq!(r.charges[0].tokens_micro, 666_666);
+        // At 6.999999 s the upper bound may suffice: ask Redis.
+        assert!(cache.lookup(std::slice::from_ref(&c), 6_999_999).is_none());
     }
 
     #[test]
