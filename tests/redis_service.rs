@@ -419,8 +419,8 @@ async fn br21_reload_clears_the_local_cache() {
     let r = call(&l, "reload", &[("tenant", "t1")], 1).await;
     assert_eq!(st(&r, 0).0, OK, "the new limit applies at once");
     assert!(
-        st(&r, 0).1 <= 1,
-        "carried over, not refilled: {:?}",
+        st(&r, 0).1 < 10,
+        "carried over, not refilled to 100: {:?}",
         st(&r, 0)
     );
 }
