@@ -38,6 +38,9 @@ descriptors:
   - {key: d4, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
   # Per client address, BR-31 shape: a bucket stays 6 s after one hit.
   - {key: ip, rate_limit: {unit: minute, requests_per_unit: 10}}
+  # RSS: one token per minute, so a bucket stays in memory 60 s after its hit
+  # (all 1,000,000 are held at once at the end of the run).
+  - {key: client, rate_limit: {unit: minute, requests_per_unit: 1}}
   # Over-limit flood: 10 per minute on one key.
   - {key: flood, rate_limit: {unit: minute, requests_per_unit: 10}}
 EOF
@@ -146,12 +149,12 @@ scenario_rss() {
   local base after full
   base=$(rss_kib "$SERVER_PID")
   run memory-rss-1M-keys --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" --requests 1000000 \
-    --descriptor ip=10.0 --keys 1000000 --distribution sequential
+    --descriptor client=10.0 --keys 1000000 --distribution sequential
   after=$(rss_kib "$SERVER_PID")
-  # Each bucket is full 6 s after its hit; the sweep runs every 5 s.
-  sleep 15
+  # Each bucket is full 60 s after its hit; the sweep runs every 5 s.
+  sleep 70
   full=$(rss_kib "$SERVER_PID")
-  echo "   RSS KiB: baseline $base, after 1,000,000 keys $after, 15 s later (buckets full, swept) $full" |
+  echo "   RSS KiB: baseline $base, after 1,000,000 keys $after, 70 s later (buckets full, swept) $full" |
     tee "$OUT/memory-rss.txt"
   stop_server
 }
