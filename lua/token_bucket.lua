@@ -16,7 +16,10 @@ KEYS[1..k]  distinct bucket keys of the request (one per bucket).
 ARGV[1]     explicit now in microseconds, TESTS ONLY; the service always sends
             "" and time comes from redis.call('TIME'), so service replicas with
             skewed clocks can never mint tokens (BR-27).
-ARGV[2..]   six values per charge, in request order:
+ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none): with an
+            explicit (paused) now, Redis still expires keys in real time, so
+            test runs keep buckets alive for longer than their time to full.
+ARGV[3..]   six values per charge, in request order:
               key index  1-based index into KEYS
               R          tokens added per unit (u32); 0 = capacity 0
               U          unit length in seconds (1 .. 31,536,000)
@@ -50,6 +53,8 @@ local TWO53 = 9007199254740992
 -- Longest expiry written, in ms (about 31,700 years): keeps now + PX inside
 -- Redis's 64-bit millisecond clock; such buckets are never full in practice.
 local MAX_TTL_MS = 1000000000000000
+-- ARGV[2]: shortest expiry for test runs (0 = none).
+local min_ttl = tonumber(ARGV[2]) or 0
 
 -- Exact integer division of non-negative integers below 2^53.
 local function divmod(a, b)
@@ -149,6 +154,9 @@ local function ttl_ms(R, U, cap, tokens, skew_us)
   if ms < 1 then
     ms = 1
   end
+  if ms < min_ttl then
+    ms = min_ttl
+  end
   if ms > MAX_TTL_MS then
     ms = MAX_TTL_MS
   end
@@ -163,13 +171,13 @@ else
   now = tonumber(t[1]) * MICRO + tonumber(t[2])
 end
 
-local n = (#ARGV - 1) / 6
+local n = (#ARGV - 2) / 6
 local stored, work, dirty, last = {}, {}, {}, {}
 local enough = {}
 local admitted = true
 
 for c = 1, n do
-  local base = 2 + 6 * (c - 1)
+  local base = 3 + 6 * (c - 1)
   local k = tonumber(ARGV[base])
   local R = tonumber(ARGV[base + 1])
   local U = tonumber(ARGV[base + 2])
@@ -252,13 +260,13 @@ if admitted then
     end
   end
   for c = 1, n do
-    local k = tonumber(ARGV[2 + 6 * (c - 1)])
+    local k = tonumber(ARGV[3 + 6 * (c - 1)])
     reply[2 * c] = enough[c]
     reply[2 * c + 1] = work[k]
   end
 else
   for c = 1, n do
-    local base = 2 + 6 * (c - 1)
+    local base = 3 + 6 * (c - 1)
     local k = tonumber(ARGV[base])
     local R = tonumber(ARGV[base + 1])
     local cap = 0

@@ -147,7 +147,9 @@ fn check_sequence(
             })
             .collect();
         let (expected, written) = run_model(&mut model, &charges, now);
-        let call = ScriptCall::new(&charges, Some(now)).expect("encodable");
+        let call = ScriptCall::new(&charges, Some(now))
+            .expect("encodable")
+            .with_min_ttl_ms(0);
         // One transaction: the script, then GET, PTTL and PERSIST of every
         // bucket, so no key can expire in real time between them.
         let (keys, indexed) = group_by_key(&charges);
@@ -311,7 +313,9 @@ fn extremes_match_model() {
                 spec: *spec,
             }];
             let (expected, _) = run_model(&mut model, &charges, now);
-            let call = ScriptCall::new(&charges, Some(now)).expect("encodable");
+            let call = ScriptCall::new(&charges, Some(now))
+                .expect("encodable")
+                .with_min_ttl_ms(0);
             let reply: redis::Value = script.evalsha_cmd(&call).query(&mut conn).expect("script");
             assert_eq!(
                 call.parse_reply(&reply).expect("reply"),
@@ -391,4 +395,50 @@ fn bucket_memory_usage() {
         }
     }
     println!("{}", report.join("\n"));
+}
+
+/// Test mode (explicit now) keeps keys at least an hour, so a paused test
+/// clock is not undone by Redis expiring keys in real time; production calls
+/// write exactly the time to full.
+#[test]
+fn test_mode_keeps_keys_alive() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let script = BucketScript::new();
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SOURCE)
+        .query(&mut conn)
+        .expect("SCRIPT LOAD");
+    let fast = |key: &str| Charge {
+        key: key.into(),
+        spec: ChargeSpec {
+            limit: Limit {
+                requests_per_unit: 6000,
+                unit_secs: 1,
+                burst: 6000,
+            },
+            cost: 1,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        },
+    };
+    for (key, now, min_pttl, max_pttl) in [
+        ("test", Some(T0_US), 3_590_000, 3_600_000),
+        ("prod", None, 1, 1),
+    ] {
+        let call = ScriptCall::new(&[fast(key)], now).expect("encodable");
+        // One transaction, so a 1 ms expiry cannot pass before PTTL.
+        let (_, pttl): (redis::Value, i64) = redis::pipe()
+            .atomic()
+            .add_command(script.evalsha_cmd(&call))
+            .cmd("PTTL")
+            .arg(key)
+            .query(&mut conn)
+            .expect("script and PTTL");
+        assert!(
+            (min_pttl - 1..=max_pttl).contains(&pttl),
+            "{key}: PTTL {pttl}"
+        );
+    }
 }

@@ -15,6 +15,12 @@ pub const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
 /// Largest explicit `now_us` the script computes with exactly (2^53 - 1).
 pub const MAX_EXPLICIT_NOW_US: u64 = (1 << 53) - 1;
 
+/// Shortest expiry written in test mode (explicit `now_us`): one hour. A
+/// paused test clock does not stop Redis from expiring keys in real time, so
+/// without it a bucket could vanish (and come back full) while test time
+/// stands still.
+pub const TEST_MIN_TTL_MS: u64 = 3_600_000;
+
 /// Flag bit of a refund charge in the script's `flags` argument.
 const FLAG_REFUND: u8 = 1;
 /// Flag bit of a shadow-mode charge in the script's `flags` argument.
@@ -111,7 +117,8 @@ impl BucketScript {
 pub struct ScriptCall {
     /// Distinct bucket keys (KEYS).
     pub keys: Vec<String>,
-    /// ARGV: explicit now (or empty), then six values per charge.
+    /// ARGV: explicit now (or empty), shortest expiry in ms (or empty), then
+    /// six values per charge.
     pub args: Vec<String>,
     /// Number of charges (the reply has `1 + 2 * charges` integers).
     pub charges: usize,
@@ -119,7 +126,8 @@ pub struct ScriptCall {
 
 impl ScriptCall {
     /// Encodes `charges` for the script. `now_us` is the explicit test clock
-    /// (`None` in production: the script reads Redis `TIME`).
+    /// (`None` in production: the script reads Redis `TIME`); with it, keys
+    /// live at least [`TEST_MIN_TTL_MS`] (see [`ScriptCall::with_min_ttl_ms`]).
     ///
     /// Costs are clamped to capacity + 1 token for consumes and to capacity for
     /// refunds, which changes no outcome (see [`ChargeSpec::need_micro`]) and
@@ -131,13 +139,19 @@ impl ScriptCall {
     /// the script could not compute those exactly.
     pub fn new(charges: &[Charge], now_us: Option<u64>) -> Result<Self, StorageError> {
         let (keys, indexed) = group_by_key(charges);
-        let mut args = Vec::with_capacity(1 + 6 * indexed.len());
+        let mut args = Vec::with_capacity(2 + 6 * indexed.len());
         match now_us {
             Some(t) if t > MAX_EXPLICIT_NOW_US => {
                 return Err(argument(format!("explicit now_us {t} is above 2^53")));
             }
-            Some(t) => args.push(t.to_string()),
-            None => args.push(String::new()),
+            Some(t) => {
+                args.push(t.to_string());
+                args.push(TEST_MIN_TTL_MS.to_string());
+            }
+            None => {
+                args.push(String::new());
+                args.push(String::new());
+            }
         }
         for (key_idx, spec) in &indexed {
             push_charge(&mut args, key_idx + 1, spec)?;
@@ -147,6 +161,18 @@ impl ScriptCall {
             args,
             charges: indexed.len(),
         })
+    }
+
+    /// Sets the shortest expiry the script writes, in ms (0: none, exactly the
+    /// time to full). **Tests only**: production calls never carry one.
+    #[must_use]
+    pub fn with_min_ttl_ms(mut self, ms: u64) -> Self {
+        self.args[1] = if ms == 0 {
+            String::new()
+        } else {
+            ms.to_string()
+        };
+        self
     }
 
     /// Parses the script's reply for this call.
@@ -353,8 +379,8 @@ mod tests {
         assert_eq!(call.keys, vec!["a", "b"]);
         assert_eq!(call.charges, 3);
         let expect: Vec<&str> = vec![
-            "", "1", "10", "60", "20", "21", "0", "2", "10", "60", "20", "0", "2", "1", "10", "60",
-            "20", "20", "1",
+            "", "", "1", "10", "60", "20", "21", "0", "2", "10", "60", "20", "0", "2", "1", "10",
+            "60", "20", "20", "1",
         ];
         assert_eq!(call.args, expect);
         assert!(
