@@ -739,3 +739,74 @@ descriptors:
         eprintln!("{line}");
     }
 }
+
+/// A master dies and the cluster promotes its replica (node timeout 1 s):
+/// requests on its slots answer UNAVAILABLE meanwhile, then OK on the
+/// promoted replica (which never saw `SCRIPT LOAD`: NOSCRIPT is answered
+/// with EVAL), carrying on from the replicated bucket; other slots never
+/// fail. The storage is not rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_failover_of_one_master() {
+    let mut c = own_cluster().await;
+    let prefix = unique_prefix("cfail");
+    let shards = c.shards();
+    let victim = shards[0].clone();
+    let moved = value_in(&victim, &prefix, "c", "route", "m", &[]);
+    let other = value_in(&shards[1], &prefix, "c", "route", "o", &[]);
+    let yaml = "
+domain: c
+descriptors:
+  - key: route
+    rate_limit: {unit: day, requests_per_unit: 1, burst: 1000}
+";
+    let s = RedisClusterStorage::builder(c.seeds())
+        .timeout(Duration::from_millis(200))
+        .breaker(1_000_000, Duration::from_millis(100))
+        .build()
+        .expect("seeds");
+    while !s.connected() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let l = limiter(yaml, Arc::new(s), &prefix);
+    for want in [999, 998, 997] {
+        assert_eq!(
+            st(&call(&l, "c", &[("route", &moved)]).await, 0),
+            (OK, want)
+        );
+    }
+    // Let the replica catch up, then kill the master.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.node_mut(victim.master).stop();
+    let killed = Instant::now();
+    let (mut unavailable, mut other_ok) = (0, 0);
+    let rem = loop {
+        let r = req("c", vec![desc(&[("route", &moved)])], 0);
+        match l.should_rate_limit(&r).await {
+            Ok(r) => break r.statuses[0].limit_remaining,
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::Unavailable);
+                unavailable += 1;
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "slots of the dead master never came back"
+        );
+        let r = call(&l, "c", &[("route", &other)]).await;
+        assert_eq!(r.overall_code, OK, "other slots keep working");
+        other_ok += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "cluster failover: slots back after {:?} ({unavailable} UNAVAILABLE, {other_ok} OK elsewhere meanwhile)",
+        killed.elapsed()
+    );
+    assert_eq!(rem, 996, "the promoted replica had the bucket");
+    let slot = key_slot(&bucket(&prefix, "c", "route", &moved));
+    tokio::task::block_in_place(|| {
+        common::sentinel::wait_for("the replica is master", || {
+            victim.replicas.contains(&c.shard_of(slot).master)
+        });
+    });
+    assert_eq!(st(&call(&l, "c", &[("route", &moved)]).await, 0), (OK, 995));
+}

@@ -242,8 +242,32 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stderr)
         );
         let c = Self { nodes, dir };
-        c.wait_ok(&c.nodes.iter().map(|n| n.port).collect::<Vec<_>>());
-        c
+        let ports: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
+        c.wait_ok(&ports);
+        // Every master has its replica, in sync, as every node sees it
+        // (otherwise a failover test could find no replica to promote).
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let ready = ports.iter().all(|p| {
+                let shards = c.shards_from(*p);
+                shards.len() == 3
+                    && shards.iter().all(|s| {
+                        s.replicas.len() == 1
+                            && c.node(s.replicas[0])
+                                .try_query::<String>(redis::cmd("INFO").arg("replication"))
+                                .is_ok_and(|i| i.contains("master_link_status:up"))
+                    })
+            });
+            if ready {
+                return c;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replicas not attached in time: {:?}",
+                c.shards()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Waits until every node in `ports` reports `cluster_state:ok`, knows

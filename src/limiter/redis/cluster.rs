@@ -76,7 +76,11 @@
 //! ([`breaker`](super::breaker)), so a lost slot range never opens the breaker
 //! of the others.
 //!
-//! The local over-limit cache ([`local_cache`](super::local_cache)), the
+//! The local over-limit cache ([`local_cache`](super::local_cache)) only
+//! learns from calls during which no compensation of this replica completed
+//! (a denial seen then may come from a reservation given back since), and a
+//! compensation forgets the buckets it refunded; compensations of *other*
+//! replicas are not seen, like their refunds. The
 //! timeout and the test-only explicit clock work as in the single-node
 //! [`RedisStorage`](super::RedisStorage).
 
@@ -96,10 +100,12 @@ use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use async_trait::async_trait;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// Number of hash slots of a Redis Cluster.
 pub const SLOTS: u16 = 16_384;
@@ -112,6 +118,8 @@ const TRYAGAIN_DELAY: Duration = Duration::from_millis(5);
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Delay between attempts of the first connection while the cluster is down.
 const CONNECT_RETRY: Duration = Duration::from_millis(500);
+/// Shortest time between two reconnections for a fresh slot map.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The hash slot of `key` (CRC16/XMODEM of the key, or of its hash tag, modulo
 /// 16,384), as Redis Cluster computes it. Keys made by
@@ -239,13 +247,15 @@ impl RedisClusterStorageBuilder {
             })?;
         let storage = RedisClusterStorage {
             inner: Arc::new(Inner {
-                conn: OnceLock::new(),
+                conn: RwLock::new(None),
+                refresh: Notify::new(),
                 script: BucketScript::new(),
                 timeout: self.timeout,
                 breakers: Mutex::new(HashMap::new()),
                 breaker_threshold: self.breaker_threshold,
                 probe_interval: self.probe_interval,
                 cache: (self.local_cache_size > 0).then(|| LocalCache::new(self.local_cache_size)),
+                compensations: AtomicU64::new(0),
                 test_clock: self.test_clock,
                 secret,
                 nodes: shown,
@@ -269,7 +279,9 @@ impl std::fmt::Debug for Conn {
 
 #[derive(Debug)]
 struct Inner {
-    conn: OnceLock<Conn>,
+    conn: RwLock<Option<Conn>>,
+    /// Wakes the connection task to reconnect (fresh slot map).
+    refresh: Notify,
     script: BucketScript,
     timeout: Duration,
     /// One breaker per hash slot, made on first use (at most [`SLOTS`]).
@@ -277,6 +289,8 @@ struct Inner {
     breaker_threshold: u32,
     probe_interval: Duration,
     cache: Option<LocalCache>,
+    /// Compensations completed so far (see [`Inner::record`]).
+    compensations: AtomicU64,
     test_clock: Option<Arc<dyn Clock>>,
     secret: Option<String>,
     /// Seed nodes with passwords redacted, for logs.
@@ -320,7 +334,7 @@ impl RedisClusterStorage {
     /// Whether the first connection to the cluster has been made.
     #[must_use]
     pub fn connected(&self) -> bool {
-        self.inner.conn.get().is_some()
+        self.inner.conn.read().is_some()
     }
 
     /// Whether the circuit breaker of hash slot `slot` is open now.
@@ -333,6 +347,11 @@ impl RedisClusterStorage {
             .is_some_and(|b| b.is_open())
     }
 
+    /// Connects in the background, and again whenever a slot call reports
+    /// its slot unreachable (at most once per [`REFRESH_INTERVAL`]): a fresh
+    /// connection reads the slot map anew from the seed nodes, which is how
+    /// a replica promoted by a failover is found (the client keeps a
+    /// vanished node's slots otherwise).
     fn spawn_connect(&self, client: ::redis::cluster::ClusterClient) {
         let inner = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -341,6 +360,17 @@ impl RedisClusterStorage {
                 let Some(strong) = inner.upgrade() else {
                     return;
                 };
+                let first = strong.conn.read().is_none();
+                if !first {
+                    // Wait for a report of an unreachable slot.
+                    let woken =
+                        tokio::time::timeout(Duration::from_secs(1), strong.refresh.notified())
+                            .await
+                            .is_ok();
+                    if !woken {
+                        continue;
+                    }
+                }
                 let wait = strong.timeout.max(MIN_CONNECT_TIMEOUT) * 4;
                 match tokio::time::timeout(wait, client.get_async_connection()).await {
                     Ok(Ok(mut conn)) => {
@@ -353,25 +383,38 @@ impl RedisClusterStorage {
                         )
                         .await;
                         if !matches!(loaded, Ok(Ok(_))) {
-                            tracing::warn!(nodes = %strong.nodes, "could not load the token bucket script on every master; it is loaded on first use");
+                            tracing::debug!(nodes = %strong.nodes, "could not load the token bucket script on every master; NOSCRIPT loads it on first use");
                         }
-                        let _ = strong.conn.set(Conn(conn));
-                        tracing::info!(nodes = %strong.nodes, sha = strong.script.sha(), "Redis Cluster answers");
-                        return;
+                        *strong.conn.write() = Some(Conn(conn));
+                        if first {
+                            tracing::info!(nodes = %strong.nodes, sha = strong.script.sha(), "Redis Cluster answers");
+                        } else {
+                            tracing::info!(nodes = %strong.nodes, "reconnected to the Redis Cluster (fresh slot map)");
+                        }
+                        warned = false;
                     }
                     Ok(Err(e)) if !warned => {
                         let e = classify(&e, strong.timeout, strong.secret.as_deref());
-                        tracing::warn!(nodes = %strong.nodes, error = %e, "Redis Cluster not reachable yet; serving anyway (storage errors until it answers)");
+                        tracing::warn!(nodes = %strong.nodes, error = %e, "Redis Cluster not reachable; serving anyway (storage errors until it answers)");
                         warned = true;
                     }
                     Err(_) if !warned => {
-                        tracing::warn!(nodes = %strong.nodes, "Redis Cluster does not answer yet; serving anyway (storage errors until it answers)");
+                        tracing::warn!(nodes = %strong.nodes, "Redis Cluster does not answer; serving anyway (storage errors until it answers)");
                         warned = true;
                     }
                     _ => {}
                 }
+                if !first {
+                    // Rate limit: reconnect at most once per interval.
+                    drop(strong);
+                    tokio::time::sleep(REFRESH_INTERVAL).await;
+                    continue;
+                }
+                let connected = strong.conn.read().is_some();
                 drop(strong);
-                tokio::time::sleep(CONNECT_RETRY).await;
+                if !connected {
+                    tokio::time::sleep(CONNECT_RETRY).await;
+                }
             }
         });
     }
@@ -398,10 +441,38 @@ impl Inner {
             .clone()
     }
 
+    /// Teaches the local cache Redis's answer, unless a compensation of this
+    /// replica completed since the call was sent (`epoch`): a denial may then
+    /// have been caused by a reservation that has since been given back, so
+    /// the request's buckets are forgotten instead of cached as short. A
+    /// compensation also forgets the buckets it refunded.
+    fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64, epoch: u64) {
+        let Some(cache) = &self.cache else { return };
+        if self.compensations.load(Ordering::SeqCst) == epoch {
+            cache.record(charges, result, sent_us);
+        } else {
+            let forget: Vec<Charge> = charges
+                .iter()
+                .map(|c| Charge {
+                    key: c.key.clone(),
+                    spec: ChargeSpec {
+                        kind: ChargeKind::Refund,
+                        ..c.spec
+                    },
+                })
+                .collect();
+            cache.before_call(&forget);
+        }
+    }
+
     fn connection(&self) -> Result<ClusterConnection, StorageError> {
-        self.conn.get().map(|c| c.0.clone()).ok_or_else(|| {
-            StorageError::Unreachable("not connected to the Redis Cluster yet".into())
-        })
+        self.conn
+            .read()
+            .as_ref()
+            .map(|c| c.0.clone())
+            .ok_or_else(|| {
+                StorageError::Unreachable("not connected to the Redis Cluster yet".into())
+            })
     }
 
     /// One atomic script call for `charges`, all in hash slot `slot`, bounded
@@ -422,8 +493,14 @@ impl Inner {
         };
         match &result {
             Ok(_) => breaker.success(),
-            Err(e) if is_transient(e) => breaker.failure(),
-            Err(_) => {}
+            Err(e) => {
+                if is_transient(e) {
+                    breaker.failure();
+                }
+                if matches!(e.kind(), "CLUSTERDOWN" | "READONLY" | "MASTERDOWN") {
+                    self.refresh.notify_one();
+                }
+            }
         }
         result
     }
@@ -605,6 +682,14 @@ impl Inner {
                 tracing::warn!(slot, error = %e, "could not give back a reservation in a Redis Cluster slot; its buckets stay charged until they refill (under-admission only)");
             }
         }
+        if !refunds.is_empty() {
+            self.compensations.fetch_add(1, Ordering::SeqCst);
+            if let Some(cache) = &self.cache {
+                for (_, part) in &refunds {
+                    cache.before_call(part);
+                }
+            }
+        }
         if let Some(e) = first_error {
             return Err(e);
         }
@@ -773,6 +858,7 @@ impl Storage for RedisClusterStorage {
             }
         }
         let sent_us = self.local_now_us();
+        let epoch = inner.compensations.load(Ordering::SeqCst);
         let result = match slots.as_slice() {
             [] => Ok(RequestResult {
                 admitted: true,
@@ -791,8 +877,8 @@ impl Storage for RedisClusterStorage {
                 })
             }
         };
-        if let (Ok(r), Some(cache)) = (&result, &inner.cache) {
-            cache.record(charges, r, sent_us);
+        if let Ok(r) = &result {
+            inner.record(charges, r, sent_us, epoch);
         }
         result
     }
