@@ -1,0 +1,147 @@
+//! End to end over TCP: the `bucket-rls` binary started with
+//! `--redis-cluster` and with `--redis-sentinel`/`--redis-master-name`, as a
+//! user would, against real servers; and the flag combinations it refuses.
+
+mod common;
+
+use common::cluster::RedisCluster;
+use common::procs::{BucketRls, bucket_rls_bin};
+use common::sentinel::{MASTER_NAME, SentinelSetup};
+use common::{desc, req};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use std::io::Write;
+use std::process::Command;
+
+const YAML: &str = "domain: e2e\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: route\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+
+fn config_file() -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("tempfile");
+    f.write_all(YAML.as_bytes()).expect("write");
+    f
+}
+
+/// `[[user=a], [user=b], [route=r]]` three times: OK, OK, then OVER_LIMIT
+/// on both users with the route untouched (BR-28 step 1, through gRPC).
+async fn three_calls(svc: &BucketRls) {
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", svc.grpc))
+        .await
+        .expect("connect");
+    let call = || {
+        req(
+            "e2e",
+            vec![
+                desc(&[("user", "a")]),
+                desc(&[("user", "b")]),
+                desc(&[("route", "r")]),
+            ],
+            1,
+        )
+    };
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(call())
+            .await
+            .expect("answer")
+            .into_inner();
+        got.push((
+            r.overall_code,
+            r.statuses
+                .iter()
+                .map(|s| (s.code, s.limit_remaining))
+                .collect::<Vec<_>>(),
+        ));
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(
+        got,
+        vec![
+            (ok, vec![(ok, 1), (ok, 1), (ok, 99)]),
+            (ok, vec![(ok, 0), (ok, 0), (ok, 98)]),
+            (over, vec![(over, 0), (over, 0), (ok, 98)]),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_from_a_redis_cluster() {
+    let c = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("cluster");
+    let cfg = config_file();
+    let seeds = c.seeds().join(",");
+    let svc = BucketRls::start(cfg.path(), &["--redis-cluster", &seeds]).await;
+    three_calls(&svc).await;
+    // The buckets are in the cluster (three keys with the default prefix).
+    let keys: usize = c
+        .shards()
+        .iter()
+        .map(|s| {
+            let k: Vec<String> = c.node(s.master).query(redis::cmd("KEYS").arg("rls:*"));
+            k.len()
+        })
+        .sum();
+    assert_eq!(keys, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_from_the_master_sentinel_names() {
+    let s = tokio::task::spawn_blocking(SentinelSetup::start)
+        .await
+        .expect("sentinel setup");
+    let cfg = config_file();
+    let sentinels = s.sentinel_addrs().join(",");
+    let svc = BucketRls::start(
+        cfg.path(),
+        &[
+            "--redis-sentinel",
+            &sentinels,
+            "--redis-master-name",
+            MASTER_NAME,
+        ],
+    )
+    .await;
+    three_calls(&svc).await;
+    let master = s.data_node(s.master_port());
+    let keys: Vec<String> = master.query(redis::cmd("KEYS").arg("rls:*"));
+    assert_eq!(keys.len(), 3);
+}
+
+#[test]
+fn refuses_ambiguous_or_incomplete_redis_flags() {
+    let cfg = config_file();
+    for args in [
+        &[
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--redis-cluster",
+            "127.0.0.1:2",
+        ][..],
+        &[
+            "--redis-cluster",
+            "127.0.0.1:2",
+            "--redis-sentinel",
+            "127.0.0.1:3",
+        ][..],
+        &["--redis-sentinel", "127.0.0.1:3"][..],
+    ] {
+        let out = Command::new(bucket_rls_bin())
+            .arg("serve")
+            .arg("--config")
+            .arg(cfg.path())
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .expect("run bucket-rls");
+        assert!(!out.status.success(), "{args:?} must be refused");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--redis-master-name") || err.contains("only one of"),
+            "{args:?}: {err}"
+        );
+    }
+}
