@@ -572,7 +572,7 @@ async fn redis_down_with_failure_mode_deny_returns_503() {
     for _ in 0..3 {
         let started = Instant::now();
         assert_eq!(s.get("/x", &[KEY]).await.status, 503);
-        assert!(started.elapsed() < Duration::from_millis(500));
+        assert!(started.elapsed() < Duration::from_millis(1000));
     }
     assert_eq!(s.hits(), 1);
 }
