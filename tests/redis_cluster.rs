@@ -607,7 +607,7 @@ descriptors:
 /// A TCP proxy on 127.0.0.1 that delays every byte from `upstream` to the
 /// client by `delay` (pure latency: chunks keep their order and are not
 /// serialised behind each other's delay). Runs until the test ends.
-async fn delay_proxy(upstream: u16, delay: Duration) -> u16 {
+async fn delay_proxy(upstream: u16, delay_ms: Arc<AtomicU64>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind proxy");
@@ -623,10 +623,12 @@ async fn delay_proxy(upstream: u16, delay: Duration) -> u16 {
                 let _ = tokio::io::copy(&mut cr, &mut sw).await;
             });
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+            let delay_ms = delay_ms.clone();
             tokio::spawn(async move {
                 use tokio::io::AsyncReadExt;
                 let mut buf = vec![0u8; 64 * 1024];
                 while let Ok(n) = sr.read(&mut buf).await {
+                    let delay = Duration::from_millis(delay_ms.load(Ordering::SeqCst));
                     if n == 0
                         || tx
                             .send((Instant::now() + delay, buf[..n].to_vec()))
@@ -661,7 +663,7 @@ async fn br29_latency_shape_with_2ms_per_master() {
     let shards = c.shards();
     let mut proxied = Vec::new();
     for s in &shards {
-        let p = delay_proxy(s.master, Duration::from_millis(2)).await;
+        let p = delay_proxy(s.master, Arc::new(AtomicU64::new(2))).await;
         let _: () = c.node(s.master).query(
             redis::cmd("CONFIG")
                 .arg("SET")
@@ -673,12 +675,8 @@ async fn br29_latency_shape_with_2ms_per_master() {
     tokio::task::block_in_place(|| {
         common::sentinel::wait_for("every node announces the proxies", || {
             c.nodes.iter().all(|n| {
-                n.try_query::<Vec<redis::Value>>(redis::cmd("CLUSTER").arg("SLOTS"))
-                    .is_ok()
-                    && {
-                        let masters: Vec<u16> = c.shards().iter().map(|s| s.master).collect();
-                        proxied.iter().all(|p| masters.contains(p))
-                    }
+                let masters: Vec<u16> = c.shards_from(n.port).iter().map(|s| s.master).collect();
+                proxied.iter().all(|p| masters.contains(p))
             })
         });
     });
@@ -809,4 +807,86 @@ descriptors:
         });
     });
     assert_eq!(st(&call(&l, "c", &[("route", &moved)]).await, 0), (OK, 995));
+}
+
+/// BR-24 on a cluster: a slot call whose reply arrives after the timeout
+/// answers UNAVAILABLE in about the timeout and is never replayed (the
+/// client is built without automatic retries): the master ran the script
+/// exactly once and exactly one token is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn br24_ambiguous_timeout_is_not_replayed() {
+    let c = own_cluster().await;
+    let prefix = unique_prefix("br24");
+    let shards = c.shards();
+    let slow = shards[0].clone();
+    let v = value_in(&slow, &prefix, "c", "route", "s", &[]);
+    let key = bucket(&prefix, "c", "route", &v);
+    // Replies of this master go through a proxy; made 200 ms late below.
+    let delay_ms = Arc::new(AtomicU64::new(0));
+    let p = delay_proxy(slow.master, delay_ms.clone()).await;
+    let _: () = c.node(slow.master).query(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-announce-port")
+            .arg(p),
+    );
+    tokio::task::block_in_place(|| {
+        common::sentinel::wait_for("every node announces the proxy", || {
+            c.nodes
+                .iter()
+                .all(|n| c.shards_from(n.port).iter().any(|s| s.master == p))
+        });
+    });
+    let s = RedisClusterStorage::builder([format!("127.0.0.1:{}", shards[1].master)])
+        .timeout(Duration::from_millis(50))
+        .local_cache_size(0)
+        .build()
+        .expect("seeds");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s.connected() {
+        assert!(Instant::now() < deadline, "no connection");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let limit = Limit {
+        requests_per_unit: 10,
+        unit_secs: 3600,
+        burst: 10,
+    };
+    let charge = Charge {
+        key: key.clone(),
+        spec: ChargeSpec {
+            limit,
+            cost: 1,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        },
+    };
+    // Warm up: open the connection to that master while it is fast.
+    let warm = Charge {
+        key: bucket(
+            &prefix,
+            "c",
+            "route",
+            &value_in(&slow, &prefix, "c", "route", "w", &[]),
+        ),
+        spec: charge.spec,
+    };
+    assert!(s.apply(std::slice::from_ref(&warm)).await.is_ok());
+    delay_ms.store(200, Ordering::SeqCst);
+    let before = c.command_calls(slow.master, "evalsha") + c.command_calls(slow.master, "eval");
+    let t = Instant::now();
+    let e = s
+        .apply(std::slice::from_ref(&charge))
+        .await
+        .expect_err("late reply");
+    let took = t.elapsed();
+    assert!(matches!(e, StorageError::Timeout(_)), "{e:?}");
+    assert!(took < Duration::from_millis(150), "answered after {took:?}");
+    // Let the late reply arrive and anything that would replay run.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let after = c.command_calls(slow.master, "evalsha") + c.command_calls(slow.master, "eval");
+    assert_eq!(after - before, 1, "the script ran exactly once");
+    let raw: Option<Vec<u8>> = c.node(slow.master).query(redis::cmd("GET").arg(&key));
+    let (tokens, _) = common::redis::decode_bucket(&raw.expect("charged once"));
+    assert_eq!(tokens / 1_000_000, 9, "exactly one token consumed");
 }

@@ -338,7 +338,8 @@ impl RedisCluster {
         self.shards_from(p)
     }
 
-    fn shards_from(&self, port: u16) -> Vec<Shard> {
+    /// The shards as the node on `port` sees them.
+    pub fn shards_from(&self, port: u16) -> Vec<Shard> {
         let slots: Vec<redis::Value> = self.node(port).query(redis::cmd("CLUSTER").arg("SLOTS"));
         let mut shards: Vec<Shard> = Vec::new();
         for entry in slots {
