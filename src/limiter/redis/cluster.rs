@@ -450,7 +450,13 @@ impl Inner {
         let Some(cache) = &self.cache else { return };
         if self.compensations.load(Ordering::SeqCst) == epoch {
             cache.record(charges, result, sent_us);
-        } else {
+            // A compensation that completed while recording may have
+            // forgotten its buckets just before this insert: check again.
+            if self.compensations.load(Ordering::SeqCst) == epoch {
+                return;
+            }
+        }
+        {
             let forget: Vec<Charge> = charges
                 .iter()
                 .map(|c| Charge {
