@@ -104,10 +104,12 @@ run() {
     tee "$OUT/$name.txt" | grep -E '^(requests/s|ok|over_limit|errors|p50|p99|p99.9|max):' | paste -sd' '
 }
 
-# The throughput/latency matrix for the backend currently served.
+# The throughput/latency matrix for the backend currently served; TARGET_RATE
+# is the backend's throughput target, also run open loop (fixed schedule).
 matrix() {
-  local b=$1
+  local b=$1 target_rate=$2
   local c="--concurrency $CONCURRENCY --connections $CONNECTIONS --duration $DURATION"
+  run "$b-1desc-hot-open-$target_rate" --rate "$target_rate" $c --descriptor hot=x
   run "$b-1desc-hot" $c --descriptor hot=x
   run "$b-5desc-hot" $c --descriptor hot=x --descriptor d1=x --descriptor d2=x --descriptor d3=x --descriptor d4=x
   run "$b-1desc-1M-keys" $c --descriptor ip=10.0 --keys 1000000
@@ -118,14 +120,14 @@ matrix() {
 
 scenario_memory() {
   start_server
-  matrix memory
+  matrix memory 50000
   stop_server
 }
 
 scenario_redis() {
   start_redis
   start_server --redis-url "redis://127.0.0.1:$REDIS_PORT"
-  matrix redis
+  matrix redis 30000
   stop_server
   stop_redis
 }
