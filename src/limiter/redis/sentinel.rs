@@ -511,3 +511,46 @@ impl Storage for RedisSentinelStorage {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demoted_or_lost_masters_are_rediscovered() {
+        let backend = |kind: &str| StorageError::Backend {
+            kind: kind.into(),
+            message: String::new(),
+        };
+        assert!(needs_rediscovery(&StorageError::Unreachable(
+            "reset".into()
+        )));
+        assert!(needs_rediscovery(&backend("READONLY")));
+        assert!(needs_rediscovery(&backend("MASTERDOWN")));
+        assert!(!needs_rediscovery(&backend("script")));
+        assert!(!needs_rediscovery(&backend("NOSCRIPT")));
+        assert!(!needs_rediscovery(&StorageError::Timeout(
+            Duration::from_millis(50)
+        )));
+        assert!(!needs_rediscovery(&StorageError::CircuitOpen));
+    }
+
+    #[tokio::test]
+    async fn refuses_an_empty_setup() {
+        assert!(
+            RedisSentinelStorage::builder(Vec::<String>::new(), "m")
+                .build()
+                .is_err()
+        );
+        assert!(
+            RedisSentinelStorage::builder(["127.0.0.1:1"], "")
+                .build()
+                .is_err()
+        );
+        let s = RedisSentinelStorage::builder(["redis://:pw@127.0.0.1:1"], "m")
+            .build()
+            .expect("valid");
+        assert_eq!(s.sentinels(), "redis://:***@127.0.0.1:1");
+        assert_eq!(s.master_addr(), None);
+    }
+}
