@@ -62,15 +62,18 @@
 //! on `TRYAGAIN` (keys of a slot split by a migration), and answers `NOSCRIPT`
 //! with one `EVAL` of the full source (which also loads the script on that
 //! node, e.g. a replica promoted by a failover; BR-23): each of these replies
-//! proves the script did not run, so the retry is safe. `READONLY` refreshes
-//! the slot map and fails the call. All of it is bounded by `--redis-timeout`
-//! per slot call.
+//! proves the script did not run, so the retry is safe. `READONLY` fails the
+//! call. All of it is bounded by `--redis-timeout` per slot call.
 //!
-//! A slot whose node is unreachable (master and replicas lost, or the cluster
-//! reports `CLUSTERDOWN`) fails with
+//! A slot whose node is unreachable (its master died, or master and replicas
+//! are lost, or the cluster reports `CLUSTERDOWN`) fails with
 //! [`StorageError::Backend`] of kind `CLUSTERDOWN`, for the whole request
 //! (`UNAVAILABLE`), and only for requests that touch it: other slots keep
-//! working. For that the cluster must run with `cluster-require-full-coverage
+//! working. Such a failure (and `READONLY`) also makes the background task
+//! reconnect to the cluster, at most once a second, for a fresh slot map: that
+//! is how a replica promoted by a failover is found (the client alone keeps
+//! routing the slots to the vanished node); in the tests the slots answer again
+//! about 2 s after their master is killed (node timeout 1 s). For that the cluster must run with `cluster-require-full-coverage
 //! no`; with the default `yes`, Redis itself refuses every slot while any slot
 //! is uncovered. Each slot has its own circuit breaker
 //! ([`breaker`](super::breaker)), so a lost slot range never opens the breaker
