@@ -20,7 +20,9 @@
 //!    are read with a cost-0 shadow check instead (which writes nothing).
 //! 2. **Admitted everywhere:** the request is admitted. Refund charges, if
 //!    any, are then applied (one call per slot, in parallel), and every charge
-//!    on a refunded bucket reports the tokens after the refund.
+//!    on a refunded bucket reports the tokens after the refund. If that call
+//!    fails, the request answers `UNAVAILABLE` although its consumes stand
+//!    (the refund is lost: under-admission only).
 //! 3. **Denied (or failed) somewhere:** every slot that did charge gets a
 //!    compensating call giving back exactly the tokens it took (the script's
 //!    refund kind, capped at capacity), in parallel; the answer (`OVER_LIMIT`,
