@@ -208,6 +208,38 @@ descriptors:
 }
 
 #[test]
+fn null_value_is_not_a_key_only_rule() {
+    for v in ["~", "null", ""] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: c\n    value: {v}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        );
+        one_error(
+            "t.yaml",
+            &yaml,
+            &["t.yaml:4:", "descriptors[0]", "'value' is null"],
+        );
+    }
+    // Quoted, it is the literal text.
+    let c = compile_texts(&[("t.yaml".into(), b"domain: d\ndescriptors:\n  - key: c\n    value: \"~\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n".to_vec())]).expect("loads");
+    assert!(bucket_rls::matcher::find(&c.domains["d"].root, &[("c", "~")]).is_some());
+    assert!(bucket_rls::matcher::find(&c.domains["d"].root, &[("c", "x")]).is_none());
+}
+
+#[test]
+fn hash_depends_on_file_names_and_bytes_not_on_the_path() {
+    let text = b"domain: d\ndescriptors: []\n".to_vec();
+    let a = compile_texts(&[("/etc/bucket-rls/rl.yaml".into(), text.clone())]).expect("loads");
+    let b = compile_texts(&[("config/rl.yaml".into(), text.clone())]).expect("loads");
+    let c = compile_texts(&[("config/other.yaml".into(), text.clone())]).expect("loads");
+    let mut changed = text;
+    changed.push(b'\n');
+    let d = compile_texts(&[("config/rl.yaml".into(), changed)]).expect("loads");
+    assert_eq!(a.hash, b.hash);
+    assert_ne!(b.hash, c.hash);
+    assert_ne!(b.hash, d.hash);
+}
+
+#[test]
 fn bad_or_missing_unit() {
     one_error(
         "t.yaml",

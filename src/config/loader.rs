@@ -205,6 +205,14 @@ fn compile_level(
             cx.err(d.line, &here, "descriptor without 'key'");
             continue;
         };
+        if let Some(line) = d.null_value_line {
+            cx.err(
+                line,
+                &here,
+                "'value' is null: quote it (value: \"~\") for a literal value, or leave 'value' out for one bucket per value",
+            );
+            continue;
+        }
         let value = d.value.as_ref().map(|v| v.value.clone());
         let composite = format!(
             "{rule_prefix}.{}",
@@ -397,11 +405,23 @@ fn compile_rate_limit(
     }
 }
 
-/// SHA-256 (hex) over `(name, bytes)` pairs in name order.
+/// SHA-256 (hex) over `(file name, bytes)` pairs in name order. Only the last
+/// component of each name counts, so the hash depends on the policy files and
+/// not on where they are mounted or how the path was spelled:
+/// `check-config config/` in CI and a pod reading `/etc/bucket-rls` agree.
 #[must_use]
 pub fn hash_files(files: &[(String, Vec<u8>)]) -> String {
-    let mut sorted: Vec<&(String, Vec<u8>)> = files.iter().collect();
-    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut sorted: Vec<(&str, &Vec<u8>)> = files
+        .iter()
+        .map(|(n, b)| {
+            let base = Path::new(n)
+                .file_name()
+                .and_then(|f| f.to_str())
+                .unwrap_or(n);
+            (base, b)
+        })
+        .collect();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
     let mut h = Sha256::new();
     for (name, bytes) in sorted {
         h.update((name.len() as u64).to_be_bytes());

@@ -43,6 +43,9 @@ pub struct RawDescriptor {
     pub key: Option<Text>,
     /// `value:`
     pub value: Option<Text>,
+    /// Line of a `value:` written as null (`~`, `null` or nothing), which is
+    /// an error: it would silently turn an exact rule into a key-only one.
+    pub null_value_line: Option<u32>,
     /// `rate_limit:`
     pub rate_limit: Option<RawRateLimit>,
     /// `replaces:` written at descriptor level (also accepted inside `rate_limit`).
@@ -179,7 +182,12 @@ map_visitor!(
     |out, key, map| {
         match key.value.as_str() {
             "key" => out.key = map.next_value()?,
-            "value" => out.value = map.next_value()?,
+            "value" => {
+                out.value = map.next_value()?;
+                if out.value.is_none() {
+                    out.null_value_line = Some(line_of(&key.referenced));
+                }
+            }
             "rate_limit" => out.rate_limit = map.next_value()?,
             "replaces" => {
                 out.replaces = map.next_value::<Option<SeqOf<RawReplace>>>()?.map(|s| s.0)
