@@ -207,16 +207,18 @@ descriptors:
     );
 }
 
+/// envoyproxy/ratelimit reads an empty or null value as "no value" (one bucket
+/// per value); bucket-rls refuses both loudly instead of guessing.
 #[test]
-fn null_value_is_not_a_key_only_rule() {
-    for v in ["~", "null", ""] {
+fn null_or_empty_value_is_an_error() {
+    for v in ["~", "null", "", "\"\"", "''"] {
         let yaml = format!(
             "domain: d\ndescriptors:\n  - key: c\n    value: {v}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
         );
         one_error(
             "t.yaml",
             &yaml,
-            &["t.yaml:4:", "descriptors[0]", "'value' is null"],
+            &["t.yaml:4:", "descriptors[0]", "'value' is empty or null"],
         );
     }
     // Quoted, it is the literal text.
@@ -410,6 +412,69 @@ fn directory_loads_configmap_layout_once() {
     let mut names: Vec<_> = c.domains.keys().cloned().collect();
     names.sort();
     assert_eq!(names, ["k8s", "k8s2"]);
+}
+
+/// Runs `load_source` on another thread and fails if it does not return in 5 s.
+fn load_within_5s(p: &std::path::Path) -> Result<(), String> {
+    let p = p.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(load_source(&p).map(|_| ()).map_err(|e| e.to_string()));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the loader must not block")
+}
+
+fn mkfifo(p: &std::path::Path) {
+    let st = std::process::Command::new("mkfifo")
+        .arg(p)
+        .status()
+        .expect("mkfifo");
+    assert!(st.success());
+}
+
+#[test]
+fn a_fifo_or_device_is_an_error_not_a_hang() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("rl.yaml");
+    mkfifo(&fifo);
+    let e = load_within_5s(&fifo).unwrap_err();
+    assert!(
+        e.contains("rl.yaml") && e.contains("not a regular file"),
+        "{e}"
+    );
+    let e = load_within_5s(dir.path()).unwrap_err();
+    assert!(
+        e.contains("rl.yaml") && e.contains("not a regular file"),
+        "{e}"
+    );
+    let zero = dir.path().join("zero.yaml");
+    std::fs::remove_file(&fifo).expect("rm");
+    std::os::unix::fs::symlink("/dev/zero", &zero).expect("symlink");
+    let e = load_within_5s(&zero).unwrap_err();
+    assert!(
+        e.contains("zero.yaml") && e.contains("not a regular file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_dangling_yaml_symlink_is_an_error_not_a_missing_domain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.yaml"), "domain: a\ndescriptors: []\n").expect("write");
+    std::os::unix::fs::symlink(dir.path().join("gone.yaml"), dir.path().join("edge.yaml"))
+        .expect("symlink");
+    let e = load_within_5s(dir.path()).unwrap_err();
+    assert!(e.contains("edge.yaml") && e.contains("cannot read"), "{e}");
+}
+
+#[test]
+fn domain_with_surrounding_spaces_is_an_error() {
+    one_error(
+        "t.yaml",
+        "domain: \" edge \"\ndescriptors: []\n",
+        &["t.yaml:1:", "domain", "leading or trailing whitespace"],
+    );
 }
 
 #[test]

@@ -150,6 +150,14 @@ pub fn compile_file(file: &str, text: &str) -> Result<DomainConfig, Vec<ConfigEr
 fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
     cx.stray(&raw.stray, "", FILE_KEYS);
     let name = match &raw.domain {
+        Some(d) if d.value.trim() != d.value => {
+            cx.err(
+                d.referenced.line(),
+                "domain",
+                format!("domain '{}' has leading or trailing whitespace", d.value),
+            );
+            String::new()
+        }
         Some(d) if !d.value.trim().is_empty() => d.value.clone(),
         Some(d) => {
             cx.err(d.referenced.line(), "domain", "domain must not be empty");
@@ -182,6 +190,10 @@ fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
     Some(out)
 }
 
+fn schema_line(loc: &serde_saphyr::Location) -> u32 {
+    u32::try_from(loc.line()).unwrap_or(u32::MAX)
+}
+
 fn selector_text(key: &str, value: Option<&str>) -> String {
     match value {
         Some(v) => format!("{key}_{v}"),
@@ -205,11 +217,17 @@ fn compile_level(
             cx.err(d.line, &here, "descriptor without 'key'");
             continue;
         };
-        if let Some(line) = d.null_value_line {
+        let empty_value = d.null_value_line.or_else(|| {
+            d.value
+                .as_ref()
+                .filter(|v| v.value.is_empty())
+                .map(|v| schema_line(&v.referenced))
+        });
+        if let Some(line) = empty_value {
             cx.err(
                 line,
                 &here,
-                "'value' is null: quote it (value: \"~\") for a literal value, or leave 'value' out for one bucket per value",
+                "'value' is empty or null: leave 'value' out for one bucket per value (envoyproxy/ratelimit reads an empty value that way), or quote a literal such as value: \"~\"",
             );
             continue;
         }
@@ -432,10 +450,17 @@ pub fn hash_files(files: &[(String, Vec<u8>)]) -> String {
     hex::encode(h.finalize())
 }
 
+/// Largest config file read, in bytes. A bigger file (or a device such as
+/// `/dev/zero` behind a symlink) is an error, so reading stays bounded.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
 /// The files a source stands for: the file itself, or for a directory every
-/// visible regular `*.yaml`/`*.yml` entry (symlinks followed; hidden entries
-/// such as Kubernetes `..data` skipped, so a ConfigMap mount loads each file
-/// once), sorted by name.
+/// visible `*.yaml`/`*.yml` entry (symlinks followed; hidden entries such as
+/// Kubernetes `..data` skipped, so a ConfigMap mount loads each file once),
+/// sorted by name. Whether each is a readable regular file is checked when it
+/// is read ([`read_source`]): a visible `*.yaml` entry that is a dangling
+/// symlink, a FIFO or a device is an error, never silently skipped (skipping
+/// it would drop its domain on reload).
 ///
 /// # Errors
 /// The source cannot be read.
@@ -459,12 +484,48 @@ pub fn source_files(source: &Path) -> Result<Vec<PathBuf>, ConfigError> {
             continue;
         }
         let path = entry.path();
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
-            files.push(path);
+        // A visible directory named *.yaml is not a config file; anything else
+        // (regular file, symlink, FIFO, device) is read and checked.
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            continue;
         }
+        files.push(path);
     }
     files.sort();
     Ok(files)
+}
+
+/// Reads one config file: opened without blocking (a FIFO cannot hang the
+/// loader), checked to be a regular file, and read up to [`MAX_FILE_BYTES`].
+///
+/// # Errors
+/// A message saying what is wrong with the file.
+pub fn read_file(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file (a FIFO, socket or device cannot be a config file)".into());
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "too large: {} bytes (at most {MAX_FILE_BYTES})",
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("too large: more than {MAX_FILE_BYTES} bytes"));
+    }
+    Ok(bytes)
 }
 
 /// Reads every file of `source` (a file or a directory, with the rules of
@@ -478,13 +539,13 @@ pub fn read_source(source: &Path) -> Result<Vec<(String, Vec<u8>)>, ConfigErrors
     let mut errors = Vec::new();
     for f in &files {
         let name = f.display().to_string();
-        match std::fs::read(f) {
+        match read_file(f) {
             Ok(bytes) => texts.push((name, bytes)),
-            Err(e) => errors.push(ConfigError {
+            Err(message) => errors.push(ConfigError {
                 file: name,
                 line: None,
                 path: String::new(),
-                message: format!("cannot read: {e}"),
+                message,
             }),
         }
     }
