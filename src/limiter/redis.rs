@@ -415,33 +415,34 @@ pub fn install_crypto_provider() {
     });
 }
 
+/// Splits `url` into (prefix up to and including `://`, user info, the rest
+/// from the last `@` on). The user info runs to the **last** `@`, so a password
+/// holding `/`, `#`, `?` or `@` (common in generated passwords), or a URL
+/// without a scheme, still never leaks.
+fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let at = url.rfind('@').filter(|&at| at >= start)?;
+    Some((&url[..start], &url[start..at], &url[at..]))
+}
+
 fn url_password(url: &str) -> Option<String> {
-    let (_, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let (userinfo, _) = authority.rsplit_once('@')?;
+    let (_, userinfo, _) = split_userinfo(url)?;
     let (_, password) = userinfo.split_once(':')?;
     (!password.is_empty()).then(|| password.to_owned())
 }
 
 /// `url` with the password of its user info replaced by `***`, for logs and
-/// errors (`redis://user:***@host:6379/0`).
+/// errors (`redis://user:***@host:6379/0`). Works on URLs that do not parse.
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
+    match split_userinfo(url) {
+        Some((scheme, userinfo, host)) => {
+            let masked = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
                 // `redis://password@host` is read as a password by some clients.
-                "***".to_owned()
+                None => "***".to_owned(),
             };
-            format!("{scheme}://{masked}@{host}{tail}")
+            format!("{scheme}{masked}{host}")
         }
         None => url.to_owned(),
     }
@@ -464,5 +465,18 @@ mod tests {
             Some("s3cret")
         );
         assert_eq!(url_password("redis://db:6379"), None);
+        // Passwords with URL delimiters, and URLs without a scheme.
+        for (url, want) in [
+            (
+                "redis://:S3CRET/PW@127.0.0.1:6379/0",
+                "redis://:***@127.0.0.1:6379/0",
+            ),
+            ("redis://u:a#b?c@d@h:1", "redis://u:***@h:1"),
+            ("app:S3CRETPW@127.0.0.1:6379/0", "app:***@127.0.0.1:6379/0"),
+        ] {
+            assert_eq!(redact_url(url), want);
+            let pw = url_password(url).expect("password");
+            assert!(!redact(&format!("parse error near {pw}"), Some(&pw)).contains(&pw));
+        }
     }
 }
