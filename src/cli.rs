@@ -74,7 +74,8 @@ pub struct ServeArgs {
     #[arg(long, env = "BUCKET_RLS_REDIS_KEY_PREFIX", default_value = "rls:")]
     pub redis_key_prefix: String,
     /// Redis response timeout in milliseconds.
-    #[arg(long, env = "BUCKET_RLS_REDIS_TIMEOUT", default_value_t = 50)]
+    #[arg(long, env = "BUCKET_RLS_REDIS_TIMEOUT", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub redis_timeout: u64,
     /// What to answer when storage fails: `unavailable` (gRPC UNAVAILABLE, so
     /// Envoy's failure_mode_deny decides), `allow` (OK) or `deny` (OVER_LIMIT).
@@ -109,7 +110,7 @@ pub struct ServeArgs {
     )]
     pub rate_limit_headers: crate::settings::RateLimitHeaders,
     /// Log level or filter (`info`, `debug`, `bucket_rls=debug,info`).
-    #[arg(long, env = "BUCKET_RLS_LOG_LEVEL", default_value = "info")]
+    #[arg(long, env = "BUCKET_RLS_LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
     pub log_level: String,
     /// Log format.
     #[arg(
@@ -128,4 +129,25 @@ fn ratio(s: &str) -> Result<f64, String> {
         Ok(r) => Err(format!("{r} is not between 0 and 1")),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Checks a `--log-level` value: a level (`trace`, `debug`, `info`, `warn`,
+/// `error`, `off`) or a `tracing` filter whose bare words are levels
+/// (`bucket_rls=debug,info`). A bare word such as `warning` would otherwise be
+/// read as a target name and silently turn every log line off.
+///
+/// # Errors
+/// A message naming the bad part.
+pub fn parse_log_level(s: &str) -> Result<String, String> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if !part.contains('=') && !LEVELS.contains(&part.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "unknown log level '{part}': use trace, debug, info, warn, error or off, or a filter such as bucket_rls=debug,info"
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| format!("invalid log filter '{s}': {e}"))
 }
