@@ -492,6 +492,7 @@ impl Inner {
         let call = ScriptCall::new(charges, now_us)?;
         let mut conn = self.connection()?;
         let breaker = self.breaker(slot);
+        let started = Instant::now();
         let result = match tokio::time::timeout(
             self.timeout,
             eval_in_slot(&mut conn, &self.script, slot, &call),
@@ -506,7 +507,7 @@ impl Inner {
             Ok(_) => breaker.success(),
             Err(e) => {
                 if is_transient(e) {
-                    breaker.failure();
+                    breaker.failure_of_call_started(started);
                 }
                 if matches!(e.kind(), "CLUSTERDOWN" | "READONLY" | "MASTERDOWN") {
                     self.refresh.notify_one();

@@ -413,6 +413,7 @@ impl Storage for RedisSentinelStorage {
         if !inner.breaker.allow() {
             return Err(StorageError::CircuitOpen);
         }
+        let started = Instant::now();
         let sent_us = self.local_now_us();
         let mut generation = None;
         let attempt = async {
@@ -440,7 +441,7 @@ impl Storage for RedisSentinelStorage {
             }
             Err(e) => {
                 if is_transient(e) {
-                    inner.breaker.failure();
+                    inner.breaker.failure_of_call_started(started);
                 }
                 // Repeated timeouts may be a master cut off by a partition
                 // (Sentinel cannot disconnect us from it): ask again.
