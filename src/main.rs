@@ -153,7 +153,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         Arc::new(redis)
     } else {
-        Arc::new(MemoryStorage::default())
+        Arc::new(MemoryStorage::with_max_buckets(
+            Arc::new(bucket_rls::limiter::clock::SystemClock),
+            args.memory_max_buckets,
+        ))
     };
     let settings = ServiceSettings {
         key_prefix: args.redis_key_prefix.clone(),

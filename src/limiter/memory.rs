@@ -5,8 +5,17 @@
 //! order (no deadlock), so all-or-nothing holds under concurrency. A bucket is
 //! dropped once it would be full again (its state then equals "never seen"), by
 //! an amortised sweep on insert and by [`MemoryStorage::sweep`], which the
-//! service runs periodically; memory therefore stays bounded under unique values
-//! (BR-31) and shrinks back after a burst of them.
+//! service runs periodically; memory therefore shrinks back after a burst of
+//! unique values (BR-31).
+//!
+//! A hard cap bounds memory even when buckets take long to refill (a per-value
+//! rule per day or year under a flood of unique values): at most
+//! [`DEFAULT_MAX_BUCKETS`] buckets by default (about 150 bytes each). Past the
+//! cap a shard first drops full buckets, then forgets the eighth of its
+//! buckets that are closest to full: those clients get a full bucket a little
+//! early, the smallest give-away possible, and
+//! `bucket_rls_memory_evictions_total` counts them. Redis is the backend for
+//! exact limits at that scale.
 
 use super::bucket::{self, BucketState};
 use super::clock::{Clock, SystemClock};
@@ -20,6 +29,12 @@ use std::sync::Arc;
 const SHARDS: usize = 64;
 const MIN_SWEEP_LEN: usize = 1024;
 
+/// Default most buckets held by one process.
+pub const DEFAULT_MAX_BUCKETS: usize = 2_000_000;
+
+/// Buckets forgotten early because the cap was reached (no labels).
+pub const EVICTIONS_METRIC: &str = "bucket_rls_memory_evictions_total";
+
 #[derive(Debug, Default)]
 struct Shard {
     /// key -> (state, microsecond time at which the bucket is full again)
@@ -28,6 +43,34 @@ struct Shard {
 }
 
 impl Shard {
+    /// Keeps the shard at most `max_len` long: full buckets go first, then the
+    /// eighth closest to full.
+    fn enforce_cap(&mut self, now_us: u64, max_len: usize) {
+        if self.map.len() <= max_len {
+            return;
+        }
+        self.sweep(now_us);
+        if self.map.len() <= max_len {
+            return;
+        }
+        let mut full_ats: Vec<u64> = self.map.values().map(|(_, f)| *f).collect();
+        let drop = (self.map.len() / 8).max(self.map.len() - max_len);
+        let (_, threshold, _) = full_ats.select_nth_unstable(drop - 1);
+        let threshold = *threshold;
+        let before = self.map.len();
+        let mut budget = drop;
+        self.map.retain(|_, (_, f)| {
+            if *f <= threshold && budget > 0 {
+                budget -= 1;
+                false
+            } else {
+                true
+            }
+        });
+        metrics::counter!(EVICTIONS_METRIC).increment((before - self.map.len()) as u64);
+        self.next_sweep_len = (self.map.len() * 2).max(MIN_SWEEP_LEN);
+    }
+
     fn sweep(&mut self, now_us: u64) {
         self.map.retain(|_, (_, full_at)| *full_at > now_us);
         if self.map.capacity() > 4 * self.map.len().max(MIN_SWEEP_LEN) {
@@ -43,6 +86,7 @@ pub struct MemoryStorage {
     shards: Arc<Vec<Mutex<Shard>>>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
+    max_per_shard: usize,
 }
 
 impl Default for MemoryStorage {
@@ -55,11 +99,20 @@ impl MemoryStorage {
     /// A memory backend reading time from `clock`.
     #[must_use]
     pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::with_max_buckets(clock, DEFAULT_MAX_BUCKETS)
+    }
+
+    /// A memory backend holding at most about `max_buckets` buckets (rounded
+    /// up to a multiple of the shard count; see the module docs for what
+    /// happens past it).
+    #[must_use]
+    pub fn with_max_buckets(clock: Arc<dyn Clock>, max_buckets: usize) -> Self {
         let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
         Self {
             shards: Arc::new(shards),
             hasher: RandomState::new(),
             clock,
+            max_per_shard: max_buckets.div_ceil(SHARDS).max(1),
         }
     }
 
@@ -112,7 +165,9 @@ impl MemoryStorage {
                     .1
                     .map
                     .get(*k)
-                    .filter(|(_, full_at)| *full_at > now)
+                    // Not filtered by `full_at`: that was computed under the
+                    // limit of the last write; the state itself is exact under
+                    // any limit (a reload to a slower rate must not refill).
                     .map(|(st, _)| *st)
             })
             .collect();
@@ -121,6 +176,7 @@ impl MemoryStorage {
         for (i, spec) in &indexed {
             limit_of[*i] = Some(spec.limit);
         }
+        let max_per_shard = self.max_per_shard;
         bucket::apply_request(&indexed, &states, now, |i, st| {
             let shard = &mut guards[guard_pos(shard_ids[i])].1;
             let ttf = limit_of[i].map_or(0, |l| bucket::time_to_full_us(&l, st.tokens_micro));
@@ -135,6 +191,7 @@ impl MemoryStorage {
             if shard.map.len() >= shard.next_sweep_len {
                 shard.sweep(now);
             }
+            shard.enforce_cap(now, max_per_shard);
         })
     }
 }
@@ -191,6 +248,47 @@ mod tests {
         assert_eq!(m.len(), 5000);
         clock.advance(Duration::from_millis(100));
         assert_eq!(m.sweep(), 0);
+    }
+
+    #[test]
+    fn the_cap_bounds_buckets_and_forgets_those_closest_to_full() {
+        let clock = ManualClock::new(1_000_000);
+        let m = MemoryStorage::with_max_buckets(Arc::new(clock.clone()), 64 * 100);
+        // A yearly rule: nothing refills during the test.
+        let yearly = |key: &str, cost: u64| Charge {
+            key: key.into(),
+            spec: ChargeSpec {
+                limit: Limit {
+                    requests_per_unit: 10,
+                    unit_secs: 31_536_000,
+                    burst: 10,
+                },
+                cost,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+        };
+        // A drained bucket (furthest from full) is kept.
+        assert!(m.apply_sync(&[yearly("drained", 10)]).admitted);
+        for i in 0..50_000 {
+            assert!(m.apply_sync(&[yearly(&format!("k{i}"), 1)]).admitted);
+        }
+        assert!(m.len() <= 64 * 100, "{} buckets", m.len());
+        assert!(
+            !m.apply_sync(&[yearly("drained", 1)]).admitted,
+            "the drained bucket was kept"
+        );
+    }
+
+    #[test]
+    fn a_slower_rate_after_reload_does_not_refill() {
+        let clock = ManualClock::new(1_000_000);
+        let m = MemoryStorage::new(Arc::new(clock.clone()));
+        assert!(m.apply_sync(&[charge("k", 10, 1, 10)]).admitted);
+        // Reloaded to 10 per hour; 1.5 s later (past the old time to full).
+        clock.advance(Duration::from_millis(1500));
+        let r = m.apply_sync(&[charge("k", 10, 3600, 1)]);
+        assert!(!r.admitted, "{r:?}");
     }
 
     #[test]
