@@ -25,13 +25,40 @@ fn one_error(name: &str, yaml: &str, needles: &[&str]) -> String {
 fn yaml_syntax_error_names_file_and_line() {
     let e = one_error(
         "edge.yaml",
-        "domain: edge\ndescriptors:\n  - key: a\n    value: [unclosed\n",
-        &["edge.yaml:", "invalid YAML"],
+        "domain: edge\ndescriptors:\n  - key: a\n    value: \"unclosed\n",
+        &["edge.yaml:", "invalid YAML", "unclosed quote"],
     );
-    assert!(
-        e.starts_with("edge.yaml:4:") || e.starts_with("edge.yaml:5:"),
-        "{e}"
+    assert!(e.starts_with("edge.yaml:4:"), "{e}");
+}
+
+#[test]
+fn wrong_types_say_what_was_expected() {
+    for (yaml, line, what) in [
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: [true]\n",
+            4,
+            "a single value",
+        ),
+        ("domain: d\ndescriptors: {k: v}\n", 2, "a list"),
+        ("- a\n", 1, "a mapping"),
+    ] {
+        one_error(
+            "t.yaml",
+            yaml,
+            &[&format!("t.yaml:{line}:"), "wrong type", what],
+        );
+    }
+    one_error(
+        "t.yaml",
+        "domain: a\ndomain: b\ndescriptors: []\n",
+        &["t.yaml:2:", "duplicate key 'domain'"],
     );
+    let e = one_error(
+        "t.yaml",
+        "domain: a\ndescriptors: []\n---\ndomain: b\n",
+        &["t.yaml:4:", "one domain per file"],
+    );
+    assert!(!e.contains("from_str_multiple"), "{e}");
 }
 
 #[test]

@@ -135,8 +135,7 @@ pub fn compile_file(file: &str, text: &str) -> Result<DomainConfig, Vec<ConfigEr
         Err(e) => {
             let line = e.location().map_or(0, |l| l.line());
             let msg = e.to_string();
-            let first = msg.lines().next().unwrap_or("invalid YAML").to_owned();
-            cx.err(line, "", format!("invalid YAML: {first}"));
+            cx.err(line, "", parse_error_message(&msg));
             return Err(cx.errors);
         }
     };
@@ -188,6 +187,45 @@ fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
         }
     }
     Some(out)
+}
+
+/// Turns the YAML parser's message into one line for an operator: the column
+/// stays, the line is already in the error's location, library hints go, and a
+/// value of the wrong shape says so (it stops the parse, so only this problem
+/// of the file is reported until it is fixed).
+fn parse_error_message(msg: &str) -> String {
+    let first = msg.lines().next().unwrap_or("invalid YAML");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    let (column, rest) = match first.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
+        Some((pos, rest)) => (
+            pos.split_once(" column ")
+                .map(|(_, c)| format!(" at column {c}"))
+                .unwrap_or_default(),
+            rest,
+        ),
+        None => (String::new(), first),
+    };
+    let shape = |what: &str| {
+        format!(
+            "wrong type{column}: expected {what}; fix this first (the rest of the file is checked once it parses)"
+        )
+    };
+    match rest {
+        "expected string scalar" => {
+            shape("a single value (text or number), found a list or mapping")
+        }
+        "expected sequence start" => shape("a list (`- ...` entries)"),
+        "expected mapping start" => shape("a mapping (`key: value` lines)"),
+        r if r.starts_with("duplicate mapping key: ") => {
+            let key = r.trim_start_matches("duplicate mapping key: ");
+            let key = key.split(", set DuplicateKeyPolicy").next().unwrap_or(key);
+            format!("duplicate key '{key}' in one mapping{column}")
+        }
+        r if r.starts_with("multiple YAML documents") => {
+            format!("more than one YAML document (`---`){column}: put one domain per file")
+        }
+        r => format!("invalid YAML{column}: {r}"),
+    }
 }
 
 fn schema_line(loc: &serde_saphyr::Location) -> u32 {
