@@ -28,6 +28,10 @@ struct ClusterBackend {
 
 #[async_trait]
 impl Backend for ClusterBackend {
+    fn atomic_across_keys(&self) -> bool {
+        false
+    }
+
     async fn storage(&self, clock: ManualClock) -> Arc<dyn Storage> {
         // A generous timeout: these cases test answers, not latency.
         let s = RedisClusterStorage::builder(self.cluster.seeds())

@@ -25,6 +25,14 @@ use std::time::Duration;
 pub trait Backend: Send + Sync {
     /// A storage whose notion of "now" is `clock`.
     async fn storage(&self, clock: ManualClock) -> Arc<dyn Storage>;
+
+    /// Whether one request's keys are checked and charged in one atomic step
+    /// (true for memory and a single Redis node; a Redis Cluster reserves per
+    /// slot and refunds, which never over-admits but may under-admit under
+    /// concurrency).
+    fn atomic_across_keys(&self) -> bool {
+        true
+    }
 }
 
 /// The embedded memory backend.
@@ -799,10 +807,17 @@ pub async fn br_16(b: &dyn Backend) {
             admitted += 1;
         }
     }
-    assert_eq!(admitted, 3);
+    if b.atomic_across_keys() {
+        assert_eq!(admitted, 3);
+    } else {
+        // Per-slot reservations can under-admit while another request's
+        // reservation is being refunded; they never over-admit.
+        assert!((1..=3).contains(&admitted), "admitted {admitted}");
+    }
+    // group was charged exactly for the admitted requests.
     assert_eq!(
         cr(&c.one("api", &[("group", "reports")], 1).await, 0),
-        (OK, 6)
+        (OK, 9 - admitted)
     );
 }
 
