@@ -100,8 +100,14 @@ run() {
   local name=$1
   shift
   echo "== $name: loadgen $*"
+  [ -n "$REDIS_PID" ] && redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
   "$BIN" loadgen --target "$GRPC" --domain bench --quiet --json "$OUT/$name.json" "$@" |
     tee "$OUT/$name.txt" | grep -E '^(requests/s|ok|over_limit|errors|p50|p99|p99.9|max):' | paste -sd' '
+  if [ -n "$REDIS_PID" ]; then
+    # Time Redis spent inside the script per call (wall time in the Redis thread).
+    redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' |
+      sed 's/^/   /' | tee -a "$OUT/$name.txt" || true
+  fi
 }
 
 # The throughput/latency matrix for the backend currently served; TARGET_RATE
@@ -137,7 +143,6 @@ scenario_flood() {
   for size in 100000 0; do
     start_server --redis-url "redis://127.0.0.1:$REDIS_PORT" --local-cache-size "$size"
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
-    redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
     run "redis-flood-cache-$size" --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" --duration "$DURATION" --descriptor flood=x
     echo "   Redis commands during the run: $(redis_calls)" | tee -a "$OUT/redis-flood-cache-$size.txt"
     stop_server
