@@ -38,6 +38,76 @@
 //! [`script::ScriptCall`], [`script::classify`], [`breaker::CircuitBreaker`]
 //! and [`local_cache::LocalCache`].
 
+/// The options every Redis topology's builder shares (timeout, local cache,
+/// circuit breaker, test clock), written once. The builder must have the
+/// fields `timeout`, `local_cache_size`, `breaker_threshold`,
+/// `probe_interval` and `test_clock`.
+macro_rules! common_builder_options {
+    () => {
+        /// Response timeout of every call (default 50 ms, `--redis-timeout`).
+        /// On a Cluster, a request spanning several slots takes one timeout for
+        /// the parallel reservation and, when denied, one more to compensate.
+        #[must_use]
+        pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+            self.timeout = timeout;
+            self
+        }
+
+        /// Entries of the local over-limit cache; 0 disables it (default 100,000).
+        #[must_use]
+        pub fn local_cache_size(mut self, entries: usize) -> Self {
+            self.local_cache_size = entries;
+            self
+        }
+
+        /// Consecutive failures that open the circuit breaker (per slot on a
+        /// Cluster), and the time between probes while it is open (defaults 5
+        /// and 500 ms).
+        #[must_use]
+        pub fn breaker(mut self, threshold: u32, probe_interval: std::time::Duration) -> Self {
+            self.breaker_threshold = threshold;
+            self.probe_interval = probe_interval;
+            self
+        }
+
+        /// **Tests only.** Sends `clock`'s time to the script as an explicit
+        /// `now_us` instead of letting the script read Redis `TIME`, so tests
+        /// can move time with a `ManualClock`. Production never sets this: the
+        /// service clock must not decide bucket time (BR-27).
+        #[must_use]
+        pub fn test_clock(
+            mut self,
+            clock: std::sync::Arc<dyn crate::limiter::clock::Clock>,
+        ) -> Self {
+            self.test_clock = Some(clock);
+            self
+        }
+    };
+}
+
+/// Node addresses (`host:port` or URLs) as URLs, the same list with passwords
+/// masked (for logs and errors), and the first password (to redact it from
+/// error messages).
+pub(crate) fn node_urls(nodes: &[String]) -> (Vec<String>, String, Option<String>) {
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            if n.contains("://") {
+                n.clone()
+            } else {
+                format!("redis://{n}")
+            }
+        })
+        .collect();
+    let shown = urls
+        .iter()
+        .map(|u| redact_url(u))
+        .collect::<Vec<_>>()
+        .join(",");
+    let secret = urls.iter().find_map(|u| url_password(u));
+    (urls, shown, secret)
+}
+
 pub mod breaker;
 pub mod cluster;
 pub mod local_cache;
@@ -95,28 +165,7 @@ pub struct RedisStorageBuilder {
 }
 
 impl RedisStorageBuilder {
-    /// Response timeout of every call (default 50 ms, `--redis-timeout`).
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Entries of the local over-limit cache; 0 disables it (default 100,000).
-    #[must_use]
-    pub fn local_cache_size(mut self, entries: usize) -> Self {
-        self.local_cache_size = entries;
-        self
-    }
-
-    /// Consecutive failures that open the circuit breaker, and the time
-    /// between probes while it is open (defaults 5 and 500 ms).
-    #[must_use]
-    pub fn breaker(mut self, threshold: u32, probe_interval: Duration) -> Self {
-        self.breaker_threshold = threshold;
-        self.probe_interval = probe_interval;
-        self
-    }
+    common_builder_options!();
 
     /// PEM certificate(s) of the CA that signs the server certificate of a
     /// `rediss://` URL (a private CA), instead of the public web PKI roots
@@ -124,16 +173,6 @@ impl RedisStorageBuilder {
     #[must_use]
     pub fn tls_root_ca_pem(mut self, pem: Vec<u8>) -> Self {
         self.tls_root_ca_pem = Some(pem);
-        self
-    }
-
-    /// **Tests only.** Sends `clock`'s time to the script as an explicit
-    /// `now_us` instead of letting the script read Redis `TIME`, so tests can
-    /// move time with a `ManualClock`. Production never sets this: the service
-    /// clock must not decide bucket time (BR-27).
-    #[must_use]
-    pub fn test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.test_clock = Some(clock);
         self
     }
 

@@ -94,7 +94,7 @@ use super::local_cache::LocalCache;
 use super::script::{BucketScript, SOURCE, ScriptCall, classify, is_transient, redact};
 use super::{
     DEFAULT_BREAKER_THRESHOLD, DEFAULT_LOCAL_CACHE_SIZE, DEFAULT_PROBE_INTERVAL, DEFAULT_TIMEOUT,
-    RedisSetupError, install_crypto_provider, redact_url,
+    RedisSetupError, install_crypto_provider,
 };
 use crate::limiter::bucket::{ChargeKind, ChargeResult, ChargeSpec, MICRO, RequestResult};
 use crate::limiter::clock::Clock;
@@ -171,39 +171,7 @@ pub struct RedisClusterStorageBuilder {
 }
 
 impl RedisClusterStorageBuilder {
-    /// Response timeout of every slot call (default 50 ms, `--redis-timeout`).
-    /// A request spanning several slots takes one timeout for the parallel
-    /// reservation and, when it is denied, one more for the compensation.
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Entries of the local over-limit cache; 0 disables it (default 100,000).
-    #[must_use]
-    pub fn local_cache_size(mut self, entries: usize) -> Self {
-        self.local_cache_size = entries;
-        self
-    }
-
-    /// Consecutive failures of one slot that open its circuit breaker, and
-    /// the time between probes while it is open (defaults 5 and 500 ms).
-    #[must_use]
-    pub fn breaker(mut self, threshold: u32, probe_interval: Duration) -> Self {
-        self.breaker_threshold = threshold;
-        self.probe_interval = probe_interval;
-        self
-    }
-
-    /// **Tests only.** Sends `clock`'s time to the script as an explicit
-    /// `now_us` instead of Redis `TIME` (see
-    /// [`RedisStorageBuilder::test_clock`](super::RedisStorageBuilder::test_clock)).
-    #[must_use]
-    pub fn test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.test_clock = Some(clock);
-        self
-    }
+    common_builder_options!();
 
     /// Builds the backend without waiting for the cluster: a background task
     /// connects (retrying every 500 ms while no seed node answers) and loads
@@ -216,23 +184,7 @@ impl RedisClusterStorageBuilder {
     /// not parse.
     pub fn build(self) -> Result<RedisClusterStorage, RedisSetupError> {
         install_crypto_provider();
-        let urls: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| {
-                if n.contains("://") {
-                    n.clone()
-                } else {
-                    format!("redis://{n}")
-                }
-            })
-            .collect();
-        let shown = urls
-            .iter()
-            .map(|u| redact_url(u))
-            .collect::<Vec<_>>()
-            .join(",");
-        let secret = urls.iter().find_map(|u| super::url_password(u));
+        let (urls, shown, secret) = super::node_urls(&self.nodes);
         if urls.is_empty() {
             return Err(RedisSetupError::InvalidUrl {
                 url: String::new(),

@@ -37,7 +37,7 @@ use super::local_cache::LocalCache;
 use super::script::{BucketScript, ScriptCall, classify, is_transient, redact};
 use super::{
     DEFAULT_BREAKER_THRESHOLD, DEFAULT_LOCAL_CACHE_SIZE, DEFAULT_PROBE_INTERVAL, DEFAULT_TIMEOUT,
-    RedisSetupError, install_crypto_provider, redact_url,
+    RedisSetupError, install_crypto_provider,
 };
 use crate::limiter::clock::Clock;
 use crate::limiter::{Charge, RequestResult, Storage, StorageError};
@@ -73,37 +73,7 @@ pub struct RedisSentinelStorageBuilder {
 }
 
 impl RedisSentinelStorageBuilder {
-    /// Response timeout of every call (default 50 ms, `--redis-timeout`).
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Entries of the local over-limit cache; 0 disables it (default 100,000).
-    #[must_use]
-    pub fn local_cache_size(mut self, entries: usize) -> Self {
-        self.local_cache_size = entries;
-        self
-    }
-
-    /// Consecutive failures that open the circuit breaker, and the time
-    /// between probes while it is open (defaults 5 and 500 ms).
-    #[must_use]
-    pub fn breaker(mut self, threshold: u32, probe_interval: Duration) -> Self {
-        self.breaker_threshold = threshold;
-        self.probe_interval = probe_interval;
-        self
-    }
-
-    /// **Tests only.** Sends `clock`'s time to the script as an explicit
-    /// `now_us` instead of Redis `TIME` (see
-    /// [`RedisStorageBuilder::test_clock`](super::RedisStorageBuilder::test_clock)).
-    #[must_use]
-    pub fn test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.test_clock = Some(clock);
-        self
-    }
+    common_builder_options!();
 
     /// Builds the backend and starts the discovery task (see the module
     /// docs). Must be called inside a Tokio runtime.
@@ -113,23 +83,7 @@ impl RedisSentinelStorageBuilder {
     /// name is empty, or a Sentinel address does not parse.
     pub fn build(self) -> Result<RedisSentinelStorage, RedisSetupError> {
         install_crypto_provider();
-        let urls: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|n| {
-                if n.contains("://") {
-                    n.clone()
-                } else {
-                    format!("redis://{n}")
-                }
-            })
-            .collect();
-        let shown = urls
-            .iter()
-            .map(|u| redact_url(u))
-            .collect::<Vec<_>>()
-            .join(",");
-        let secret = urls.iter().find_map(|u| super::url_password(u));
+        let (urls, shown, secret) = super::node_urls(&self.sentinels);
         let invalid = |message: String| RedisSetupError::InvalidUrl {
             url: shown.clone(),
             message,
