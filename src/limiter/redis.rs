@@ -119,7 +119,6 @@ use self::local_cache::LocalCache;
 use self::script::{BucketScript, ScriptCall, classify, is_transient, redact};
 use super::clock::Clock;
 use super::{Charge, RequestResult, Storage, StorageError};
-use crate::metrics as m;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use async_trait::async_trait;
 use std::sync::{Arc, Once};
@@ -381,12 +380,10 @@ async fn check_eviction_policy(conn: &mut ConnectionManager, timeout: Duration) 
 impl Storage for RedisStorage {
     async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
         let inner = &self.inner;
-        if let Some(cache) = &inner.cache {
-            if let Some(r) = cache.lookup(charges, self.local_now_us()) {
-                metrics::counter!(m::LOCAL_CACHE_HITS).increment(1);
-                return Ok(r);
-            }
-            cache.before_call(charges);
+        if let Some(r) =
+            local_cache::answer_or_note(inner.cache.as_ref(), charges, self.local_now_us())
+        {
+            return Ok(r);
         }
         let now_us = inner.test_clock.as_ref().map(|c| c.now_us());
         let call = ScriptCall::new(charges, now_us)?;

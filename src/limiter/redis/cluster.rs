@@ -797,12 +797,10 @@ async fn eval_in_slot(
 impl Storage for RedisClusterStorage {
     async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
         let inner = &self.inner;
-        if let Some(cache) = &inner.cache {
-            if let Some(r) = cache.lookup(charges, self.local_now_us()) {
-                metrics::counter!(m::LOCAL_CACHE_HITS).increment(1);
-                return Ok(r);
-            }
-            cache.before_call(charges);
+        if let Some(r) =
+            super::local_cache::answer_or_note(inner.cache.as_ref(), charges, self.local_now_us())
+        {
+            return Ok(r);
         }
         let now_us = inner.test_clock.as_ref().map(|c| c.now_us());
         // Group by slot, in first-seen order.

@@ -48,6 +48,24 @@ pub struct LocalCache {
     map: quick_cache::sync::Cache<String, Entry>,
 }
 
+/// The first step of every Redis backend's `apply`: answers from `cache` when
+/// the answer is certain (counting the hit in `bucket_rls_local_cache_hits_total`),
+/// otherwise notes that a call for `charges` is about to be sent and returns
+/// `None`. Does nothing without a cache.
+pub fn answer_or_note(
+    cache: Option<&LocalCache>,
+    charges: &[Charge],
+    now_us: u64,
+) -> Option<RequestResult> {
+    let cache = cache?;
+    if let Some(r) = cache.lookup(charges, now_us) {
+        metrics::counter!(crate::metrics::LOCAL_CACHE_HITS).increment(1);
+        return Some(r);
+    }
+    cache.before_call(charges);
+    None
+}
+
 impl LocalCache {
     /// A cache of at most `capacity` buckets (`capacity` at least 1).
     #[must_use]

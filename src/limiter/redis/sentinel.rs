@@ -41,7 +41,6 @@ use super::{
 };
 use crate::limiter::clock::Clock;
 use crate::limiter::{Charge, RequestResult, Storage, StorageError};
-use crate::metrics as m;
 use ::redis::AsyncConnectionConfig;
 use ::redis::aio::MultiplexedConnection;
 use ::redis::sentinel::{SentinelClient, SentinelServerType};
@@ -355,12 +354,10 @@ fn needs_rediscovery(e: &StorageError) -> bool {
 impl Storage for RedisSentinelStorage {
     async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
         let inner = &self.inner;
-        if let Some(cache) = &inner.cache {
-            if let Some(r) = cache.lookup(charges, self.local_now_us()) {
-                metrics::counter!(m::LOCAL_CACHE_HITS).increment(1);
-                return Ok(r);
-            }
-            cache.before_call(charges);
+        if let Some(r) =
+            super::local_cache::answer_or_note(inner.cache.as_ref(), charges, self.local_now_us())
+        {
+            return Ok(r);
         }
         let now_us = inner.test_clock.as_ref().map(|c| c.now_us());
         let call = ScriptCall::new(charges, now_us)?;
