@@ -3,6 +3,7 @@
 //! gRPC health turns NOT_SERVING, listeners stop accepting, in-flight
 //! requests finish.
 
+use crate::conn_limit::{LimitedListener, per_port_limit};
 use crate::service::{Limiter, RateLimitGrpc};
 use crate::settings::DRAIN_GRACE;
 use std::future::Future;
@@ -83,22 +84,29 @@ pub async fn run_with_grace(
         })
     };
 
+    // Dead peers are found by HTTP/2 pings; each port holds a bounded number
+    // of connections (crate::conn_limit).
     let grpc = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(health_service)
         .add_service(RateLimitGrpc::server(limiter.clone()))
         // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
         // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc").into_stream(),
             async move {
                 let _ = grpc_stop.recv().await;
             },
         );
-    let http = axum::serve(listeners.http, crate::http::router(limiter.clone()))
-        .with_graceful_shutdown(async move {
-            let _ = http_stop.recv().await;
-        })
-        .into_future();
+    let http = axum::serve(
+        LimitedListener::new(listeners.http, per_port_limit(), false, "http"),
+        crate::http::router(limiter.clone()),
+    )
+    .with_graceful_shutdown(async move {
+        let _ = http_stop.recv().await;
+    })
+    .into_future();
 
     let reporter = health_reporter.clone();
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();

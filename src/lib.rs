@@ -5,6 +5,7 @@
 //!
 //! - [`app`]: Serving: bind outside, serve inside, drain on shutdown.
 //! - [`cli`]: Command line (`serve`, `check-config`).
+//! - [`conn_limit`]: Connection caps for the two listening ports.
 //! - [`config`]: YAML config: schema, loader and validation.
 //! - [`http`]: HTTP admin API.
 //! - [`limiter`]: Token buckets and the storage seam (memory, Redis).
@@ -17,6 +18,7 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod conn_limit;
 pub mod http;
 pub mod limiter;
 pub mod loadgen;
