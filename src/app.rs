@@ -78,8 +78,14 @@ pub async fn run_with_grace(
             let mut tick = tokio::time::interval(SWEEP_INTERVAL);
             loop {
                 tick.tick().await;
-                limiter.storage().sweep();
-                crate::metrics::upkeep();
+                // Off the async workers: sweeping a million buckets takes tens
+                // of milliseconds, which requests queued on this worker would wait.
+                let l = limiter.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    l.storage().sweep();
+                    crate::metrics::upkeep();
+                })
+                .await;
             }
         })
     };
