@@ -92,19 +92,19 @@ pub enum Selector {
 
 impl Level {
     /// Inserts a child; returns it for filling in. Duplicates must be rejected
-    /// by the caller beforehand (the first one wins here).
+    /// by the caller beforehand (an exact or key-only duplicate returns the
+    /// existing node; a wildcard duplicate would be added again and never match).
     pub fn insert(&mut self, key: &str, sel: Selector) -> &mut Node {
         let g = self.by_key.entry(key.to_owned()).or_default();
         match sel {
             Selector::Exact(v) => g.exact.entry(v).or_default(),
             Selector::Wildcard(p) => {
-                if let Some(i) = g.wildcards.iter().position(|(q, _)| *q == p) {
-                    &mut g.wildcards[i].1
-                } else {
-                    g.wildcards.push((p, Node::default()));
-                    let n = g.wildcards.len() - 1;
-                    &mut g.wildcards[n].1
-                }
+                // Appended without a search: the loader rejects duplicate
+                // siblings before inserting, so this stays linear in the
+                // number of wildcard rules.
+                g.wildcards.push((p, Node::default()));
+                let n = g.wildcards.len() - 1;
+                &mut g.wildcards[n].1
             }
             Selector::KeyOnly => g.key_only.get_or_insert_with(Box::default),
         }
