@@ -68,36 +68,38 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
+-- Packing with Redis's built-in `struct` library (one C call instead of a
+-- byte loop in Lua: most of the script's time per bucket went there). Every
+-- value packed is an integer below 2^53, exact in the library's 64-bit integers.
+local PACK = { [0] = '>I7', '>I7I1', '>I7I2', '>I7I3', '>I7I4', '>I7I5', '>I7I6', '>I7I7' }
+local UNPACK = { '>I1', '>I2', '>I3', '>I4', '>I5', '>I6', '>I7' }
+-- POW[i] = 256^i: a value below POW[m] fits in m bytes.
+local POW = { [0] = 1, 256, 65536, 16777216, 4294967296, 1099511627776, 281474976710656, 72057594037927936 }
+
 local function encode(tokens, updated)
-  local out = {}
-  local n = updated
-  for i = 7, 1, -1 do
-    local b = math.fmod(n, 256)
-    out[i] = string.char(b)
-    n = (n - b) / 256
+  local m = 0
+  while tokens >= POW[m] do
+    m = m + 1
   end
-  local tail = {}
-  n = tokens
-  while n > 0 do
-    local b = math.fmod(n, 256)
-    table.insert(tail, 1, string.char(b))
-    n = (n - b) / 256
+  if m == 0 then
+    return struct.pack(PACK[0], updated)
   end
-  return table.concat(out) .. table.concat(tail)
+  return struct.pack(PACK[m], updated, tokens)
 end
 
 -- Returns { tokens_micro, updated_us } or nil for a missing (full) bucket.
 local function decode(s)
-  if not s or #s < 7 or #s > 14 then
+  if not s then
     return nil
   end
-  local updated = 0
-  for i = 1, 7 do
-    updated = updated * 256 + string.byte(s, i)
+  local len = #s
+  if len < 7 or len > 14 then
+    return nil
   end
+  local updated = struct.unpack('>I7', s)
   local tokens = 0
-  for i = 8, #s do
-    tokens = tokens * 256 + string.byte(s, i)
+  if len > 7 then
+    tokens = struct.unpack(UNPACK[len - 7], s, 8)
   end
   return { tokens, updated }
 end
@@ -191,6 +193,8 @@ for c = 1, n do
     cap = C * MICRO
   end
   if work[k] == nil then
+    -- GET, not MGET: a key of another type under the prefix must fail with
+    -- WRONGTYPE instead of reading as a missing bucket and being overwritten.
     local s = decode(redis.call('GET', KEYS[k]))
     stored[k] = s or false
     if s then
