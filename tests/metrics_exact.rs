@@ -18,6 +18,22 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::io::Write;
 use std::sync::Arc;
 
+/// Tests that emit or capture log lines run one at a time: `tracing` caches
+/// whether a call site is enabled, and a thread without the capturing
+/// subscriber hitting the same call site concurrently can make the capture
+/// miss it.
+static LOGGING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Installs `subscriber` for this thread and recomputes every call site's
+/// interest, so sites first seen without it are enabled for it.
+fn capture_logs(
+    subscriber: impl tracing::Subscriber + Send + Sync + 'static,
+) -> tracing::subscriber::DefaultGuard {
+    let guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    guard
+}
+
 /// A memory backend on a paused clock; also installs the recorder, which must
 /// exist before the first metric is recorded.
 fn paused_memory() -> Arc<MemoryStorage> {
@@ -115,13 +131,14 @@ impl Write for Captured {
 
 #[test]
 fn br32_unknown_domain_counted_warned_once_and_malformed_rejected() {
+    let _serial = LOGGING.blocking_lock();
     let logs = Captured::default();
     let sink = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || sink.clone())
         .with_ansi(false)
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = capture_logs(subscriber);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -174,6 +191,7 @@ fn br32_unknown_domain_counted_warned_once_and_malformed_rejected() {
 
 #[tokio::test]
 async fn br32_domain_label_set_is_capped() {
+    let _serial = LOGGING.lock().await;
     let l: Arc<Limiter> = limiter("domain: capped\ndescriptors: []\n", paused_memory(), "cap:");
     let extra = 50;
     for i in 0..MAX_DOMAIN_LABELS + extra {
@@ -236,6 +254,7 @@ impl bucket_rls::limiter::Storage for Down {
 
 #[test]
 fn storage_errors_counted_each_logged_at_most_once_per_second() {
+    let _serial = LOGGING.blocking_lock();
     bucket_rls::metrics::install();
     let logs = Captured::default();
     let sink = logs.clone();
@@ -243,7 +262,7 @@ fn storage_errors_counted_each_logged_at_most_once_per_second() {
         .with_writer(move || sink.clone())
         .with_ansi(false)
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = capture_logs(subscriber);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
