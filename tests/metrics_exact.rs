@@ -24,14 +24,18 @@ use std::sync::Arc;
 /// miss it.
 static LOGGING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Installs `subscriber` for this thread and recomputes every call site's
-/// interest, so sites first seen without it are enabled for it.
-fn capture_logs(
-    subscriber: impl tracing::Subscriber + Send + Sync + 'static,
-) -> tracing::subscriber::DefaultGuard {
+/// Captures this thread's log lines as text, and recomputes every call site's
+/// interest so sites first seen without the capture are enabled for it.
+fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
     let guard = tracing::subscriber::set_default(subscriber);
     tracing::callsite::rebuild_interest_cache();
-    guard
+    (logs, guard)
 }
 
 /// A memory backend on a paused clock; also installs the recorder, which must
@@ -132,13 +136,7 @@ impl Write for Captured {
 #[test]
 fn br32_unknown_domain_counted_warned_once_and_malformed_rejected() {
     let _serial = LOGGING.blocking_lock();
-    let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = capture_logs(subscriber);
+    let (logs, _guard) = capture_logs();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -256,13 +254,7 @@ impl bucket_rls::limiter::Storage for Down {
 fn storage_errors_counted_each_logged_at_most_once_per_second() {
     let _serial = LOGGING.blocking_lock();
     bucket_rls::metrics::install();
-    let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = capture_logs(subscriber);
+    let (logs, _guard) = capture_logs();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

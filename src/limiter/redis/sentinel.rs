@@ -387,7 +387,7 @@ impl Storage for RedisSentinelStorage {
             Ok(r) => {
                 inner.breaker.success();
                 if let Some(cache) = &inner.cache {
-                    cache.record(charges, r, sent_us);
+                    cache.record_between(charges, r, sent_us, self.local_now_us());
                 }
             }
             Err(e) => {
