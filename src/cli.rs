@@ -63,11 +63,20 @@ pub struct ServeArgs {
     /// Master name watched by the Sentinels.
     #[arg(long, env = "BUCKET_RLS_REDIS_MASTER_NAME")]
     pub redis_master_name: Option<String>,
+    /// ACL user for the master found through Sentinel (the Sentinels' own
+    /// credentials go in their addresses).
+    #[arg(long, env = "BUCKET_RLS_REDIS_MASTER_USERNAME")]
+    pub redis_master_username: Option<String>,
+    /// Password of the master found through Sentinel (its `requirepass` or
+    /// the ACL user's password). Never logged.
+    #[arg(long, env = "BUCKET_RLS_REDIS_MASTER_PASSWORD", hide_env_values = true)]
+    pub redis_master_password: Option<String>,
     /// Redis Cluster seed nodes, `host:port,host:port,...`.
     #[arg(long, env = "BUCKET_RLS_REDIS_CLUSTER", value_delimiter = ',')]
     pub redis_cluster: Vec<String>,
     /// PEM file with the CA certificate(s) that sign the Redis server
-    /// certificate of a `rediss://` URL (default: the public web PKI roots).
+    /// certificates behind `rediss://` addresses (single node, Sentinel and
+    /// master, or Cluster nodes; default: the public web PKI roots).
     #[arg(long, env = "BUCKET_RLS_REDIS_TLS_CA_FILE")]
     pub redis_tls_ca_file: Option<PathBuf>,
     /// Prefix of every bucket key in Redis.

@@ -110,11 +110,34 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if topologies > 1 {
         anyhow::bail!("give only one of --redis-url, --redis-sentinel and --redis-cluster");
     }
+    if args.redis_sentinel.is_empty()
+        && (args.redis_master_username.is_some() || args.redis_master_password.is_some())
+    {
+        anyhow::bail!(
+            "--redis-master-username and --redis-master-password apply only with --redis-sentinel"
+        );
+    }
+    let tls_ca = match &args.redis_tls_ca_file {
+        Some(ca) => {
+            if topologies == 0 {
+                anyhow::bail!(
+                    "--redis-tls-ca-file needs a Redis backend (--redis-url, --redis-sentinel or --redis-cluster)"
+                );
+            }
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("reading --redis-tls-ca-file {}", ca.display()))?;
+            Some(pem)
+        }
+        None => None,
+    };
     let storage: Arc<dyn Storage> = if !args.redis_cluster.is_empty() {
-        let redis = RedisClusterStorage::builder(args.redis_cluster.iter().cloned())
+        let mut builder = RedisClusterStorage::builder(args.redis_cluster.iter().cloned())
             .timeout(timeout)
-            .local_cache_size(cache_size)
-            .build()?;
+            .local_cache_size(cache_size);
+        if let Some(pem) = tls_ca {
+            builder = builder.tls_root_ca_pem(pem);
+        }
+        let redis = builder.build()?;
         tracing::info!(
             nodes = redis.nodes(),
             timeout_ms = args.redis_timeout,
@@ -126,10 +149,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .redis_master_name
             .clone()
             .context("--redis-sentinel needs --redis-master-name")?;
-        let redis = RedisSentinelStorage::builder(args.redis_sentinel.iter().cloned(), name)
+        let mut builder = RedisSentinelStorage::builder(args.redis_sentinel.iter().cloned(), name)
             .timeout(timeout)
             .local_cache_size(cache_size)
-            .build()?;
+            .master_auth(
+                args.redis_master_username.clone(),
+                args.redis_master_password.clone(),
+            );
+        if let Some(pem) = tls_ca {
+            builder = builder.tls_root_ca_pem(pem);
+        }
+        let redis = builder.build()?;
         tracing::info!(
             sentinels = redis.sentinels(),
             timeout_ms = args.redis_timeout,
@@ -138,11 +168,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Arc::new(redis)
     } else if let Some(url) = &args.redis_url {
         let mut builder = RedisStorage::builder(url.as_str())
-            .timeout(std::time::Duration::from_millis(args.redis_timeout))
-            .local_cache_size(usize::try_from(args.local_cache_size).unwrap_or(usize::MAX));
-        if let Some(ca) = &args.redis_tls_ca_file {
-            let pem = std::fs::read(ca)
-                .with_context(|| format!("reading --redis-tls-ca-file {}", ca.display()))?;
+            .timeout(timeout)
+            .local_cache_size(cache_size);
+        if let Some(pem) = tls_ca {
             builder = builder.tls_root_ca_pem(pem);
         }
         let redis = builder.build()?;

@@ -1,5 +1,6 @@
 //! Connecting to Redis: ACL user and password in the URL (never echoed in
-//! errors), `rediss://` over rustls with a private CA, and an invalid URL.
+//! errors), `rediss://` over rustls with a private CA (single node and a
+//! Redis Cluster with `tls-cluster yes`), and an invalid URL.
 
 mod common;
 
@@ -8,6 +9,7 @@ use bucket_rls::limiter::redis::RedisStorage;
 use common::redis::{RedisServer, free_port};
 use common::{desc, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const YAML: &str = r"
@@ -17,6 +19,37 @@ descriptors:
     value: v
     rate_limit: {unit: minute, requests_per_unit: 10}
 ";
+
+/// Writes `ca.crt`, `server.crt` and `server.key` into `dir`: a private CA
+/// and a server certificate for `127.0.0.1` and `localhost` signed by it
+/// (also usable as the client certificate of a cluster bus). Returns the CA
+/// certificate as PEM.
+fn write_tls_files(dir: &std::path::Path) -> Vec<u8> {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // Distinct names: with rcgen's default name on both, OpenSSL (Redis's
+    // side of a TLS cluster bus) takes the server certificate for self-signed.
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "bucket-rls test CA");
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("CA");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let srv_key = rcgen::KeyPair::generate().expect("key");
+    let mut srv_params =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("params");
+    srv_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "127.0.0.1");
+    let srv_cert = srv_params
+        .signed_by(&srv_key, &issuer)
+        .expect("server cert");
+    std::fs::write(dir.join("ca.crt"), ca_cert.pem()).expect("write");
+    std::fs::write(dir.join("server.crt"), srv_cert.pem()).expect("write");
+    std::fs::write(dir.join("server.key"), srv_key.serialize_pem()).expect("write");
+    ca_cert.pem().into_bytes()
+}
 
 async fn ready(s: &RedisStorage) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -79,22 +112,8 @@ async fn acl_user_and_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_private_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().expect("key");
-    let ca_cert = ca_params.self_signed(&ca_key).expect("CA");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let srv_key = rcgen::KeyPair::generate().expect("key");
-    let srv_params =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .expect("params");
-    let srv_cert = srv_params
-        .signed_by(&srv_key, &issuer)
-        .expect("server cert");
+    let ca = write_tls_files(dir.path());
     let path = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
-    std::fs::write(path("ca.crt"), ca_cert.pem()).expect("write");
-    std::fs::write(path("server.crt"), srv_cert.pem()).expect("write");
-    std::fs::write(path("server.key"), srv_key.serialize_pem()).expect("write");
     let tls_port = free_port();
     let server = RedisServer::start_with(&[
         "--tls-port",
@@ -112,7 +131,7 @@ async fn tls_with_private_ca() {
     let s = std::sync::Arc::new(
         RedisStorage::builder(url.as_str())
             .timeout(Duration::from_secs(1))
-            .tls_root_ca_pem(ca_cert.pem().into_bytes())
+            .tls_root_ca_pem(ca.clone())
             .build()
             .expect("valid URL"),
     );
@@ -154,4 +173,158 @@ async fn invalid_url_is_reported_redacted() {
         .build()
         .expect_err("scheme");
     assert!(!e.to_string().contains("s3cret"), "{e}");
+}
+
+/// A Redis Cluster that speaks only TLS to clients and on its bus
+/// (`tls-cluster yes`), reached through `rediss://` seeds with a private CA
+/// (`--redis-cluster rediss://... --redis-tls-ca-file`): requests spanning
+/// all three masters are decided exactly. Without the CA every call is
+/// UNAVAILABLE, never OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_cluster_with_private_ca() {
+    use bucket_rls::limiter::redis::cluster::RedisClusterStorage;
+    use common::cluster::Node;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = write_tls_files(dir.path());
+    let path = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    let mut nodes = Vec::new();
+    let mut tls_ports = Vec::new();
+    for i in 0..3 {
+        let (port, tls_port, bus) = (free_port(), free_port(), free_port());
+        let args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--tls-port",
+            &tls_port.to_string(),
+            "--cluster-port",
+            &bus.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &path(&format!("nodes-{port}.conf")),
+            "--cluster-node-timeout",
+            "1000",
+            "--tls-cluster",
+            "yes",
+            "--tls-cert-file",
+            &path("server.crt"),
+            "--tls-key-file",
+            &path("server.key"),
+            "--tls-ca-cert-file",
+            &path("ca.crt"),
+            "--tls-auth-clients",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &path(""),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        nodes.push(Node::start(
+            "redis-server",
+            &args,
+            port,
+            dir.path(),
+            &format!("tls-node{i}-{port}"),
+        ));
+        tls_ports.push(tls_port);
+    }
+    common::cluster::create_cluster(&nodes, 0);
+    common::sentinel::wait_for("cluster_state:ok on every node", || {
+        nodes.iter().all(|n| {
+            n.try_query::<String>(redis::cmd("CLUSTER").arg("INFO"))
+                .is_ok_and(|i| i.contains("cluster_state:ok"))
+        })
+    });
+
+    let seeds: Vec<String> = tls_ports
+        .iter()
+        .map(|p| format!("rediss://127.0.0.1:{p}"))
+        .collect();
+    let yaml = "
+domain: c
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 3}
+";
+    // Values whose buckets land on different masters.
+    let descs = || {
+        ["a", "b", "c", "d", "e", "f"]
+            .iter()
+            .map(|v| desc(&[("k", v)]))
+            .collect::<Vec<_>>()
+    };
+    let s = Arc::new(
+        RedisClusterStorage::builder(seeds.clone())
+            .timeout(Duration::from_secs(1))
+            .tls_root_ca_pem(ca)
+            .build()
+            .expect("valid seeds"),
+    );
+    let l = limiter(yaml, s, &unique_prefix("tls-cluster"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let first = loop {
+        match l.should_rate_limit(&req("c", descs(), 1)).await {
+            Ok(r) => break r,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "TLS cluster never answered: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let remaining = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.statuses
+            .iter()
+            .map(|s| s.limit_remaining)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    assert_eq!(remaining(&first), vec![2; 6]);
+    for left in [1, 0] {
+        let r = l
+            .should_rate_limit(&req("c", descs(), 1))
+            .await
+            .expect("OK");
+        assert_eq!(
+            (r.overall_code, remaining(&r)),
+            (Code::Ok as i32, vec![left; 6])
+        );
+    }
+    let r = l
+        .should_rate_limit(&req("c", descs(), 1))
+        .await
+        .expect("answer");
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // The keys really are spread over the three masters.
+    let used: usize = nodes
+        .iter()
+        .filter(|n| n.query::<i64>(&redis::cmd("DBSIZE")) > 0)
+        .count();
+    assert_eq!(used, 3, "buckets on every master");
+
+    // Without the CA, the servers' certificates are not trusted.
+    let s = Arc::new(
+        RedisClusterStorage::builder(seeds)
+            .timeout(Duration::from_millis(300))
+            .build()
+            .expect("valid seeds"),
+    );
+    let l = limiter(yaml, s, &unique_prefix("tls-cluster"));
+    for _ in 0..3 {
+        let e = l
+            .should_rate_limit(&req("c", descs(), 1))
+            .await
+            .expect_err("untrusted certificates");
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    }
 }

@@ -70,6 +70,15 @@ macro_rules! common_builder_options {
             self
         }
 
+        /// PEM certificate(s) of the CA that signs the server certificates
+        /// behind `rediss://` addresses (a private CA), instead of the public
+        /// web PKI roots (`--redis-tls-ca-file`).
+        #[must_use]
+        pub fn tls_root_ca_pem(mut self, pem: Vec<u8>) -> Self {
+            self.tls_root_ca_pem = Some(pem);
+            self
+        }
+
         /// **Tests only.** Sends `clock`'s time to the script as an explicit
         /// `now_us` instead of letting the script read Redis `TIME`, so tests
         /// can move time with a `ManualClock`. Production never sets this: the
@@ -165,15 +174,6 @@ pub struct RedisStorageBuilder {
 
 impl RedisStorageBuilder {
     common_builder_options!();
-
-    /// PEM certificate(s) of the CA that signs the server certificate of a
-    /// `rediss://` URL (a private CA), instead of the public web PKI roots
-    /// (`--redis-tls-ca-file`).
-    #[must_use]
-    pub fn tls_root_ca_pem(mut self, pem: Vec<u8>) -> Self {
-        self.tls_root_ca_pem = Some(pem);
-        self
-    }
 
     /// Builds the backend without waiting for Redis: the connection is made in
     /// the background and remade after failures. Spawns a health task that

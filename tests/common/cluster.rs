@@ -42,12 +42,27 @@ pub struct Node {
     pid: u32,
     watchdog: Option<Child>,
     log: PathBuf,
+    /// `requirepass` of the server, used by [`Node::url`] and queries.
+    password: Option<String>,
 }
 
 impl Node {
     /// Starts `redis-server <args...>` (or any binary with `program`) with its
     /// log in `dir/<name>.log`, and waits until it answers `PING` on `port`.
     pub fn start(program: &str, args: &[String], port: u16, dir: &Path, name: &str) -> Self {
+        Self::start_with_password(program, args, port, dir, name, None)
+    }
+
+    /// [`Node::start`] for a server started with `requirepass password`:
+    /// [`Node::url`] and every query of this handle authenticate.
+    pub fn start_with_password(
+        program: &str,
+        args: &[String],
+        port: u16,
+        dir: &Path,
+        name: &str,
+        password: Option<&str>,
+    ) -> Self {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log");
@@ -68,6 +83,7 @@ impl Node {
             pid: 0,
             watchdog: Some(watchdog),
             log,
+            password: password.map(str::to_owned),
         };
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -106,9 +122,12 @@ impl Node {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT` (`redis://:PASSWORD@...` with a password).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// `127.0.0.1:PORT`.
@@ -180,6 +199,25 @@ impl Shard {
     }
 }
 
+/// `redis-cli --cluster create` over `nodes` with `replicas` replicas per
+/// master. Bounded: redis-cli waits forever for nodes that cannot meet (a
+/// cluster bus that fails its TLS handshake, say), so it is killed after 60 s
+/// and the test fails with its output.
+pub fn create_cluster(nodes: &[Node], replicas: u32) {
+    let out = Command::new("timeout")
+        .args(["60", "redis-cli", "--cluster", "create"])
+        .args(nodes.iter().map(Node::addr))
+        .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run timeout/redis-cli: {e}"));
+    assert!(
+        out.status.success(),
+        "redis-cli --cluster create failed or timed out (is the Debian package redis-tools installed?):\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 impl RedisCluster {
     /// Starts six nodes with `cluster-node-timeout 1000` ms and
     /// `cluster-require-full-coverage no` (so a lost slot range does not stop
@@ -226,21 +264,7 @@ impl RedisCluster {
                 &format!("node{i}-{port}"),
             ));
         }
-        let mut create = Command::new("redis-cli");
-        create.args(["--cluster", "create"]);
-        for n in &nodes {
-            create.arg(n.addr());
-        }
-        create.args(["--cluster-replicas", "1", "--cluster-yes"]);
-        let out = create.output().unwrap_or_else(|e| {
-            panic!("cannot run redis-cli (install the Debian package redis-tools): {e}")
-        });
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        create_cluster(&nodes, 1);
         let c = Self { nodes, dir };
         let ports: Vec<u16> = c.nodes.iter().map(|n| n.port).collect();
         c.wait_ok(&ports);

@@ -18,7 +18,12 @@ pub struct SentinelSetup {
     dir: tempfile::TempDir,
 }
 
-fn data_args(port: u16, dir: &std::path::Path, replica_of: Option<u16>) -> Vec<String> {
+fn data_args(
+    port: u16,
+    dir: &std::path::Path,
+    replica_of: Option<u16>,
+    password: Option<&str>,
+) -> Vec<String> {
     let mut a: Vec<String> = [
         "--port",
         &port.to_string(),
@@ -37,6 +42,15 @@ fn data_args(port: u16, dir: &std::path::Path, replica_of: Option<u16>) -> Vec<S
     if let Some(m) = replica_of {
         a.extend(["--replicaof".into(), "127.0.0.1".into(), m.to_string()]);
     }
+    if let Some(p) = password {
+        // Both data nodes: either may become the master.
+        a.extend([
+            "--requirepass".into(),
+            p.into(),
+            "--masterauth".into(),
+            p.into(),
+        ]);
+    }
     a
 }
 
@@ -44,22 +58,31 @@ impl SentinelSetup {
     /// Starts everything and waits until the replica is in sync and every
     /// Sentinel knows the replica and the two other Sentinels.
     pub fn start() -> Self {
+        Self::start_with_password(None)
+    }
+
+    /// [`SentinelSetup::start`] with `requirepass password` on both data
+    /// nodes (the Sentinels get `auth-pass`; they have no password
+    /// themselves).
+    pub fn start_with_password(password: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mp = free_port();
         let rp = free_port();
-        let master = Node::start(
+        let master = Node::start_with_password(
             "redis-server",
-            &data_args(mp, dir.path(), None),
+            &data_args(mp, dir.path(), None, password),
             mp,
             dir.path(),
             &format!("master-{mp}"),
+            password,
         );
-        let replica = Node::start(
+        let replica = Node::start_with_password(
             "redis-server",
-            &data_args(rp, dir.path(), Some(mp)),
+            &data_args(rp, dir.path(), Some(mp), password),
             rp,
             dir.path(),
             &format!("replica-{rp}"),
+            password,
         );
         wait_for("replica in sync", || {
             replica
@@ -77,8 +100,11 @@ impl SentinelSetup {
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {mp} 2\n\
                      sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                      sentinel failover-timeout {MASTER_NAME} 3000\n\
-                     sentinel parallel-syncs {MASTER_NAME} 1\n",
-                    dir = dir.path().display()
+                     sentinel parallel-syncs {MASTER_NAME} 1\n{auth}",
+                    dir = dir.path().display(),
+                    auth = password
+                        .map(|p| format!("sentinel auth-pass {MASTER_NAME} {p}\n"))
+                        .unwrap_or_default(),
                 ),
             )
             .expect("write sentinel.conf");

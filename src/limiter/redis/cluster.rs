@@ -168,6 +168,7 @@ pub struct RedisClusterStorageBuilder {
     breaker_threshold: u32,
     probe_interval: Duration,
     test_clock: Option<Arc<dyn Clock>>,
+    tls_root_ca_pem: Option<Vec<u8>>,
 }
 
 impl RedisClusterStorageBuilder {
@@ -191,17 +192,32 @@ impl RedisClusterStorageBuilder {
                 message: "no Redis Cluster seed node given".into(),
             });
         }
-        let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+        let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str))
             // No automatic retry: the crate would resend after a dropped
             // connection or a timeout (BR-24); redirects are followed here.
             .retries(0)
             .connection_timeout(self.timeout.max(MIN_CONNECT_TIMEOUT))
-            .response_timeout(self.timeout)
-            .build()
-            .map_err(|e| RedisSetupError::InvalidUrl {
-                url: shown.clone(),
-                message: redact(&e.to_string(), secret.as_deref()),
-            })?;
+            .response_timeout(self.timeout);
+        if let Some(pem) = &self.tls_root_ca_pem {
+            // The crate would switch plain `redis://` seeds to TLS silently.
+            if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://")) {
+                return Err(RedisSetupError::InvalidUrl {
+                    url: shown.clone(),
+                    message: format!(
+                        "a TLS CA file is given but seed node {} is not rediss://",
+                        super::redact_url(plain)
+                    ),
+                });
+            }
+            builder = builder.certs(::redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            });
+        }
+        let client = builder.build().map_err(|e| RedisSetupError::InvalidUrl {
+            url: shown.clone(),
+            message: redact(&e.to_string(), secret.as_deref()),
+        })?;
         let storage = RedisClusterStorage {
             inner: Arc::new(Inner {
                 conn: RwLock::new(None),
@@ -266,8 +282,9 @@ type SlotOutcome = Result<RequestResult, StorageError>;
 
 impl RedisClusterStorage {
     /// Options for a backend on the cluster reached through `nodes` (seed
-    /// nodes as `host:port` or `redis://[user:password@]host:port`; any one
-    /// answering is enough, the others are found through it).
+    /// nodes as `host:port` or `redis[s]://[user:password@]host:port`; any
+    /// one answering is enough, the others are found through it; `rediss://`
+    /// seeds make every node connection TLS).
     #[must_use]
     pub fn builder<S: Into<String>>(
         nodes: impl IntoIterator<Item = S>,
@@ -279,6 +296,7 @@ impl RedisClusterStorage {
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             test_clock: None,
+            tls_root_ca_pem: None,
         }
     }
 
@@ -884,6 +902,20 @@ impl Storage for RedisClusterStorage {
 mod tests {
     use super::*;
     use ::redis::cluster_routing::Slot;
+
+    #[tokio::test]
+    async fn a_ca_file_needs_tls_seeds() {
+        let pem = b"-----BEGIN CERTIFICATE-----".to_vec();
+        let e = RedisClusterStorage::builder(["rediss://127.0.0.1:1", "127.0.0.1:2"])
+            .tls_root_ca_pem(pem)
+            .build()
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("seed node redis://127.0.0.1:2 is not rediss://"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn slots_match_the_redis_crate() {

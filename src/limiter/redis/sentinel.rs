@@ -69,10 +69,25 @@ pub struct RedisSentinelStorageBuilder {
     breaker_threshold: u32,
     probe_interval: Duration,
     test_clock: Option<Arc<dyn Clock>>,
+    tls_root_ca_pem: Option<Vec<u8>>,
+    master_username: Option<String>,
+    master_password: Option<String>,
 }
 
 impl RedisSentinelStorageBuilder {
     common_builder_options!();
+
+    /// ACL user and password for the **master** (`--redis-master-username`,
+    /// `--redis-master-password`): the Sentinels name the master but do not
+    /// hand out its credentials, and a master with `requirepass` refuses
+    /// scripts without them. The Sentinels' own credentials are those of
+    /// their addresses.
+    #[must_use]
+    pub fn master_auth(mut self, username: Option<String>, password: Option<String>) -> Self {
+        self.master_username = username.filter(|u| !u.is_empty());
+        self.master_password = password.filter(|p| !p.is_empty());
+        self
+    }
 
     /// Builds the backend and starts the discovery task (see the module
     /// docs). Must be called inside a Tokio runtime.
@@ -93,13 +108,9 @@ impl RedisSentinelStorageBuilder {
         if self.master_name.is_empty() {
             return Err(invalid("no master name given (--redis-master-name)".into()));
         }
-        let client = SentinelClient::build(
-            urls.iter().map(String::as_str).collect(),
-            self.master_name.as_str(),
-            None,
-            SentinelServerType::Master,
-        )
-        .map_err(|e| invalid(redact(&e.to_string(), secret.as_deref())))?;
+        let client = self
+            .client(&urls)
+            .map_err(|e| invalid(redact(&e.to_string(), secret.as_deref())))?;
         let (ready, _) = watch::channel(0u64);
         let storage = RedisSentinelStorage {
             inner: Arc::new(Inner {
@@ -111,7 +122,8 @@ impl RedisSentinelStorageBuilder {
                 breaker: CircuitBreaker::new(self.breaker_threshold, self.probe_interval),
                 cache: (self.local_cache_size > 0).then(|| LocalCache::new(self.local_cache_size)),
                 test_clock: self.test_clock,
-                secret,
+                secret: self.master_password,
+                sentinel_secret: secret,
                 sentinels: shown,
                 master_name: self.master_name,
                 epoch: Instant::now(),
@@ -119,6 +131,81 @@ impl RedisSentinelStorageBuilder {
         };
         storage.spawn_discovery(client);
         Ok(storage)
+    }
+
+    /// The crate's Sentinel client: every Sentinel with the user and password
+    /// of its address (the same for all), TLS to the Sentinels and to the
+    /// master when the addresses are `rediss://`, the private CA if given.
+    fn client(&self, urls: &[String]) -> Result<SentinelClient, ::redis::RedisError> {
+        use ::redis::{ConnectionAddr, IntoConnectionInfo, TlsMode};
+        let fail = |message: String| {
+            ::redis::RedisError::from((::redis::ErrorKind::InvalidClientConfig, "", message))
+        };
+        let mut addrs = Vec::with_capacity(urls.len());
+        let mut auth: Option<(Option<String>, Option<String>)> = None;
+        for url in urls {
+            let info = url.as_str().into_connection_info()?;
+            let r = info.redis_settings();
+            let this = (
+                r.username().map(str::to_owned),
+                r.password().map(str::to_owned),
+            );
+            match &auth {
+                Some(first) if *first != this => {
+                    return Err(fail(
+                        "every Sentinel address must carry the same user and password".into(),
+                    ));
+                }
+                _ => auth = Some(this),
+            }
+            addrs.push(info.addr().clone());
+        }
+        let tls = addrs
+            .iter()
+            .filter(|a| matches!(a, ConnectionAddr::TcpTls { .. }))
+            .count();
+        if tls != 0 && tls != addrs.len() {
+            return Err(fail(
+                "mix of redis:// and rediss:// Sentinel addresses; use one scheme".into(),
+            ));
+        }
+        if tls == 0 && self.tls_root_ca_pem.is_some() {
+            return Err(fail(
+                "a TLS CA file is given but the Sentinel addresses are not rediss://".into(),
+            ));
+        }
+        let mut b = ::redis::sentinel::SentinelClientBuilder::new(
+            addrs,
+            &self.master_name,
+            SentinelServerType::Master,
+        )?;
+        if let Some((user, password)) = auth {
+            if let Some(u) = user {
+                b = b.set_client_to_sentinel_username(u);
+            }
+            if let Some(p) = password {
+                b = b.set_client_to_sentinel_password(p);
+            }
+        }
+        if let Some(u) = &self.master_username {
+            b = b.set_client_to_redis_username(u);
+        }
+        if let Some(p) = &self.master_password {
+            b = b.set_client_to_redis_password(p);
+        }
+        if tls > 0 {
+            b = b.set_client_to_redis_tls_mode(TlsMode::Secure);
+            if let Some(pem) = &self.tls_root_ca_pem {
+                let certs = || ::redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                };
+                b = b
+                    .set_client_to_sentinel_certificates(certs())
+                    .set_client_to_redis_certificates(certs());
+            }
+        }
+        b.build()
     }
 }
 
@@ -154,7 +241,10 @@ struct Inner {
     breaker: CircuitBreaker,
     cache: Option<LocalCache>,
     test_clock: Option<Arc<dyn Clock>>,
+    /// The master's password (redacted from errors of calls).
     secret: Option<String>,
+    /// The Sentinels' password (redacted from discovery errors).
+    sentinel_secret: Option<String>,
     /// Sentinel addresses with passwords redacted, for logs.
     sentinels: String,
     master_name: String,
@@ -169,7 +259,8 @@ pub struct RedisSentinelStorage {
 
 impl RedisSentinelStorage {
     /// Options for a backend on master `master_name` watched by `sentinels`
-    /// (`host:port` or `redis://[user:password@]host:port` of each Sentinel).
+    /// (`host:port` or `redis[s]://[user:password@]host:port` of each
+    /// Sentinel; `rediss://` makes the Sentinel and master connections TLS).
     #[must_use]
     pub fn builder<S: Into<String>>(
         sentinels: impl IntoIterator<Item = S>,
@@ -183,6 +274,9 @@ impl RedisSentinelStorage {
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             test_clock: None,
+            tls_root_ca_pem: None,
+            master_username: None,
+            master_password: None,
         }
     }
 
@@ -263,6 +357,7 @@ impl RedisSentinelStorage {
                     Ok(Err(e)) => {
                         if !failing {
                             let e = classify(&e, inner.timeout, inner.secret.as_deref());
+                            let e = redact(&e.to_string(), inner.sentinel_secret.as_deref());
                             tracing::warn!(name = %inner.master_name, sentinels = %inner.sentinels, error = %e, "no Redis master through Sentinel yet; retrying");
                         }
                         failing = true;
@@ -504,5 +599,35 @@ mod tests {
             .expect("valid");
         assert_eq!(s.sentinels(), "redis://:***@127.0.0.1:1");
         assert_eq!(s.master_addr(), None);
+    }
+
+    /// Setups the crate would accept but run differently from what was
+    /// asked: each is refused with an error naming the problem, and a
+    /// password never appears in it.
+    #[tokio::test]
+    async fn refuses_inconsistent_tls_and_credentials() {
+        let err = |b: RedisSentinelStorageBuilder| match b.build() {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        };
+        let e = err(RedisSentinelStorage::builder(
+            ["redis://:pw1@127.0.0.1:1", "redis://:pw2@127.0.0.1:2"],
+            "m",
+        ));
+        assert!(e.contains("same user and password"), "{e}");
+        assert!(!e.contains("pw1") && !e.contains("pw2"), "{e}");
+        let e = err(RedisSentinelStorage::builder(
+            ["rediss://127.0.0.1:1", "redis://127.0.0.1:2"],
+            "m",
+        ));
+        assert!(e.contains("use one scheme"), "{e}");
+        let e =
+            err(RedisSentinelStorage::builder(["127.0.0.1:1"], "m")
+                .tls_root_ca_pem(b"pem".to_vec()));
+        assert!(e.contains("not rediss://"), "{e}");
+        RedisSentinelStorage::builder(["rediss://:pw@127.0.0.1:1"], "m")
+            .master_auth(Some("app".into()), Some("secret".into()))
+            .build()
+            .expect("TLS Sentinels with master credentials");
     }
 }
