@@ -89,7 +89,12 @@ fn init_tracing(level: &str, format: LogFormat) {
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // A log line that cannot be written (the reader of stderr is gone:
+        // EPIPE) is dropped. By default the subscriber reports it with
+        // `eprintln!`, which panics on the same broken pipe and would take
+        // down the request, the reload task or the process.
+        .log_internal_errors(false);
     match format {
         LogFormat::Text => b.init(),
         LogFormat::Json => b.json().init(),

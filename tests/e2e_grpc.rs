@@ -227,3 +227,87 @@ fn check_config_prints_every_problem_and_sets_the_exit_code() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The log reader goes away (a log shipper died, `| head -1`): writes to
+/// stderr fail with EPIPE. Logging must drop those lines, never panic: calls
+/// that log (an unknown domain) are still answered, a reload still applies,
+/// and SIGTERM still exits 0.
+#[tokio::test]
+async fn a_closed_log_pipe_changes_nothing() {
+    use common::procs::{free_port, http_get};
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a.yaml"), YAML).expect("write");
+    let grpc = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let http = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut child = Command::new(bucket_rls_bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(dir.path())
+        .args(["--grpc-addr", &grpc.to_string()])
+        .args(["--http-addr", &http.to_string()])
+        .args(["--log-level", "debug"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Close the read ends: every later log write gets EPIPE.
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !http_get(http, "/healthcheck", &[])
+        .await
+        .is_ok_and(|r| r.status == 200)
+    {
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "exited at startup"
+        );
+        assert!(Instant::now() < deadline, "never healthy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    for domain in ["no-such-domain", "e2e", "another-unknown"] {
+        let r = client
+            .should_rate_limit(req(domain, vec![desc(&[("path", "/v1/search/x")])], 1))
+            .await
+            .unwrap_or_else(|e| panic!("{domain}: {e:?}"))
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32, "{domain}");
+    }
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "domain: added\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .expect("write");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = client
+            .should_rate_limit(req("added", vec![desc(&[("k", "v")])], 2))
+            .await
+            .expect("answer")
+            .into_inner();
+        if r.overall_code == Code::OverLimit as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reload never applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(child.try_wait().expect("wait").is_none(), "still running");
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "still running after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(code.success(), "exit status after SIGTERM: {code:?}");
+}
