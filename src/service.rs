@@ -197,7 +197,7 @@ impl Limiter {
         };
         drop(seen);
         if warn {
-            tracing::warn!(domain = %domain, "request for unknown domain; no config defines it, answering OK without limits");
+            tracing::warn!(domain = ?domain, "request for unknown domain; no config defines it, answering OK without limits");
         }
         metrics::counter!(m::DOMAIN_NOT_FOUND, "domain" => label).increment(1);
     }
