@@ -7,6 +7,12 @@
 //! value longer than [`MAX_VERBATIM_VALUE_BYTES`] bytes, so keys stay short and
 //! secrets sent as descriptor values are not stored verbatim).
 //!
+//! When the entries part is longer than [`MAX_VERBATIM_ENTRIES_BYTES`] (long
+//! entry keys, which a request's own `limit` override can bring, or many
+//! entries), it is replaced by `#<sha256 hex>` of itself, so no request can
+//! make a key longer than the prefix, the domain (from the config) and 65
+//! bytes, whatever it sends.
+//!
 //! Each component is length-prefixed, so the encoding is injective: `key a_b`
 //! and `key a, value b` can never share a bucket. `{`, `}` and `%` in client
 //! text are percent-escaped before measuring, so no client character can form a
@@ -18,6 +24,9 @@ use std::fmt::Write;
 
 /// Values longer than this many bytes are stored as their SHA-256.
 pub const MAX_VERBATIM_VALUE_BYTES: usize = 64;
+
+/// An entries part longer than this many bytes is stored as its SHA-256.
+pub const MAX_VERBATIM_ENTRIES_BYTES: usize = 256;
 
 /// The value part of one entry of a bucket identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +63,7 @@ pub fn encode(prefix: &str, domain: &str, entries: &[(&str, KeyValue<'_>)]) -> S
     );
     out.push_str(prefix);
     push_escaped(&mut out, 'd', domain);
+    let start = out.len();
     for (k, v) in entries {
         out.push('|');
         push_escaped(&mut out, 'k', k);
@@ -67,6 +77,13 @@ pub fn encode(prefix: &str, domain: &str, entries: &[(&str, KeyValue<'_>)]) -> S
             KeyValue::Shared(p) => push_escaped(&mut out, 'p', p),
         }
     }
+    if out.len() - start > MAX_VERBATIM_ENTRIES_BYTES {
+        // Verbatim entries always start with `|`, so `#` cannot collide.
+        let digest = hex::encode(Sha256::digest(&out.as_bytes()[start..]));
+        out.truncate(start);
+        out.push('#');
+        out.push_str(&digest);
+    }
     out
 }
 
@@ -74,6 +91,26 @@ pub fn encode(prefix: &str, domain: &str, entries: &[(&str, KeyValue<'_>)]) -> S
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Long client entry keys (brought by a `limit` override) or many
+    /// entries cannot make a key long: past 256 bytes the entries part is
+    /// hashed, and different entries still give different keys.
+    #[test]
+    fn long_entries_are_hashed() {
+        let long = |i: u32| format!("{i:06}{}", "k".repeat(1_000_000));
+        let (a, b) = (long(1), long(2));
+        let ka = encode("rls:", "edge", &[(a.as_str(), KeyValue::Value("v"))]);
+        let kb = encode("rls:", "edge", &[(b.as_str(), KeyValue::Value("v"))]);
+        assert_eq!(ka.len(), "rls:d4:edge#".len() + 64, "{ka}");
+        assert!(ka.starts_with("rls:d4:edge#"));
+        assert_ne!(ka, kb);
+        let many: Vec<(&str, KeyValue<'_>)> =
+            (0..64).map(|_| ("key", KeyValue::Value("value"))).collect();
+        assert_eq!(encode("p:", "d", &many).len(), "p:d1:d#".len() + 64);
+        // Short entries stay readable.
+        let k = encode("rls:", "edge", &[("api_key", KeyValue::Value("abc"))]);
+        assert_eq!(k, "rls:d4:edge|k7:api_key=v3:abc");
+    }
 
     #[test]
     fn underscore_does_not_merge_key_and_value() {
