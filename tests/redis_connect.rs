@@ -173,6 +173,19 @@ async fn invalid_url_is_reported_redacted() {
         .build()
         .expect_err("scheme");
     assert!(!e.to_string().contains("s3cret"), "{e}");
+    // A password in the query is ignored by the client on TCP URLs (every
+    // call would get NOAUTH): refused, and not echoed.
+    let e = RedisStorage::builder("redis://127.0.0.1:6379/0?password=s3cret")
+        .build()
+        .expect_err("password in the query");
+    let msg = e.to_string();
+    assert!(msg.contains("redis://[user]:PASSWORD@host:port"), "{msg}");
+    assert!(!msg.contains("s3cret"), "{msg}");
+    // On a unix socket URL the crate reads `pass=`: accepted, shown masked.
+    let s = RedisStorage::builder("redis+unix:///tmp/no-such.sock?pass=s3cret")
+        .build()
+        .expect("valid unix URL");
+    assert_eq!(s.url(), "redis+unix:///tmp/no-such.sock?pass=***");
 }
 
 /// A Redis Cluster that speaks only TLS to clients and on its bus

@@ -190,6 +190,20 @@ impl RedisStorageBuilder {
             url: redact_url(&self.url),
             message: redact(&e.to_string(), secret.as_deref()),
         };
+        if (self.url.starts_with("redis://") || self.url.starts_with("rediss://"))
+            && self.url.split_once('?').is_some_and(|(_, q)| {
+                q.split('&')
+                    .any(|p| p.split_once('=').is_some_and(|(n, _)| is_secret_param(n)))
+            })
+        {
+            // The crate ignores it on TCP URLs: every call would get NOAUTH.
+            return Err(RedisSetupError::InvalidUrl {
+                url: redact_url(&self.url),
+                message: "a password in the query is not used on redis:// URLs; \
+                          give it as redis://[user]:PASSWORD@host:port"
+                    .into(),
+            });
+        }
         let client = match &self.tls_root_ca_pem {
             Some(pem) => ::redis::Client::build_with_tls(
                 self.url.as_str(),
@@ -461,17 +475,36 @@ fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
     Some((&url[..start], &url[start..at], &url[at..]))
 }
 
-fn url_password(url: &str) -> Option<String> {
-    let (_, userinfo, _) = split_userinfo(url)?;
-    let (_, password) = userinfo.split_once(':')?;
-    (!password.is_empty()).then(|| password.to_owned())
+/// Whether a query parameter name carries a password: `pass` is how the
+/// `redis` crate reads one from `redis+unix://` and `unix://` URLs;
+/// `password` is a common guess (the crate ignores it on TCP URLs, but it
+/// must not be logged either).
+fn is_secret_param(name: &str) -> bool {
+    name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password")
 }
 
-/// `url` with the password of its user info replaced by `***`, for logs and
-/// errors (`redis://user:***@host:6379/0`). Works on URLs that do not parse.
+fn url_password(url: &str) -> Option<String> {
+    if let Some((_, userinfo, _)) = split_userinfo(url)
+        && let Some((_, password)) = userinfo.split_once(':')
+        && !password.is_empty()
+    {
+        return Some(password.to_owned());
+    }
+    let (_, query) = url.split_once('?')?;
+    query
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .find(|(name, value)| is_secret_param(name) && !value.is_empty())
+        .map(|(_, value)| value.to_owned())
+}
+
+/// `url` with the password of its user info and the value of any `pass=` or
+/// `password=` query parameter replaced by `***`, for logs and errors
+/// (`redis://user:***@host:6379/0`, `redis+unix:///run/redis.sock?pass=***`).
+/// Works on URLs that do not parse.
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    match split_userinfo(url) {
+    let url = match split_userinfo(url) {
         Some((scheme, userinfo, host)) => {
             let masked = match userinfo.split_once(':') {
                 Some((user, _)) => format!("{user}:***"),
@@ -481,6 +514,19 @@ pub fn redact_url(url: &str) -> String {
             format!("{scheme}{masked}{host}")
         }
         None => url.to_owned(),
+    };
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((name, _)) if is_secret_param(name) => format!("{name}=***"),
+                    _ => p.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", query.join("&"))
+        }
+        None => url,
     }
 }
 
@@ -509,6 +555,18 @@ mod tests {
             ),
             ("redis://u:a#b?c@d@h:1", "redis://u:***@h:1"),
             ("app:S3CRETPW@127.0.0.1:6379/0", "app:***@127.0.0.1:6379/0"),
+            (
+                "redis+unix:///tmp/x.sock?db=1&pass=S3CRETPW",
+                "redis+unix:///tmp/x.sock?db=1&pass=***",
+            ),
+            (
+                "unix:///tmp/x.sock?user=app&PASS=S3CRETPW",
+                "unix:///tmp/x.sock?user=app&PASS=***",
+            ),
+            (
+                "redis://host/0?password=S3CRETPW",
+                "redis://host/0?password=***",
+            ),
         ] {
             assert_eq!(redact_url(url), want);
             let pw = url_password(url).expect("password");
