@@ -417,7 +417,11 @@ impl Limiter {
             let r = result.charges[charge_idx];
             let limit = &spec.limit;
             let remaining = u32::try_from(r.tokens_micro / MICRO).unwrap_or(u32::MAX);
-            let counted = cost;
+            // A u64 `hits_addend` near its maximum would wrap a counter in one
+            // or two requests, and Prometheus reads a counter going down as a
+            // reset; one request counts at most u32::MAX hits (the reference
+            // service's hits are u32 throughout).
+            let counted = cost.min(u64::from(u32::MAX));
             if spec.kind == ChargeKind::Consume {
                 metrics::counter!(m::TOTAL_HITS, "rule" => label.clone()).increment(counted);
             }

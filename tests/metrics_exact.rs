@@ -13,7 +13,7 @@ use bucket_rls::limiter::clock::ManualClock;
 use bucket_rls::limiter::memory::MemoryStorage;
 use bucket_rls::metrics as m;
 use bucket_rls::service::{Limiter, MAX_DOMAIN_LABELS};
-use common::{desc, limiter, req};
+use common::{desc, desc_hits, limiter, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::io::Write;
 use std::sync::Arc;
@@ -314,4 +314,28 @@ async fn near_limit_counts_hits_past_the_ratio() {
     assert_eq!(v(m::WITHIN_LIMIT), Some(10.0));
     assert_eq!(v(m::OVER_LIMIT), Some(1.0));
     assert_eq!(v(m::TOTAL_HITS), Some(11.0));
+}
+
+/// A `hits_addend` near u64::MAX counts u32::MAX hits per request, so two
+/// such requests cannot wrap a counter (Prometheus would read the drop as a
+/// counter reset).
+#[tokio::test]
+async fn huge_hits_addend_cannot_wrap_counters() {
+    let l = limiter(
+        "domain: huge\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+        paused_memory(),
+        "huge:",
+    );
+    for _ in 0..2 {
+        let r = l
+            .should_rate_limit(&req("huge", vec![desc_hits(&[("k", "v")], u64::MAX)], 1))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+    }
+    let text = scrape();
+    let v = |name| metric(&text, name, &[("rule", "huge.k")]);
+    let want = 2.0 * f64::from(u32::MAX);
+    assert_eq!(v(m::TOTAL_HITS), Some(want));
+    assert_eq!(v(m::OVER_LIMIT), Some(want));
 }
