@@ -107,7 +107,7 @@ pub struct ServeArgs {
     #[arg(long, env = "BUCKET_RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = ratio)]
     pub near_limit_ratio: f64,
     /// Most descriptors accepted per request.
-    #[arg(long, env = "BUCKET_RLS_MAX_DESCRIPTORS", default_value_t = 1024)]
+    #[arg(long, env = "BUCKET_RLS_MAX_DESCRIPTORS", default_value_t = 1024, value_parser = at_least_one)]
     pub max_descriptors: usize,
     /// Send duration_until_reset in exact milliseconds instead of whole seconds
     /// rounded up (Envoy reads only whole seconds; leave off for Envoy).
@@ -163,4 +163,13 @@ pub fn parse_log_level(s: &str) -> Result<String, String> {
     tracing_subscriber::EnvFilter::try_new(s)
         .map(|_| s.to_owned())
         .map_err(|e| format!("invalid log filter '{s}': {e}"))
+}
+
+/// A count of at least 1 (0 would refuse every request).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (0 would refuse every request)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a count: {e}")),
+    }
 }

@@ -131,6 +131,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
             let pem = std::fs::read(ca)
                 .with_context(|| format!("reading --redis-tls-ca-file {}", ca.display()))?;
+            if !pem
+                .windows(b"-----BEGIN CERTIFICATE-----".len())
+                .any(|w| w == b"-----BEGIN CERTIFICATE-----")
+            {
+                anyhow::bail!(
+                    "--redis-tls-ca-file {}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+                    ca.display()
+                );
+            }
             Some(pem)
         }
         None => None,

@@ -129,19 +129,57 @@ fn refuses_ambiguous_or_incomplete_redis_flags() {
         ][..],
         &["--redis-sentinel", "127.0.0.1:3"][..],
     ] {
-        let out = Command::new(bucket_rls_bin())
-            .arg("serve")
-            .arg("--config")
-            .arg(cfg.path())
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(args)
-            .output()
-            .expect("run bucket-rls");
-        assert!(!out.status.success(), "{args:?} must be refused");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused(cfg.path(), args);
         assert!(
             err.contains("--redis-master-name") || err.contains("only one of"),
             "{args:?}: {err}"
         );
     }
+    // Settings that would be ignored or would refuse every request.
+    for (args, want) in [
+        (
+            &["--redis-master-password", "pw"][..],
+            "apply only with --redis-sentinel",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--redis-master-username",
+                "u",
+            ][..],
+            "apply only with --redis-sentinel",
+        ),
+        (
+            &["--redis-tls-ca-file", "/etc/hostname"][..],
+            "needs a Redis backend",
+        ),
+        (
+            &[
+                "--redis-url",
+                "rediss://127.0.0.1:1",
+                "--redis-tls-ca-file",
+                "/etc/hostname",
+            ][..],
+            "no PEM certificate",
+        ),
+        (&["--max-descriptors", "0"][..], "must be at least 1"),
+    ] {
+        let err = refused(cfg.path(), args);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// Runs `serve` with `args`, expects a non-zero exit, returns stderr.
+fn refused(config: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(bucket_rls_bin())
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(args)
+        .output()
+        .expect("run bucket-rls");
+    assert!(!out.status.success(), "{args:?} must be refused");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
