@@ -47,7 +47,31 @@ pub fn router(limiter: Arc<Limiter>) -> Router {
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
         .with_state(limiter)
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let allowed = if uri.path() == "/json" { "POST" } else { "GET" };
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{method} is not allowed on {}; use {allowed}", uri.path()),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(allowed) {
+        r.headers_mut().insert(header::ALLOW, v);
+    }
+    r
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        &format!(
+            "no endpoint {}; endpoints: /healthcheck, /livez, /metrics, /rlconfig (GET), /json (POST)",
+            uri.path()
+        ),
+    )
 }
 
 async fn livez() -> &'static str {
@@ -182,7 +206,16 @@ async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> Response {
     json_response(StatusCode::OK, &view)
 }
 
-async fn json(State(limiter): State<Arc<Limiter>>, body: Bytes) -> Response {
+async fn json(
+    State(limiter): State<Arc<Limiter>>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    // A body over the limit (413) or one that fails to arrive: the same JSON
+    // error shape as every other answer.
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => return error(r.status(), &r.body_text()),
+    };
     let req = match pbjson::JsonRequest::parse(&body) {
         Ok(r) => r.into_proto(),
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),

@@ -302,6 +302,12 @@ async fn json_rejects_bad_requests_with_400_and_storage_down_with_503() {
             r#"{"domain":"adm","descriptors":[{"entries":[{"key":"user","value":"x"}],"limit":{"requestsPerUnit":1,"unit":"UNKNOWN"}}]}"#,
             "limit.unit",
         ),
+        // Positional arrays are not protobuf JSON.
+        (
+            r#"["adm",[{"entries":[{"key":"user","value":"x"}]}]]"#,
+            "expected a JSON object",
+        ),
+        ("  [1,2]", "expected a JSON object"),
     ] {
         let (s, ctype, b) = call(&l, "POST", "/json", body).await;
         assert_eq!(
@@ -311,6 +317,51 @@ async fn json_rejects_bad_requests_with_400_and_storage_down_with_503() {
         );
         let v: Value = serde_json::from_str(&b).unwrap();
         assert!(v["error"].as_str().unwrap().contains(needle), "{body}: {b}");
+    }
+    // Every other refusal has the same JSON shape: a body over axum's 2 MB
+    // limit, a wrong method (with Allow), an unknown path.
+    let big = format!(r#"{{"domain":"{}"}}"#, "x".repeat(3 << 20));
+    for (method, path, body, want, needle) in [
+        (
+            "POST",
+            "/json",
+            big.as_str(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "length limit",
+        ),
+        (
+            "GET",
+            "/json",
+            "",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use POST",
+        ),
+        (
+            "POST",
+            "/metrics",
+            "",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "use GET",
+        ),
+        (
+            "GET",
+            "/nope",
+            "",
+            StatusCode::NOT_FOUND,
+            "no endpoint /nope",
+        ),
+    ] {
+        let (s, ctype, b) = call(&l, method, path, body).await;
+        assert_eq!(
+            (s, ctype.as_str()),
+            (want, "application/json"),
+            "{method} {path}: {b}"
+        );
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert!(
+            v["error"].as_str().unwrap().contains(needle),
+            "{method} {path}: {b}"
+        );
     }
     let down = common::limiter(YAML, Arc::new(Down), "b:");
     let (s, v) = post_json(

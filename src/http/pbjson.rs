@@ -110,6 +110,17 @@ impl JsonRequest {
     /// # Errors
     /// A message naming what was wrong and where (line and column).
     pub fn parse(body: &[u8]) -> Result<Self, String> {
+        // serde would also read a JSON array positionally; protobuf JSON has
+        // only objects, and an array's errors would name the wrong field.
+        match body.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{') => {}
+            _ => {
+                return Err(
+                    "invalid RateLimitRequest JSON: expected a JSON object such as {\"domain\": ..., \"descriptors\": [...]}"
+                        .into(),
+                );
+            }
+        }
         serde_json::from_slice(body).map_err(|e| format!("invalid RateLimitRequest JSON: {e}"))
     }
 
