@@ -469,8 +469,14 @@ fn new_histogram() -> Histogram<u64> {
 }
 
 async fn run(args: &LoadgenArgs, target: SocketAddr) -> Result<Report, LoadgenError> {
+    if args.duration.is_some_and(|d| d > MAX_RUN) {
+        return Err(LoadgenError::Args(format!(
+            "--duration is at most {} s (10 minutes): load runs are bounded",
+            MAX_RUN.as_secs()
+        )));
+    }
     let duration = match (args.duration, args.requests) {
-        (Some(d), _) => d.min(MAX_RUN),
+        (Some(d), _) => d,
         (None, Some(_)) => MAX_RUN,
         (None, None) => DEFAULT_DURATION,
     };

@@ -200,6 +200,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.memory_max_buckets,
         ))
     };
+    // Unlabelled series exist from startup (an alert on `== 0` has a series
+    // to match); labelled ones appear with their first event.
+    if topologies > 0 {
+        metrics::gauge!(bucket_rls::metrics::REDIS_CIRCUIT_OPEN).increment(0.0);
+        metrics::counter!(bucket_rls::metrics::REDIS_SCRIPT_RELOAD).increment(0);
+        metrics::counter!(bucket_rls::metrics::LOCAL_CACHE_HITS).increment(0);
+    } else {
+        metrics::counter!(bucket_rls::limiter::memory::EVICTIONS_METRIC).increment(0);
+    }
     let settings = ServiceSettings {
         key_prefix: args.redis_key_prefix.clone(),
         on_storage_error: args.on_storage_error,

@@ -120,6 +120,24 @@ async fn serves_ok_then_over_limit_with_honest_retry_after() {
     assert_eq!(r.statuses[0].limit_remaining, 1);
 }
 
+/// Unlabelled series exist from startup, so an alert on them has a series
+/// to match before the first event.
+#[tokio::test]
+async fn unlabelled_series_exist_from_startup() {
+    let cfg = config_file(YAML);
+    let svc = BucketRls::start(cfg.path(), &[]).await;
+    let m = common::procs::http_get(svc.http, "/metrics", &[])
+        .await
+        .expect("metrics");
+    assert!(
+        m.body
+            .lines()
+            .any(|l| l == "bucket_rls_memory_evictions_total 0"),
+        "{}",
+        m.body
+    );
+}
+
 #[tokio::test]
 async fn sigterm_drains_and_exits_cleanly() {
     let cfg = config_file(YAML);

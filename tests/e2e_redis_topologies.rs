@@ -5,7 +5,7 @@
 mod common;
 
 use common::cluster::RedisCluster;
-use common::procs::{BucketRls, bucket_rls_bin};
+use common::procs::{BucketRls, bucket_rls_bin, http_get};
 use common::sentinel::{MASTER_NAME, SentinelSetup};
 use common::{desc, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -90,7 +90,8 @@ async fn serves_from_a_redis_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_from_the_master_sentinel_names() {
-    let s = tokio::task::spawn_blocking(SentinelSetup::start)
+    // The master has a password, given with --redis-master-password.
+    let s = tokio::task::spawn_blocking(|| SentinelSetup::start_with_password(Some("m-pw")))
         .await
         .expect("sentinel setup");
     let cfg = config_file();
@@ -102,9 +103,20 @@ async fn serves_from_the_master_sentinel_names() {
             &sentinels,
             "--redis-master-name",
             MASTER_NAME,
+            "--redis-master-password",
+            "m-pw",
         ],
     )
     .await;
+    // Unlabelled series exist before any event.
+    let m = http_get(svc.http, "/metrics", &[]).await.expect("metrics");
+    for series in [
+        "bucket_rls_redis_circuit_open 0",
+        "bucket_rls_redis_script_reload_total 0",
+        "bucket_rls_local_cache_hits_total 0",
+    ] {
+        assert!(m.body.lines().any(|l| l == series), "{series}:\n{}", m.body);
+    }
     three_calls(&svc).await;
     let master = s.data_node(s.master_port());
     let keys: Vec<String> = master.query(redis::cmd("KEYS").arg("rls:*"));

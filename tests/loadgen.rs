@@ -222,3 +222,22 @@ fn non_loopback_target_is_refused() {
         assert!(out.stdout.is_empty());
     }
 }
+
+/// Runs are bounded: a duration past 10 minutes is refused up front instead
+/// of being cut short without a word.
+#[test]
+fn duration_past_ten_minutes_is_refused() {
+    let out = loadgen(&[
+        "--target",
+        "127.0.0.1:1",
+        "--domain",
+        "lg",
+        "--descriptor",
+        "small=x",
+        "--duration",
+        "11m",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at most 600 s"), "{err}");
+}
