@@ -495,6 +495,29 @@ fn a_dangling_yaml_symlink_is_an_error_not_a_missing_domain() {
     assert!(e.contains("edge.yaml") && e.contains("cannot read"), "{e}");
 }
 
+/// A file that cannot be read does not hide the problems of the others:
+/// every problem of the directory is reported at once.
+#[test]
+fn an_unreadable_file_does_not_hide_other_problems() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::os::unix::fs::symlink(dir.path().join("gone.yaml"), dir.path().join("a.yaml"))
+        .expect("symlink");
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("c.yaml"), "domain: c\ndescriptors: []\n").expect("write");
+    std::fs::write(dir.path().join("d.yaml"), "domain: c\ndescriptors: []\n").expect("write");
+    let e = load_within_5s(dir.path()).unwrap_err();
+    assert!(e.contains("a.yaml") && e.contains("cannot read"), "{e}");
+    assert!(e.contains("b.yaml:4") && e.contains("fortnight"), "{e}");
+    assert!(
+        e.contains("d.yaml") && e.contains("duplicate domain"),
+        "{e}"
+    );
+}
+
 #[test]
 fn domain_with_surrounding_spaces_is_an_error() {
     one_error(

@@ -572,6 +572,22 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>, String> {
 /// # Errors
 /// The source or one of its files cannot be read.
 pub fn read_source(source: &Path) -> Result<Vec<(String, Vec<u8>)>, ConfigErrors> {
+    let (texts, errors) = read_source_partly(source)?;
+    if errors.is_empty() {
+        Ok(texts)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// [`read_source`] that goes on past files it cannot read: the files read,
+/// and one error per file that could not be.
+///
+/// # Errors
+/// The source itself cannot be read.
+fn read_source_partly(
+    source: &Path,
+) -> Result<(Vec<(String, Vec<u8>)>, Vec<ConfigError>), ConfigErrors> {
     let files = source_files(source).map_err(|e| ConfigErrors(vec![e]))?;
     let mut texts = Vec::with_capacity(files.len());
     let mut errors = Vec::new();
@@ -587,19 +603,25 @@ pub fn read_source(source: &Path) -> Result<Vec<(String, Vec<u8>)>, ConfigErrors
             }),
         }
     }
-    if errors.is_empty() {
-        Ok(texts)
-    } else {
-        Err(ConfigErrors(errors))
-    }
+    Ok((texts, errors))
 }
 
 /// Loads a file or directory into a complete [`Config`].
 ///
 /// # Errors
-/// Every problem of every file, plus duplicate domains across files.
+/// Every problem of every file, plus duplicate domains across files: a file
+/// that cannot be read does not hide the problems of the others.
 pub fn load_source(source: &Path) -> Result<Config, ConfigErrors> {
-    compile_texts(&read_source(source)?)
+    let (texts, mut errors) = read_source_partly(source)?;
+    match compile_texts(&texts) {
+        Ok(config) if errors.is_empty() => Ok(config),
+        Ok(_) => Err(ConfigErrors(errors)),
+        Err(ConfigErrors(more)) => {
+            errors.extend(more);
+            errors.sort_by(|a, b| a.file.cmp(&b.file));
+            Err(ConfigErrors(errors))
+        }
+    }
 }
 
 /// Compiles already-read files `(name, bytes)` into a [`Config`].
