@@ -580,14 +580,15 @@ pub fn read_source(source: &Path) -> Result<Vec<(String, Vec<u8>)>, ConfigErrors
     }
 }
 
+/// Files read, as `(name, bytes)`.
+type Texts = Vec<(String, Vec<u8>)>;
+
 /// [`read_source`] that goes on past files it cannot read: the files read,
 /// and one error per file that could not be.
 ///
 /// # Errors
 /// The source itself cannot be read.
-fn read_source_partly(
-    source: &Path,
-) -> Result<(Vec<(String, Vec<u8>)>, Vec<ConfigError>), ConfigErrors> {
+fn read_source_partly(source: &Path) -> Result<(Texts, Vec<ConfigError>), ConfigErrors> {
     let files = source_files(source).map_err(|e| ConfigErrors(vec![e]))?;
     let mut texts = Vec::with_capacity(files.len());
     let mut errors = Vec::new();
