@@ -51,6 +51,22 @@ fn write_tls_files(dir: &std::path::Path) -> Vec<u8> {
     ca_cert.pem().into_bytes()
 }
 
+/// `redis-server` TLS arguments for the files of [`write_tls_files`] in
+/// `dir` (client certificates not required); the caller adds `--tls-port`.
+fn tls_server_args(dir: &std::path::Path) -> Vec<String> {
+    let path = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    vec![
+        "--tls-cert-file".into(),
+        path("server.crt"),
+        "--tls-key-file".into(),
+        path("server.key"),
+        "--tls-ca-cert-file".into(),
+        path("ca.crt"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ]
+}
+
 async fn ready(s: &RedisStorage) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -113,20 +129,10 @@ async fn acl_user_and_password() {
 async fn tls_with_private_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = write_tls_files(dir.path());
-    let path = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
     let tls_port = free_port();
-    let server = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port.to_string(),
-        "--tls-cert-file",
-        &path("server.crt"),
-        "--tls-key-file",
-        &path("server.key"),
-        "--tls-ca-cert-file",
-        &path("ca.crt"),
-        "--tls-auth-clients",
-        "no",
-    ]);
+    let mut args = tls_server_args(dir.path());
+    args.extend(["--tls-port".into(), tls_port.to_string()]);
+    let server = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let url = format!("rediss://127.0.0.1:{tls_port}/0");
     let s = std::sync::Arc::new(
         RedisStorage::builder(url.as_str())
@@ -200,46 +206,15 @@ async fn tls_cluster_with_private_ca() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = write_tls_files(dir.path());
-    let path = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
     let mut nodes = Vec::new();
     let mut tls_ports = Vec::new();
     for i in 0..3 {
-        let (port, tls_port, bus) = (free_port(), free_port(), free_port());
-        let args: Vec<String> = [
-            "--port",
-            &port.to_string(),
-            "--tls-port",
-            &tls_port.to_string(),
-            "--cluster-port",
-            &bus.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            &path(&format!("nodes-{port}.conf")),
-            "--cluster-node-timeout",
-            "1000",
-            "--tls-cluster",
-            "yes",
-            "--tls-cert-file",
-            &path("server.crt"),
-            "--tls-key-file",
-            &path("server.key"),
-            "--tls-ca-cert-file",
-            &path("ca.crt"),
-            "--tls-auth-clients",
-            "no",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            &path(""),
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        let (port, tls_port) = (free_port(), free_port());
+        let mut tls = tls_server_args(dir.path());
+        tls.extend(["--tls-port".into(), tls_port.to_string()]);
+        tls.extend(["--tls-cluster".into(), "yes".into()]);
+        let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
+        let args = common::cluster::cluster_node_args(port, dir.path(), &tls);
         nodes.push(Node::start(
             "redis-server",
             &args,

@@ -199,6 +199,41 @@ impl Shard {
     }
 }
 
+/// Arguments of a cluster node on `port` (and a free bus port) on
+/// 127.0.0.1, with `cluster-node-timeout 1000`,
+/// `cluster-require-full-coverage no`, no persistence, files in `dir`, then
+/// `extra`.
+pub fn cluster_node_args(port: u16, dir: &Path, extra: &[&str]) -> Vec<String> {
+    let dir = dir.to_string_lossy();
+    let mut args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--cluster-port",
+        &free_port().to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        &format!("{dir}/nodes-{port}.conf"),
+        "--cluster-node-timeout",
+        "1000",
+        "--cluster-require-full-coverage",
+        "no",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        &dir,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    args
+}
+
 /// `redis-cli --cluster create` over `nodes` with `replicas` replicas per
 /// master. Bounded: redis-cli waits forever for nodes that cannot meet (a
 /// cluster bus that fails its TLS handshake, say), so it is killed after 60 s
@@ -228,34 +263,7 @@ impl RedisCluster {
         let mut nodes = Vec::new();
         for i in 0..6 {
             let port = free_port();
-            let bus = free_port();
-            let args: Vec<String> = [
-                "--port",
-                &port.to_string(),
-                "--cluster-port",
-                &bus.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &dir.path()
-                    .join(format!("nodes-{port}.conf"))
-                    .to_string_lossy(),
-                "--cluster-node-timeout",
-                "1000",
-                "--cluster-require-full-coverage",
-                "no",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                &dir.path().to_string_lossy(),
-            ]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
+            let args = cluster_node_args(port, dir.path(), &[]);
             nodes.push(Node::start(
                 "redis-server",
                 &args,
