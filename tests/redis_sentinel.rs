@@ -307,3 +307,44 @@ async fn master_with_password() {
     assert_eq!(remaining(&l, "a").await, 98);
     assert_eq!(one(&l, "a").await, Some(97));
 }
+
+/// Sentinels and master reached over TLS (`rediss://` Sentinel addresses
+/// with `--redis-tls-ca-file`): the master the Sentinels name, by its TLS
+/// port, is used over TLS and decides exactly. Without the CA nothing is
+/// answered OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_sentinels_and_master() {
+    let (s, ca) = tokio::task::spawn_blocking(SentinelSetup::start_tls)
+        .await
+        .expect("sentinel setup");
+    let prefix = unique_prefix("sentinel-tls");
+    let st = RedisSentinelStorage::builder(s.sentinel_tls_urls(), MASTER_NAME)
+        .timeout(Duration::from_secs(1))
+        .tls_root_ca_pem(ca)
+        .build()
+        .expect("valid sentinels");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while st.master_addr().is_none() {
+        assert!(Instant::now() < deadline, "no master discovered over TLS");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let l = limiter(YAML, Arc::new(st), &prefix);
+    wait_answers(&l).await;
+    assert_eq!(one(&l, "a").await, Some(99));
+    assert_eq!(one(&l, "a").await, Some(98));
+    let keys: Vec<String> = s.data[0].query(redis::cmd("KEYS").arg(format!("{prefix}*")));
+    assert_eq!(keys.len(), 2, "{keys:?}"); // [[k=a]] and the probe bucket
+
+    let untrusted = RedisSentinelStorage::builder(s.sentinel_tls_urls(), MASTER_NAME)
+        .timeout(Duration::from_millis(300))
+        .build()
+        .expect("valid sentinels");
+    let l = limiter(YAML, Arc::new(untrusted), &prefix);
+    for _ in 0..3 {
+        let e = l
+            .should_rate_limit(&req("d", vec![desc(&[("k", "a")])], 0))
+            .await
+            .expect_err("untrusted certificates");
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    }
+}

@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod procs;
 pub mod redis;
 pub mod sentinel;
+pub mod tls;
 
 use bucket_rls::config::loader;
 use bucket_rls::limiter::Storage;

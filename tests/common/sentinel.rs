@@ -15,6 +15,8 @@ pub struct SentinelSetup {
     pub data: Vec<Node>,
     /// The three Sentinels.
     pub sentinels: Vec<Node>,
+    /// TLS ports of the Sentinels (empty without TLS).
+    sentinel_tls_ports: Vec<u16>,
     dir: tempfile::TempDir,
 }
 
@@ -65,20 +67,53 @@ impl SentinelSetup {
     /// nodes (the Sentinels get `auth-pass`; they have no password
     /// themselves).
     pub fn start_with_password(password: Option<&str>) -> Self {
+        Self::start_inner(tempfile::tempdir().expect("tempdir"), password, false)
+    }
+
+    /// [`SentinelSetup::start`] where the master, the replica and the
+    /// Sentinels also listen with TLS (certificates from
+    /// [`super::tls::write_tls_files`], `tls-replication yes`, so Sentinels
+    /// name the master by its TLS port). The plain ports stay for the test's
+    /// own queries. Returns the CA certificate (PEM) too.
+    pub fn start_tls() -> (Self, Vec<u8>) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mp = free_port();
-        let rp = free_port();
+        let ca = super::tls::write_tls_files(dir.path());
+        (Self::start_inner(dir, None, true), ca)
+    }
+
+    fn start_inner(dir: tempfile::TempDir, password: Option<&str>, tls: bool) -> Self {
+        let tls_args = |tls_port: u16| -> Vec<String> {
+            if !tls {
+                return Vec::new();
+            }
+            let mut a = super::tls::tls_server_args(dir.path());
+            a.extend([
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-replication".into(),
+                "yes".into(),
+            ]);
+            a
+        };
+        let (mp, mp_tls) = (free_port(), free_port());
+        let (rp, rp_tls) = (free_port(), free_port());
+        // With TLS, replication and Sentinels use the master's TLS port.
+        let master_port = if tls { mp_tls } else { mp };
+        let mut args = data_args(mp, dir.path(), None, password);
+        args.extend(tls_args(mp_tls));
         let master = Node::start_with_password(
             "redis-server",
-            &data_args(mp, dir.path(), None, password),
+            &args,
             mp,
             dir.path(),
             &format!("master-{mp}"),
             password,
         );
+        let mut args = data_args(rp, dir.path(), Some(master_port), password);
+        args.extend(tls_args(rp_tls));
         let replica = Node::start_with_password(
             "redis-server",
-            &data_args(rp, dir.path(), Some(mp), password),
+            &args,
             rp,
             dir.path(),
             &format!("replica-{rp}"),
@@ -90,14 +125,25 @@ impl SentinelSetup {
                 .is_ok_and(|i| i.contains("master_link_status:up"))
         });
         let mut sentinels = Vec::new();
+        let mut sentinel_tls_ports = Vec::new();
         for i in 0..3 {
             let sp = free_port();
             let conf = dir.path().join(format!("sentinel-{sp}.conf"));
+            let tls_conf = if tls {
+                let tp = free_port();
+                sentinel_tls_ports.push(tp);
+                let a = tls_args(tp);
+                a.chunks(2)
+                    .map(|kv| format!("{} {}\n", kv[0].trim_start_matches("--"), kv[1]))
+                    .collect::<String>()
+            } else {
+                String::new()
+            };
             std::fs::write(
                 &conf,
                 format!(
-                    "port {sp}\nbind 127.0.0.1\ndir {dir}\n\
-                     sentinel monitor {MASTER_NAME} 127.0.0.1 {mp} 2\n\
+                    "port {sp}\nbind 127.0.0.1\ndir {dir}\n{tls_conf}\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
                      sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                      sentinel failover-timeout {MASTER_NAME} 3000\n\
                      sentinel parallel-syncs {MASTER_NAME} 1\n{auth}",
@@ -119,6 +165,7 @@ impl SentinelSetup {
         let s = Self {
             data: vec![master, replica],
             sentinels,
+            sentinel_tls_ports,
             dir,
         };
         wait_for("Sentinels know the replica and each other", || {
@@ -131,6 +178,15 @@ impl SentinelSetup {
             })
         });
         s
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` of each Sentinel (a [`Self::start_tls`]
+    /// setup).
+    pub fn sentinel_tls_urls(&self) -> Vec<String> {
+        self.sentinel_tls_ports
+            .iter()
+            .map(|p| format!("rediss://127.0.0.1:{p}"))
+            .collect()
     }
 
     /// `127.0.0.1:PORT` of each Sentinel.
