@@ -22,6 +22,16 @@ use std::sync::Arc;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// `eprintln!` that ignores a failed write: with the reader of stderr gone
+/// (`| head`, a dead log shipper) the exit code still tells the outcome,
+/// instead of a panic on EPIPE.
+macro_rules! report {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -29,7 +39,7 @@ fn main() -> ExitCode {
         Command::Loadgen(args) => match bucket_rls::loadgen::main(&args) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("error: {e}");
+                report!(std::io::stderr(), "error: {e}");
                 ExitCode::FAILURE
             }
         },
@@ -38,14 +48,17 @@ fn main() -> ExitCode {
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
+                    report!(
+                        std::io::stderr(),
+                        "error: cannot start the async runtime: {e}"
+                    );
                     return ExitCode::FAILURE;
                 }
             };
             match rt.block_on(serve(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {e:#}");
+                    report!(std::io::stderr(), "error: {e:#}");
                     ExitCode::FAILURE
                 }
             }
@@ -57,7 +70,8 @@ fn check_config(paths: &[std::path::PathBuf]) -> ExitCode {
     let mut ok = true;
     for p in paths {
         match loader::load_source(p) {
-            Ok(c) => println!(
+            Ok(c) => report!(
+                std::io::stdout(),
                 "{}: OK ({} domains, {} rules, sha256 {})",
                 p.display(),
                 c.domains.len(),
@@ -67,7 +81,7 @@ fn check_config(paths: &[std::path::PathBuf]) -> ExitCode {
             Err(errs) => {
                 ok = false;
                 for e in errs.0 {
-                    eprintln!("{e}");
+                    report!(std::io::stderr(), "{e}");
                 }
             }
         }
@@ -81,7 +95,10 @@ fn check_config(paths: &[std::path::PathBuf]) -> ExitCode {
 
 fn init_tracing(level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|e| {
-        eprintln!("warning: invalid --log-level '{level}' ({e}); logging at info");
+        report!(
+            std::io::stderr(),
+            "warning: invalid --log-level '{level}' ({e}); logging at info"
+        );
         tracing_subscriber::EnvFilter::new("info")
     });
     // Colours only on a terminal: log files and collectors get plain text.
