@@ -7,7 +7,15 @@
 //! not even the liveness probe. The caps are per port, so a flood on the gRPC
 //! port never starves the admin port. Accept errors (such as `EMFILE`) are
 //! logged and retried after a short pause instead of ending the server.
+//!
+//! A connection must send its first bytes within [`FIRST_BYTE_TIMEOUT`]
+//! (Envoy sends the HTTP/2 preface, curl its request line, at once);
+//! otherwise it is closed, so connections that never speak cannot hold the
+//! cap. After the first bytes there is no idle limit: Envoy keeps its gRPC
+//! connection open between requests, and dead peers are found by HTTP/2
+//! pings.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -21,6 +29,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// Upper bound of the per-port cap.
 pub const MAX_PER_PORT: usize = 10_000;
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// Time a new connection has to send its first bytes.
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections one port may hold: half of the file descriptors the process may
 /// open (`RLIMIT_NOFILE`, minus a reserve for Redis, config files and logs),
@@ -42,10 +52,14 @@ fn open_files_soft_limit() -> Option<usize> {
 }
 
 /// A TCP stream holding one of its port's connection permits until dropped.
+/// Reading fails with `TimedOut` if no byte arrived within the first-byte
+/// deadline.
 #[derive(Debug)]
 pub struct Limited {
     inner: TcpStream,
     _permit: OwnedSemaphorePermit,
+    /// Until the first bytes arrive: when the connection is given up.
+    first_byte: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl AsyncRead for Limited {
@@ -54,7 +68,21 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Some(deadline) = self.first_byte.as_mut() {
+            match &r {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => self.first_byte = None,
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no bytes from the client within the first-byte timeout",
+                    )));
+                }
+                _ => {}
+            }
+        }
+        r
     }
 }
 
@@ -98,6 +126,7 @@ pub struct LimitedListener {
     permits: Arc<Semaphore>,
     nodelay: bool,
     port: &'static str,
+    first_byte_timeout: Duration,
 }
 
 impl LimitedListener {
@@ -110,7 +139,16 @@ impl LimitedListener {
             permits: Arc::new(Semaphore::new(limit.max(1))),
             nodelay,
             port,
+            first_byte_timeout: FIRST_BYTE_TIMEOUT,
         }
+    }
+
+    /// Replaces the time a new connection has to send its first bytes
+    /// (default [`FIRST_BYTE_TIMEOUT`]).
+    #[must_use]
+    pub fn first_byte_timeout(mut self, timeout: Duration) -> Self {
+        self.first_byte_timeout = timeout;
+        self
     }
 
     /// The next connection, once a permit is free. Never fails: accept errors
@@ -131,6 +169,7 @@ impl LimitedListener {
                         Limited {
                             inner: stream,
                             _permit: permit,
+                            first_byte: Some(Box::pin(tokio::time::sleep(self.first_byte_timeout))),
                         },
                         addr,
                     );

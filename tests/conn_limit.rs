@@ -53,3 +53,44 @@ fn the_cap_follows_the_open_files_limit() {
         "{n}"
     );
 }
+
+/// A connection that sends nothing within the first-byte timeout is closed
+/// and gives its permit back; a connection that spoke may then stay idle
+/// longer than that timeout and is still served (Envoy keeps its gRPC
+/// connection open between requests).
+#[tokio::test]
+async fn silent_connections_are_closed_after_the_first_byte_timeout() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let app = axum::Router::new().route("/livez", axum::routing::get(|| async { "OK\n" }));
+    tokio::spawn(async move {
+        let listener = LimitedListener::new(l, 2, false, "test")
+            .first_byte_timeout(Duration::from_millis(300));
+        let _ = axum::serve(listener, app).await;
+    });
+    // A client that speaks, then idles past the timeout: still served.
+    let mut talker = TcpStream::connect(addr).await.expect("connect");
+    let request = b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n";
+    let mut buf = [0u8; 1024];
+    talker.write_all(request).await.expect("write");
+    let n = talker.read(&mut buf).await.expect("read");
+    assert!(String::from_utf8_lossy(&buf[..n]).ends_with("OK\n"));
+    // A silent client takes the other permit, and is closed after ~300 ms.
+    let mut silent = TcpStream::connect(addr).await.expect("connect");
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+        .await
+        .expect("closed by the server within 5 s");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    // Its permit is free again: a new client is served while the talker
+    // still holds the other one.
+    assert!(get(addr).await.ends_with("OK\n"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    talker.write_all(request).await.expect("write");
+    let n = talker.read(&mut buf).await.expect("read");
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).ends_with("OK\n"),
+        "an idle connection that spoke is kept"
+    );
+}
