@@ -383,6 +383,27 @@ impl Limiter {
         }
     }
 
+    /// Micro-tokens each consume needs in its bucket for the whole request to
+    /// pass: its own cost (at least 1 token: a check needs one) plus the costs of the earlier consumes (shadow ones
+    /// too: they take tokens) of the same request on the same bucket. A refund
+    /// earlier in the request is not subtracted, so a reported wait is never too
+    /// short. Refunds get 0.
+    fn request_needs_micro(charges: &[Charge]) -> Vec<u128> {
+        let mut taken: std::collections::HashMap<&str, u128> = std::collections::HashMap::new();
+        charges
+            .iter()
+            .map(|c| {
+                if c.spec.kind != ChargeKind::Consume {
+                    return 0;
+                }
+                let taken_before = taken.entry(c.key.as_str()).or_insert(0);
+                let need = *taken_before + u128::from(c.spec.cost.max(1)) * u128::from(MICRO);
+                *taken_before += u128::from(c.spec.cost) * u128::from(MICRO);
+                need
+            })
+            .collect()
+    }
+
     fn respond(
         &self,
         plans: &[Plan],
@@ -394,6 +415,7 @@ impl Limiter {
         let mut retry_after_us: u128 = 0;
         // (status index, unit seconds) of every status that carries a limit.
         let mut limited: Vec<(usize, u64)> = Vec::new();
+        let need_micro = Self::request_needs_micro(charges);
         for plan in plans {
             let (charge_idx, label, current, cost) = match plan {
                 Plan::NoLimit => {
@@ -447,12 +469,17 @@ impl Limiter {
             } else {
                 metrics::counter!(m::OVER_LIMIT, "rule" => label.clone()).increment(counted);
                 let cap = limit.capacity_micro();
-                let need = u128::from(spec.cost.max(1)) * u128::from(MICRO);
+                let own = u128::from(spec.cost.max(1)) * u128::from(MICRO);
+                // Earlier consumes of this request on the same bucket must fit
+                // too: wait until all of them do, not only this one's cost.
+                let need = need_micro[charge_idx].max(own);
                 let wait_us = if limit.requests_per_unit == 0 {
                     u128::from(limit.unit_secs) * 1_000_000
                 } else if need > cap {
-                    metrics::counter!(m::HITS_EXCEED_CAPACITY, "rule" => label.clone())
-                        .increment(counted);
+                    if own > cap {
+                        metrics::counter!(m::HITS_EXCEED_CAPACITY, "rule" => label.clone())
+                            .increment(counted);
+                    }
                     bucket::time_to_full_us(limit, r.tokens_micro)
                 } else {
                     limit

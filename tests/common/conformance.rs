@@ -572,6 +572,53 @@ pub async fn br_13(b: &dyn Backend) {
     assert_eq!(cr(&c.one("d", &k2, 1).await, 0).0, OVER);
 }
 
+/// One request with several descriptors on the same bucket (the same
+/// descriptor twice, or two values of a `share_threshold` wildcard): a denial
+/// reports the wait until the whole request fits, not only its own cost, so
+/// a client retrying after `retry-after` is admitted.
+pub async fn same_bucket_twice_waits_for_all(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: d\ndescriptors:\n  - key: slow\n    rate_limit: {unit: minute, requests_per_unit: 6, burst: 5}\n  - key: sh\n    value: p*\n    share_threshold: true\n    rate_limit: {unit: minute, requests_per_unit: 1, burst: 10}\n",
+    )
+    .await;
+    let d1 = [("slow", "d1")];
+    assert_eq!(
+        cr(&c.call(req("d", vec![desc_hits(&d1, 2)], 0)).await, 0),
+        (OK, 3)
+    );
+    // 3 tokens; the request needs 2 + 2: one token short at 0.1 token/s.
+    let twice = || req("d", vec![desc_hits(&d1, 2), desc_hits(&d1, 2)], 0);
+    let r = c.call(twice()).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(st(&r, 1), (OVER, 0, Some(10)));
+    assert_eq!(retry_after(&r).as_deref(), Some("10"));
+    c.advance_ms(9_000);
+    assert_eq!(c.call(twice()).await.overall_code, OVER);
+    c.advance_ms(1_000);
+    let r = c.call(twice()).await;
+    assert_eq!((r.overall_code, cr(&r, 1)), (OK, (OK, 0)));
+
+    // Shared bucket: 7 left, [p1 cost 4, p2 cost 4] is one token short at
+    // 1 token/min.
+    let r = c
+        .call(req("d", vec![desc_hits(&[("sh", "p0")], 3)], 0))
+        .await;
+    assert_eq!(cr(&r, 0), (OK, 7));
+    let pair = || {
+        req(
+            "d",
+            vec![desc_hits(&[("sh", "p1")], 4), desc_hits(&[("sh", "p2")], 4)],
+            0,
+        )
+    };
+    let r = c.call(pair()).await;
+    assert_eq!(st(&r, 1), (OVER, 0, Some(60)));
+    assert_eq!(retry_after(&r).as_deref(), Some("60"));
+    c.advance_ms(60_000);
+    assert_eq!(c.call(pair()).await.overall_code, OK);
+}
+
 /// BR-14: request-level 0 means 1; a per-descriptor explicit 0 only checks.
 pub async fn br_14(b: &dyn Backend) {
     let c = Case::new(
@@ -1071,7 +1118,8 @@ pub async fn br_32(b: &dyn Backend) {
 macro_rules! conformance_tests {
     ($make:path) => {
         $crate::conformance_tests!(@cases $make; br_01 br_04 br_06 share_threshold br_07 br_08 br_10 br_11 br_13 br_14
-            br_15a br_15b br_16 br_17 br_18 br_19 br_21 br_22 refunds overrides br_32);
+            br_15a br_15b br_16 br_17 br_18 br_19 br_21 br_22 refunds overrides br_32
+            same_bucket_twice_waits_for_all);
     };
     (@cases $make:path; $($case:ident)*) => {
         $(
