@@ -435,7 +435,10 @@ impl Limiter {
                 } => (*charge, label, current, *cost),
             };
             let spec = &charges[charge_idx].spec;
-            limited.push((statuses.len(), spec.limit.unit_secs));
+            // Shadow rules never deny and are not announced in headers.
+            if !spec.shadow {
+                limited.push((statuses.len(), spec.limit.unit_secs));
+            }
             let r = result.charges[charge_idx];
             let limit = &spec.limit;
             let remaining = u32::try_from(r.tokens_micro / MICRO).unwrap_or(u32::MAX);
@@ -527,11 +530,27 @@ impl Limiter {
         if mode == RateLimitHeaders::Off {
             return;
         }
-        // Most restrictive: strictly smallest remaining, first on ties (Envoy's rule).
-        let Some(&(tightest, _)) = limited
-            .iter()
-            .min_by_key(|(i, _)| (resp.statuses[*i].limit_remaining, *i))
-        else {
+        // On OVER_LIMIT, the denial with the longest wait (the one
+        // `retry-after` reports), first on ties; otherwise the most
+        // restrictive: strictly smallest remaining, first on ties (Envoy's
+        // rule). Shadow statuses are not in `limited`.
+        let over = resp.overall_code == Code::OverLimit as i32;
+        let wait = |i: usize| {
+            resp.statuses[i]
+                .duration_until_reset
+                .map_or((0, 0), |d| (d.seconds, d.nanos))
+        };
+        let chosen = if over {
+            limited
+                .iter()
+                .filter(|(i, _)| resp.statuses[*i].code == Code::OverLimit as i32)
+                .max_by_key(|(i, _)| (wait(*i), std::cmp::Reverse(*i)))
+        } else {
+            limited
+                .iter()
+                .min_by_key(|(i, _)| (resp.statuses[*i].limit_remaining, *i))
+        };
+        let Some(&(tightest, _)) = chosen else {
             return;
         };
         let st = &resp.statuses[tightest];

@@ -17,7 +17,9 @@ pub enum OnStorageError {
 /// Optional rate limit headers added to every response that carries a limit
 /// (DESIGN 4; off by default: Envoy's own `enable_x_ratelimit_headers` builds
 /// `X-RateLimit-*` from the statuses). Computed from the most restrictive
-/// status: the smallest `limit_remaining`, the first one on ties, as Envoy does.
+/// non-shadow status: the smallest `limit_remaining`, the first one on ties,
+/// as Envoy does; on `OVER_LIMIT` the denial with the longest wait, so the
+/// reset agrees with `retry-after`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum RateLimitHeaders {
     /// No extra headers (`retry-after` is still sent on OVER_LIMIT).

@@ -91,3 +91,89 @@ async fn ietf_headers_name_the_policies() {
         ])
     );
 }
+
+const MIXED: &str = "domain: mx\ndescriptors:\n  - key: rt\n    rate_limit: {unit: minute, requests_per_unit: 20, burst: 1}\n  - key: z\n    rate_limit: {name: zero, unit: hour, requests_per_unit: 0}\n  - key: sm\n    shadow_mode: true\n    rate_limit: {name: shadow, unit: minute, requests_per_unit: 60, burst: 1}\n";
+
+async fn mixed(mode: RateLimitHeaders) -> Limiter {
+    let settings = ServiceSettings {
+        rate_limit_headers: mode,
+        ..ServiceSettings::default()
+    };
+    Limiter::new(
+        config(&[("mx.yaml", MIXED)]),
+        Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(
+            1_700_000_000_000_000,
+        )))),
+        settings,
+    )
+}
+
+/// Two denials (3 s and a rate-0 rule's 3600 s): the headers describe the
+/// one `retry-after` reports, so they never contradict it.
+#[tokio::test]
+async fn over_limit_headers_agree_with_retry_after() {
+    let l = mixed(RateLimitHeaders::Draft03).await;
+    l.should_rate_limit(&req("mx", vec![desc(&[("rt", "a")])], 1))
+        .await
+        .expect("ok");
+    let r = l
+        .should_rate_limit(&req(
+            "mx",
+            vec![desc(&[("rt", "a")]), desc(&[("z", "a")])],
+            1,
+        ))
+        .await
+        .expect("ok");
+    assert_eq!(
+        headers(&r),
+        pairs(&[
+            ("retry-after", "3600"),
+            ("ratelimit-limit", "0, 20;w=60, 0;w=3600"),
+            ("ratelimit-remaining", "0"),
+            ("ratelimit-reset", "3600"),
+        ])
+    );
+}
+
+/// Shadow rules never deny, so they are never announced to clients, on a
+/// 200 or on a 429.
+#[tokio::test]
+async fn shadow_rules_are_not_announced() {
+    let l = mixed(RateLimitHeaders::Ietf).await;
+    for _ in 0..2 {
+        l.should_rate_limit(&req("mx", vec![desc(&[("sm", "a")])], 1))
+            .await
+            .expect("ok");
+    }
+    let r = l
+        .should_rate_limit(&req(
+            "mx",
+            vec![desc(&[("sm", "a")]), desc(&[("rt", "b")])],
+            1,
+        ))
+        .await
+        .expect("ok");
+    assert_eq!(
+        headers(&r),
+        pairs(&[
+            ("ratelimit-policy", "\"limit1\";q=20;w=60"),
+            ("ratelimit", "\"limit1\";r=0;t=3"),
+        ])
+    );
+    let r = l
+        .should_rate_limit(&req(
+            "mx",
+            vec![desc(&[("sm", "a")]), desc(&[("rt", "b")])],
+            1,
+        ))
+        .await
+        .expect("ok");
+    assert_eq!(
+        headers(&r),
+        pairs(&[
+            ("retry-after", "3"),
+            ("ratelimit-policy", "\"limit1\";q=20;w=60"),
+            ("ratelimit", "\"limit1\";r=0;t=3"),
+        ])
+    );
+}
