@@ -88,8 +88,14 @@ impl Limiter {
     /// Swaps in a new config atomically; buckets are untouched (carried over),
     /// and any local over-limit cache is cleared (BR-21).
     pub fn swap_config(&self, config: Config) {
+        let hold = config.loosened_hold_us(&self.config());
         self.config.store(Arc::new(config));
         self.storage.invalidate_local_cache();
+        if let Some(hold_us) = hold {
+            tracing::info!(hold_secs = hold_us / 1_000_000, "a rule got slower or larger: existing buckets are kept until they are full under the new limits");
+            self.storage
+                .hold_existing(&self.settings.key_prefix, hold_us);
+        }
     }
 
     /// The last failed reload, if the source has not loaded since (for `/rlconfig`).

@@ -13,7 +13,7 @@ use bucket_rls::limiter::redis::cluster::{RedisClusterStorage, key_slot};
 use bucket_rls::limiter::{Charge, StorageError};
 use bucket_rls::service::Limiter;
 use common::cluster::{RedisCluster, Shard};
-use common::{desc, limiter, req, unique_prefix};
+use common::{desc, desc_hits, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -889,4 +889,60 @@ async fn br24_ambiguous_timeout_is_not_replayed() {
     let raw: Option<Vec<u8>> = c.node(slow.master).query(redis::cmd("GET").arg(&key));
     let (tokens, _) = common::redis::decode_bucket(&raw.expect("charged once"));
     assert_eq!(tokens / 1_000_000, 9, "exactly one token consumed");
+}
+
+/// Real time on a Redis Cluster: buckets drained at 10 per second on all
+/// three masters, then slowed by a reload to 1 per minute, keep their keys
+/// (the reload scans every master and extends the TTLs), so a second later
+/// they still have no token instead of coming back full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slowing_reload_keeps_drained_keys_on_every_master() {
+    let c = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("cluster");
+    let s = Arc::new(storage(&c, Duration::from_secs(1)).await);
+    let prefix = unique_prefix("hold");
+    let l = limiter(
+        "domain: hold\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 5}\n",
+        s,
+        &prefix,
+    );
+    let values = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    for v in values {
+        let r = l
+            .should_rate_limit(&req("hold", vec![desc_hits(&[("k", v)], 5)], 0))
+            .await
+            .expect("drain");
+        assert_eq!(r.statuses[0].limit_remaining, 0);
+    }
+    let keys: Vec<String> = values
+        .iter()
+        .map(|v| encode(&prefix, "hold", &[("k", KeyValue::Value(v))]))
+        .collect();
+    let masters: std::collections::HashSet<u16> = keys
+        .iter()
+        .map(|k| c.shard_of(c.keyslot(k)).master)
+        .collect();
+    assert_eq!(masters.len(), 3, "keys on every master");
+    l.swap_config(common::config(&[(
+        "test.yaml",
+        "domain: hold\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, burst: 5}\n",
+    )]));
+    let pttl = |k: &str| -> i64 {
+        c.node(c.shard_of(c.keyslot(k)).master)
+            .query(redis::cmd("PTTL").arg(k))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while keys.iter().any(|k| pttl(k) < 250_000) {
+        assert!(Instant::now() < deadline, "TTLs not extended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for v in values {
+        let r = l
+            .should_rate_limit(&req("hold", vec![desc_hits(&[("k", v)], 0)], 0))
+            .await
+            .expect("check");
+        assert_eq!(r.statuses[0].limit_remaining, 0, "{v}: {r:?}");
+    }
 }

@@ -593,3 +593,41 @@ async fn keys_are_gone_once_full_again() {
         "every key expired"
     );
 }
+
+/// Real time, real Redis expiry: a bucket drained at 10 per second (its key
+/// expires when full again, 0.5 s later) and then slowed by a reload to 1
+/// per minute is kept: the reload extends its key's TTL in the background,
+/// so a second later the bucket still has no token instead of coming back
+/// full (a reload never refills a bucket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowing_reload_keeps_drained_keys() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("hold");
+    let l = limiter(
+        "domain: hold\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 5}\n",
+        storage(&server),
+        &prefix,
+    );
+    let drain = req("hold", vec![desc_hits(&[("k", "a")], 5)], 0);
+    assert_eq!(st(&l.should_rate_limit(&drain).await.unwrap(), 0).1, 0);
+    let key = keys(&server, &prefix).pop().expect("one key");
+    assert!(pttl(&server, &key) <= 500, "expires when full: 0.5 s");
+    l.swap_config(config(&[(
+        "test.yaml",
+        "domain: hold\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, burst: 5}\n",
+    )]));
+    // The new longest time to full: 5 tokens at 1 per minute = 300 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pttl(&server, &key) < 250_000 {
+        assert!(
+            Instant::now() < deadline,
+            "TTL not extended: {}",
+            pttl(&server, &key)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let check = req("hold", vec![desc_hits(&[("k", "a")], 0)], 0);
+    let r = l.should_rate_limit(&check).await.unwrap();
+    assert_eq!((st(&r, 0).0, st(&r, 0).1), (OVER, 0), "{r:?}");
+}

@@ -156,7 +156,50 @@ impl Config {
     pub fn rule_count(&self) -> usize {
         self.domains.values().map(|d| d.rules.len()).sum()
     }
+
+    /// Whether going from `old` to this config lengthens the time until some
+    /// bucket is full again: a rule (same domain and path) with a lower rate
+    /// (tokens per second) or a larger burst. If so, the longest time to
+    /// full from empty of any rule here, in microseconds, capped at
+    /// [`MAX_HOLD_US`]; see `Storage::hold_existing`.
+    #[must_use]
+    pub fn loosened_hold_us(&self, old: &Config) -> Option<u64> {
+        let limited = |p: &Policy| match *p {
+            Policy::Limited {
+                requests_per_unit,
+                unit,
+                burst,
+            } if requests_per_unit > 0 => Some((requests_per_unit, unit.secs(), burst)),
+            _ => None,
+        };
+        let mut loosened = false;
+        let mut hold: u128 = 0;
+        for (name, d) in &self.domains {
+            let before = old.domains.get(name);
+            for r in &d.rules {
+                let Some((rpu, secs, burst)) = limited(&r.policy) else {
+                    continue;
+                };
+                // burst tokens at rpu per secs: burst * secs / rpu seconds.
+                let ttf = u128::from(burst) * u128::from(secs) * 1_000_000 / u128::from(rpu);
+                hold = hold.max(ttf);
+                let prev = before
+                    .and_then(|b| b.rules.iter().find(|o| o.path == r.path))
+                    .and_then(|o| limited(&o.policy));
+                if let Some((o_rpu, o_secs, o_burst)) = prev {
+                    // rpu/secs < o_rpu/o_secs, in integers.
+                    let slower = u128::from(rpu) * u128::from(o_secs)
+                        < u128::from(o_rpu) * u128::from(secs);
+                    loosened |= slower || burst > o_burst;
+                }
+            }
+        }
+        loosened.then(|| u64::try_from(hold.min(u128::from(MAX_HOLD_US))).unwrap_or(MAX_HOLD_US))
+    }
 }
+
+/// Longest time a reload keeps existing buckets (366 days, in microseconds).
+pub const MAX_HOLD_US: u64 = 366 * 86_400 * 1_000_000;
 
 /// One problem found while loading a config. Displayed as
 /// `file:line: path: message` (line omitted when unknown).

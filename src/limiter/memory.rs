@@ -213,6 +213,14 @@ impl Storage for MemoryStorage {
     fn sweep(&self) {
         MemoryStorage::sweep(self);
     }
+
+    fn hold_existing(&self, _prefix: &str, hold_us: u64) {
+        for shard in self.shards.iter() {
+            for (st, full_at) in shard.lock().map.values_mut() {
+                *full_at = (*full_at).max(st.updated_us.saturating_add(hold_us));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

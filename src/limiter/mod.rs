@@ -86,6 +86,20 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
 
     /// Periodic housekeeping (the memory backend drops full buckets). Default: nothing.
     fn sweep(&self) {}
+
+    /// Called after a reload that can lengthen the time until a bucket is
+    /// full again (a rule's rate lowered or its burst raised). A bucket's
+    /// state is dropped when it would be full under the limit of its last
+    /// write (memory eviction, Redis `PX`); under the new limit it may still
+    /// be far from full, and dropping it then would refill it for free
+    /// (DESIGN 3: a reload never refills a bucket). So every bucket stored
+    /// now (keys starting with `prefix`) is kept at least `hold_us` past its
+    /// last write or past now: the longest time to full of any rule of the
+    /// new config. Runs in the background where it touches storage. Default:
+    /// nothing stored.
+    fn hold_existing(&self, prefix: &str, hold_us: u64) {
+        let _ = (prefix, hold_us);
+    }
 }
 
 /// Groups `charges` by key: returns the distinct keys (first-seen order) and,

@@ -453,6 +453,101 @@ impl Storage for RedisStorage {
             cache.clear();
         }
     }
+
+    fn hold_existing(&self, prefix: &str, hold_us: u64) {
+        spawn_hold(
+            self.inner.conn.clone(),
+            prefix,
+            hold_us,
+            self.inner.secret.clone(),
+        );
+    }
+}
+
+/// Keeps each key of `KEYS` at least `ARGV[1]` ms: `PEXPIRE` only where the
+/// key's TTL is shorter (a key already gone, or without a TTL, is left
+/// alone). Returns how many keys it extended.
+const HOLD_SCRIPT: &str = "local n = 0 \
+    for _, k in ipairs(KEYS) do \
+      local t = redis.call('PTTL', k) \
+      if t >= 0 and t < tonumber(ARGV[1]) then redis.call('PEXPIRE', k, ARGV[1]); n = n + 1 end \
+    end return n";
+
+/// `prefix` as a `SCAN MATCH` pattern for every key under it (`*?[]\`
+/// escaped).
+fn prefix_pattern(prefix: &str) -> String {
+    let mut p = String::with_capacity(prefix.len() + 2);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push('*');
+    p
+}
+
+/// `SCAN`s the keys under `prefix` on the node behind `conn` and keeps each
+/// at least `hold_ms` (`Storage::hold_existing`): 500 keys per step, one
+/// script call per step. Returns how many keys were extended.
+///
+/// # Errors
+/// The first failing `SCAN` or script call.
+pub(crate) async fn hold_keys<C: ::redis::aio::ConnectionLike>(
+    conn: &mut C,
+    prefix: &str,
+    hold_ms: u64,
+) -> ::redis::RedisResult<u64> {
+    let pattern = prefix_pattern(prefix);
+    let mut cursor: u64 = 0;
+    let mut extended = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(500)
+            .query_async(conn)
+            .await?;
+        if !keys.is_empty() {
+            // Plain EVAL: rare and small, no script cache to keep loaded.
+            let n: u64 = ::redis::cmd("EVAL")
+                .arg(HOLD_SCRIPT)
+                .arg(keys.len())
+                .arg(keys)
+                .arg(hold_ms)
+                .query_async(conn)
+                .await?;
+            extended += n;
+        }
+        if next == 0 {
+            return Ok(extended);
+        }
+        cursor = next;
+    }
+}
+
+/// Runs [`hold_keys`] in the background and logs the outcome.
+pub(crate) fn spawn_hold<C>(mut conn: C, prefix: &str, hold_us: u64, secret: Option<String>)
+where
+    C: ::redis::aio::ConnectionLike + Send + 'static,
+{
+    let prefix = prefix.to_owned();
+    let hold_ms = hold_us.div_ceil(1000);
+    tokio::spawn(async move {
+        match hold_keys(&mut conn, &prefix, hold_ms).await {
+            Ok(n) => tracing::info!(
+                extended = n,
+                hold_secs = hold_ms / 1000,
+                "kept existing Redis buckets until they are full under the new limits"
+            ),
+            Err(e) => tracing::warn!(
+                error = %redact(&e.to_string(), secret.as_deref()),
+                "could not extend existing Redis buckets after a reload; some may expire before they are full under the new limits"
+            ),
+        }
+    });
 }
 
 static CRYPTO: Once = Once::new();

@@ -67,6 +67,12 @@ impl Storage for Counting {
     fn invalidate_local_cache(&self) {
         self.inner.invalidate_local_cache();
     }
+    fn sweep(&self) {
+        self.inner.sweep();
+    }
+    fn hold_existing(&self, prefix: &str, hold_us: u64) {
+        self.inner.hold_existing(prefix, hold_us);
+    }
 }
 
 /// One case: a limiter on a fresh key prefix, its clock and a storage call counter.
@@ -619,6 +625,29 @@ pub async fn same_bucket_twice_waits_for_all(b: &dyn Backend) {
     assert_eq!(c.call(pair()).await.overall_code, OK);
 }
 
+/// A reload that raises a burst or slows a rate never refills a drained
+/// bucket, even once the bucket would have been full under the old limit
+/// (when the memory backend sweeps full buckets and Redis keys expire).
+pub async fn loosening_reload_never_refills(b: &dyn Backend) {
+    let rule = |r: &str| format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{r}}}\n");
+    let c = Case::new(b, &rule("unit: minute, requests_per_unit: 60, burst: 5")).await;
+    let spend = |v: &'static str, n: u64| req("d", vec![desc_hits(&[("k", v)], n)], 0);
+    assert_eq!(cr(&c.call(spend("a", 5)).await, 0), (OK, 0));
+    // Burst 5 -> 100: 10 s later (past the old time to full, 5 s), 10
+    // tokens at 1 per second, not 100.
+    c.reload(&rule("unit: minute, requests_per_unit: 60, burst: 100"));
+    c.advance_ms(10_000);
+    c.storage.sweep();
+    assert_eq!(cr(&c.call(spend("a", 0)).await, 0), (OK, 10));
+    // Drained at 1 per second (full again in 100 s), then slowed to 1 per
+    // hour: 200 s later it has less than one token, not 100.
+    assert_eq!(cr(&c.call(spend("b", 100)).await, 0), (OK, 0));
+    c.reload(&rule("unit: hour, requests_per_unit: 1, burst: 100"));
+    c.advance_ms(200_000);
+    c.storage.sweep();
+    assert_eq!(cr(&c.call(spend("b", 0)).await, 0), (OVER, 0));
+}
+
 /// BR-14: request-level 0 means 1; a per-descriptor explicit 0 only checks.
 pub async fn br_14(b: &dyn Backend) {
     let c = Case::new(
@@ -1119,7 +1148,7 @@ macro_rules! conformance_tests {
     ($make:path) => {
         $crate::conformance_tests!(@cases $make; br_01 br_04 br_06 share_threshold br_07 br_08 br_10 br_11 br_13 br_14
             br_15a br_15b br_16 br_17 br_18 br_19 br_21 br_22 refunds overrides br_32
-            same_bucket_twice_waits_for_all);
+            same_bucket_twice_waits_for_all loosening_reload_never_refills);
     };
     (@cases $make:path; $($case:ident)*) => {
         $(

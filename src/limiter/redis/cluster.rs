@@ -132,7 +132,11 @@ const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// client text; a `{tag}` in the configured key prefix applies to every key.
 #[must_use]
 pub fn key_slot(key: &str) -> u16 {
-    let b = key.as_bytes();
+    key_slot_bytes(key.as_bytes())
+}
+
+/// [`key_slot`] of a key that may not be UTF-8 (a key found by `SCAN`).
+fn key_slot_bytes(b: &[u8]) -> u16 {
     let hashed = b
         .iter()
         .position(|c| *c == b'{')
@@ -896,6 +900,102 @@ impl Storage for RedisClusterStorage {
             cache.clear();
         }
     }
+
+    fn hold_existing(&self, prefix: &str, hold_us: u64) {
+        let Ok(conn) = self.inner.connection() else {
+            tracing::warn!(
+                "not connected to the Redis Cluster during a reload; existing buckets were not extended"
+            );
+            return;
+        };
+        let prefix = prefix.to_owned();
+        let secret = self.inner.secret.clone();
+        let hold_ms = hold_us.div_ceil(1000);
+        tokio::spawn(async move {
+            match hold_cluster(conn, &prefix, hold_ms).await {
+                Ok(n) => tracing::info!(
+                    extended = n,
+                    hold_secs = hold_ms / 1000,
+                    "kept existing Redis Cluster buckets until they are full under the new limits"
+                ),
+                Err(e) => tracing::warn!(
+                    error = %redact(&e.to_string(), secret.as_deref()),
+                    "could not extend existing Redis Cluster buckets after a reload; some may expire before they are full under the new limits"
+                ),
+            }
+        });
+    }
+}
+
+/// [`super::hold_keys`] on every master: `SCAN` each one (addressed as
+/// `CLUSTER SLOTS` names it), then one script call per hash slot of each
+/// batch (a call never spans two slots).
+async fn hold_cluster(
+    mut conn: ClusterConnection,
+    prefix: &str,
+    hold_ms: u64,
+) -> ::redis::RedisResult<u64> {
+    use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let slots = conn
+        .route_command(
+            ::redis::cmd("CLUSTER").arg("SLOTS").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await?;
+    let ranges: Vec<Vec<::redis::Value>> = ::redis::from_redis_value(slots)?;
+    let mut masters = std::collections::BTreeSet::new();
+    for range in ranges {
+        // [start, end, [host, port, id, ...], replicas...]
+        if let Some(node) = range.into_iter().nth(2) {
+            let mut node: Vec<::redis::Value> = ::redis::from_redis_value(node)?;
+            node.truncate(2);
+            let (host, port): (String, u16) =
+                ::redis::from_redis_value(::redis::Value::Array(node))?;
+            masters.insert((host, port));
+        }
+    }
+    let pattern = super::prefix_pattern(prefix);
+    let mut extended = 0u64;
+    for (host, port) in masters {
+        let mut cursor: u64 = 0;
+        loop {
+            let reply = conn
+                .route_command(
+                    ::redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(500)
+                        .clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port,
+                    }),
+                )
+                .await?;
+            let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::from_redis_value(reply)?;
+            let mut by_slot: HashMap<u16, Vec<Vec<u8>>> = HashMap::new();
+            for k in keys {
+                by_slot.entry(key_slot_bytes(&k)).or_default().push(k);
+            }
+            for keys in by_slot.into_values() {
+                let n: u64 = ::redis::cmd("EVAL")
+                    .arg(super::HOLD_SCRIPT)
+                    .arg(keys.len())
+                    .arg(keys)
+                    .arg(hold_ms)
+                    .query_async(&mut conn)
+                    .await?;
+                extended += n;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(extended)
 }
 
 #[cfg(test)]

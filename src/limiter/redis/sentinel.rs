@@ -557,6 +557,20 @@ impl Storage for RedisSentinelStorage {
             cache.clear();
         }
     }
+
+    fn hold_existing(&self, prefix: &str, hold_us: u64) {
+        // Without a master now, there is nothing reachable to extend; the
+        // next master's keys are as replication left them.
+        let conn = self.inner.master.lock().as_ref().map(|m| m.conn.clone());
+        match conn {
+            Some(conn) => {
+                super::spawn_hold(conn, prefix, hold_us, self.inner.secret.clone());
+            }
+            None => tracing::warn!(
+                "no Redis master known during a reload; existing buckets were not extended"
+            ),
+        }
+    }
 }
 
 #[cfg(test)]
