@@ -92,7 +92,10 @@ impl Limiter {
         self.config.store(Arc::new(config));
         self.storage.invalidate_local_cache();
         if let Some(hold_us) = hold {
-            tracing::info!(hold_secs = hold_us / 1_000_000, "a rule got slower or larger: existing buckets are kept until they are full under the new limits");
+            tracing::info!(
+                hold_secs = hold_us / 1_000_000,
+                "a rule got slower or larger: existing buckets are kept until they are full under the new limits"
+            );
             self.storage
                 .hold_existing(&self.settings.key_prefix, hold_us);
         }

@@ -188,8 +188,8 @@ impl Config {
                     .and_then(|o| limited(&o.policy));
                 if let Some((o_rpu, o_secs, o_burst)) = prev {
                     // rpu/secs < o_rpu/o_secs, in integers.
-                    let slower = u128::from(rpu) * u128::from(o_secs)
-                        < u128::from(o_rpu) * u128::from(secs);
+                    let slower =
+                        u128::from(rpu) * u128::from(o_secs) < u128::from(o_rpu) * u128::from(secs);
                     loosened |= slower || burst > o_burst;
                 }
             }
