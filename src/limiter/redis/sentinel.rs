@@ -110,7 +110,7 @@ impl RedisSentinelStorageBuilder {
         }
         let client = self
             .client(&urls)
-            .map_err(|e| invalid(redact(&e.to_string(), secret.as_deref())))?;
+            .map_err(|e| invalid(redact(&e, secret.as_deref())))?;
         let (ready, _) = watch::channel(0u64);
         let storage = RedisSentinelStorage {
             inner: Arc::new(Inner {
@@ -136,15 +136,16 @@ impl RedisSentinelStorageBuilder {
     /// The crate's Sentinel client: every Sentinel with the user and password
     /// of its address (the same for all), TLS to the Sentinels and to the
     /// master when the addresses are `rediss://`, the private CA if given.
-    fn client(&self, urls: &[String]) -> Result<SentinelClient, ::redis::RedisError> {
+    fn client(&self, urls: &[String]) -> Result<SentinelClient, String> {
         use ::redis::{ConnectionAddr, IntoConnectionInfo, TlsMode};
-        let fail = |message: String| {
-            ::redis::RedisError::from((::redis::ErrorKind::InvalidClientConfig, "", message))
-        };
+        let fail = |message: String| message;
         let mut addrs = Vec::with_capacity(urls.len());
         let mut auth: Option<(Option<String>, Option<String>)> = None;
         for url in urls {
-            let info = url.as_str().into_connection_info()?;
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| e.to_string())?;
             let r = info.redis_settings();
             let this = (
                 r.username().map(str::to_owned),
@@ -178,7 +179,8 @@ impl RedisSentinelStorageBuilder {
             addrs,
             &self.master_name,
             SentinelServerType::Master,
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         if let Some((user, password)) = auth {
             if let Some(u) = user {
                 b = b.set_client_to_sentinel_username(u);
@@ -205,7 +207,7 @@ impl RedisSentinelStorageBuilder {
                     .set_client_to_redis_certificates(certs());
             }
         }
-        b.build()
+        b.build().map_err(|e| e.to_string())
     }
 }
 
