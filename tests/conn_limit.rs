@@ -16,16 +16,26 @@ async fn get(addr: std::net::SocketAddr) -> String {
     out
 }
 
-#[tokio::test]
-async fn idle_connections_beyond_the_cap_wait_and_the_port_recovers() {
+/// Serves `GET /livez` on a free loopback port through the listener `wrap`
+/// makes; returns the address.
+async fn serve_livez(
+    wrap: impl FnOnce(tokio::net::TcpListener) -> LimitedListener,
+) -> std::net::SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = l.local_addr().expect("addr");
     let app = axum::Router::new().route("/livez", axum::routing::get(|| async { "OK\n" }));
+    let listener = wrap(l);
     tokio::spawn(async move {
-        let _ = axum::serve(LimitedListener::new(l, 2, false, "test"), app).await;
+        let _ = axum::serve(listener, app).await;
     });
+    addr
+}
+
+#[tokio::test]
+async fn idle_connections_beyond_the_cap_wait_and_the_port_recovers() {
+    let addr = serve_livez(|l| LimitedListener::new(l, 2, false, "test")).await;
     assert!(get(addr).await.ends_with("OK\n"));
     // Two idle connections take both permits.
     let idle1 = TcpStream::connect(addr).await.expect("connect");
@@ -60,16 +70,10 @@ fn the_cap_follows_the_open_files_limit() {
 /// connection open between requests).
 #[tokio::test]
 async fn silent_connections_are_closed_after_the_first_byte_timeout() {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let app = axum::Router::new().route("/livez", axum::routing::get(|| async { "OK\n" }));
-    tokio::spawn(async move {
-        let listener = LimitedListener::new(l, 2, false, "test")
-            .first_byte_timeout(Duration::from_millis(300));
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = serve_livez(|l| {
+        LimitedListener::new(l, 2, false, "test").first_byte_timeout(Duration::from_millis(300))
+    })
+    .await;
     // A client that speaks, then idles past the timeout: still served.
     let mut talker = TcpStream::connect(addr).await.expect("connect");
     let request = b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n";

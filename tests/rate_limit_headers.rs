@@ -108,22 +108,19 @@ async fn mixed(mode: RateLimitHeaders) -> Limiter {
     )
 }
 
+/// One call to domain `mx`, one descriptor `[k=v]` per pair.
+async fn call(l: &Limiter, pairs: &[(&str, &str)]) -> RateLimitResponse {
+    let descs = pairs.iter().map(|p| desc(&[*p])).collect();
+    l.should_rate_limit(&req("mx", descs, 1)).await.expect("ok")
+}
+
 /// Two denials (3 s and a rate-0 rule's 3600 s): the headers describe the
 /// one `retry-after` reports, so they never contradict it.
 #[tokio::test]
 async fn over_limit_headers_agree_with_retry_after() {
     let l = mixed(RateLimitHeaders::Draft03).await;
-    l.should_rate_limit(&req("mx", vec![desc(&[("rt", "a")])], 1))
-        .await
-        .expect("ok");
-    let r = l
-        .should_rate_limit(&req(
-            "mx",
-            vec![desc(&[("rt", "a")]), desc(&[("z", "a")])],
-            1,
-        ))
-        .await
-        .expect("ok");
+    call(&l, &[("rt", "a")]).await;
+    let r = call(&l, &[("rt", "a"), ("z", "a")]).await;
     assert_eq!(
         headers(&r),
         pairs(&[
@@ -141,18 +138,9 @@ async fn over_limit_headers_agree_with_retry_after() {
 async fn shadow_rules_are_not_announced() {
     let l = mixed(RateLimitHeaders::Ietf).await;
     for _ in 0..2 {
-        l.should_rate_limit(&req("mx", vec![desc(&[("sm", "a")])], 1))
-            .await
-            .expect("ok");
+        call(&l, &[("sm", "a")]).await;
     }
-    let r = l
-        .should_rate_limit(&req(
-            "mx",
-            vec![desc(&[("sm", "a")]), desc(&[("rt", "b")])],
-            1,
-        ))
-        .await
-        .expect("ok");
+    let r = call(&l, &[("sm", "a"), ("rt", "b")]).await;
     assert_eq!(
         headers(&r),
         pairs(&[
@@ -160,14 +148,7 @@ async fn shadow_rules_are_not_announced() {
             ("ratelimit", "\"limit1\";r=0;t=3"),
         ])
     );
-    let r = l
-        .should_rate_limit(&req(
-            "mx",
-            vec![desc(&[("sm", "a")]), desc(&[("rt", "b")])],
-            1,
-        ))
-        .await
-        .expect("ok");
+    let r = call(&l, &[("sm", "a"), ("rt", "b")]).await;
     assert_eq!(
         headers(&r),
         pairs(&[

@@ -536,18 +536,25 @@ where
     let prefix = prefix.to_owned();
     let hold_ms = hold_us.div_ceil(1000);
     tokio::spawn(async move {
-        match hold_keys(&mut conn, &prefix, hold_ms).await {
-            Ok(n) => tracing::info!(
-                extended = n,
-                hold_secs = hold_ms / 1000,
-                "kept existing Redis buckets until they are full under the new limits"
-            ),
-            Err(e) => tracing::warn!(
-                error = %redact(&e.to_string(), secret.as_deref()),
-                "could not extend existing Redis buckets after a reload; some may expire before they are full under the new limits"
-            ),
-        }
+        let result = hold_keys(&mut conn, &prefix, hold_ms).await;
+        log_hold(&result, hold_ms, secret.as_deref());
     });
+}
+
+/// Logs the outcome of a background key hold (single node, Sentinel or
+/// Cluster): the keys extended, or the error with the password redacted.
+pub(crate) fn log_hold(result: &::redis::RedisResult<u64>, hold_ms: u64, secret: Option<&str>) {
+    match result {
+        Ok(n) => tracing::info!(
+            extended = n,
+            hold_secs = hold_ms / 1000,
+            "kept existing Redis buckets until they are full under the new limits"
+        ),
+        Err(e) => tracing::warn!(
+            error = %redact(&e.to_string(), secret),
+            "could not extend existing Redis buckets after a reload; some may expire before they are full under the new limits"
+        ),
+    }
 }
 
 static CRYPTO: Once = Once::new();

@@ -912,17 +912,8 @@ impl Storage for RedisClusterStorage {
         let secret = self.inner.secret.clone();
         let hold_ms = hold_us.div_ceil(1000);
         tokio::spawn(async move {
-            match hold_cluster(conn, &prefix, hold_ms).await {
-                Ok(n) => tracing::info!(
-                    extended = n,
-                    hold_secs = hold_ms / 1000,
-                    "kept existing Redis Cluster buckets until they are full under the new limits"
-                ),
-                Err(e) => tracing::warn!(
-                    error = %redact(&e.to_string(), secret.as_deref()),
-                    "could not extend existing Redis Cluster buckets after a reload; some may expire before they are full under the new limits"
-                ),
-            }
+            let result = hold_cluster(conn, &prefix, hold_ms).await;
+            super::log_hold(&result, hold_ms, secret.as_deref());
         });
     }
 }
