@@ -210,17 +210,25 @@ fn check_sequence(
     Ok(())
 }
 
-/// The differential property test: identical replies and stored state.
-#[test]
-fn lua_matches_reference_model() {
+/// A fresh `redis-server` with the token bucket script loaded, and a
+/// connection to it.
+fn server_with_script() -> (RedisServer, redis::Connection) {
     let server = RedisServer::start();
-    let conn = RefCell::new(server.conn());
-    let script = BucketScript::new();
+    let mut conn = server.conn();
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(SOURCE)
-        .query(&mut *conn.borrow_mut())
+        .query(&mut conn)
         .expect("SCRIPT LOAD");
+    (server, conn)
+}
+
+/// The differential property test: identical replies and stored state.
+#[test]
+fn lua_matches_reference_model() {
+    let (_server, conn) = server_with_script();
+    let conn = RefCell::new(conn);
+    let script = BucketScript::new();
     let case = std::sync::atomic::AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
         cases: 1000,
@@ -239,14 +247,8 @@ fn lua_matches_reference_model() {
 /// Pinned extremes (also reachable by the property test, kept as named cases).
 #[test]
 fn extremes_match_model() {
-    let server = RedisServer::start();
-    let mut conn = server.conn();
+    let (_server, mut conn) = server_with_script();
     let script = BucketScript::new();
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SOURCE)
-        .query(&mut conn)
-        .expect("SCRIPT LOAD");
     let max = Limit {
         requests_per_unit: u32::MAX,
         unit_secs: 1,
@@ -340,14 +342,8 @@ fn extremes_match_model() {
 /// string key of the same name (BENCHMARKS.md, "Redis storage").
 #[test]
 fn bucket_memory_usage() {
-    let server = RedisServer::start();
-    let mut conn = server.conn();
+    let (_server, mut conn) = server_with_script();
     let script = BucketScript::new();
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SOURCE)
-        .query(&mut conn)
-        .expect("SCRIPT LOAD");
     let name = "rls:d4:edge|k2:ip=v9:10.0.0.07";
     assert_eq!(name.len(), 30);
     let usage = |conn: &mut redis::Connection| -> i64 {
@@ -402,14 +398,8 @@ fn bucket_memory_usage() {
 /// write exactly the time to full.
 #[test]
 fn test_mode_keeps_keys_alive() {
-    let server = RedisServer::start();
-    let mut conn = server.conn();
+    let (_server, mut conn) = server_with_script();
     let script = BucketScript::new();
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SOURCE)
-        .query(&mut conn)
-        .expect("SCRIPT LOAD");
     let fast = |key: &str| Charge {
         key: key.into(),
         spec: ChargeSpec {

@@ -197,17 +197,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn reports_a_lower_bound_and_denies_on_an_upper_bound() {
-        let cache = LocalCache::new(10);
-        let c = charge("a", 1, false);
-        let denied = RequestResult {
+    /// One charge denied with an empty bucket.
+    fn denied_empty() -> RequestResult {
+        RequestResult {
             admitted: false,
             charges: vec![ChargeResult {
                 enough: false,
                 tokens_micro: 0,
             }],
-        };
+        }
+    }
+
+    #[test]
+    fn reports_a_lower_bound_and_denies_on_an_upper_bound() {
+        let cache = LocalCache::new(10);
+        let c = charge("a", 1, false);
+        let denied = denied_empty();
         // Sent at 1 s, received at 2 s (a slow round trip).
         cache.record_between(std::slice::from_ref(&c), &denied, 1_000_000, 2_000_000);
         // At 6 s: at most 833,333 micro-tokens (since 1 s), at least 666,666 (since 2 s).
@@ -223,13 +228,7 @@ mod tests {
     fn answers_only_certain_denials() {
         let cache = LocalCache::new(10);
         let c = charge("a", 1, false);
-        let denied = RequestResult {
-            admitted: false,
-            charges: vec![ChargeResult {
-                enough: false,
-                tokens_micro: 0,
-            }],
-        };
+        let denied = denied_empty();
         cache.record(std::slice::from_ref(&c), &denied, 1_000_000);
         // 5.999999 s later: 999,999 micro-tokens, one short of a token (+1 margin: ask Redis).
         assert!(cache.lookup(std::slice::from_ref(&c), 6_999_999).is_none());
