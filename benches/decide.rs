@@ -7,8 +7,8 @@
 //! bucket stays in memory for 6 s after its hit).
 
 use bucket_rls::config::loader;
-use bucket_rls::limiter::memory::MemoryStorage;
-use bucket_rls::limiter::{Charge, ChargeKind, ChargeSpec, Limit};
+use bucket_rls::storage::memory::MemoryStorage;
+use bucket_rls::storage::{Charge, ChargeKind, ChargeSpec, Limit};
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};

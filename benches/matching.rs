@@ -5,7 +5,7 @@
 //! benchmark once, stays fast even with 100,000 rules. Run with
 //! `cargo bench --bench matching`.
 
-use bucket_rls::limiter::key::{self, KeyValue};
+use bucket_rls::storage::key::{self, KeyValue};
 use bucket_rls::matcher::{self, Level, Pattern, Selector};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;

@@ -97,7 +97,7 @@ pub struct ServeArgs {
     pub on_storage_error: OnStorageError,
     /// Most buckets the memory backend holds (about 150 bytes each); past it,
     /// the buckets closest to full are forgotten first.
-    #[arg(long, env = "BUCKET_RLS_MEMORY_MAX_BUCKETS", default_value_t = crate::limiter::memory::DEFAULT_MAX_BUCKETS)]
+    #[arg(long, env = "BUCKET_RLS_MEMORY_MAX_BUCKETS", default_value_t = crate::storage::memory::DEFAULT_MAX_BUCKETS)]
     pub memory_max_buckets: usize,
     /// Entries of the local over-limit cache (0 disables it).
     #[arg(long, env = "BUCKET_RLS_LOCAL_CACHE_SIZE", default_value_t = 100_000)]

@@ -8,7 +8,7 @@
 //! - [`conn_limit`]: Connection caps for the two listening ports.
 //! - [`config`]: YAML config: schema, loader and validation.
 //! - [`http`]: HTTP admin API.
-//! - [`limiter`]: Token buckets and the storage seam (memory, Redis).
+//! - [`storage`]: Token buckets and the storage seam (memory, Redis).
 //! - [`loadgen`]: `bucket-rls loadgen`: gRPC load generator with latency histograms.
 //! - [`matcher`]: Compiled descriptor tree and matching.
 //! - [`metrics`]: Metric names.
@@ -20,7 +20,7 @@ pub mod cli;
 pub mod config;
 pub mod conn_limit;
 pub mod http;
-pub mod limiter;
+pub mod storage;
 pub mod loadgen;
 pub mod matcher;
 pub mod metrics;

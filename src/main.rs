@@ -5,11 +5,11 @@ use bucket_rls::app::{self, Listeners};
 use bucket_rls::cli::{Cli, Command, LogFormat, ServeArgs};
 use bucket_rls::config::loader;
 use bucket_rls::config::watcher::{ConfigWatcher, ReloadHandle, WatchOptions};
-use bucket_rls::limiter::Storage;
-use bucket_rls::limiter::memory::MemoryStorage;
-use bucket_rls::limiter::redis::RedisStorage;
-use bucket_rls::limiter::redis::cluster::RedisClusterStorage;
-use bucket_rls::limiter::redis::sentinel::RedisSentinelStorage;
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::memory::MemoryStorage;
+use bucket_rls::storage::redis::RedisStorage;
+use bucket_rls::storage::redis::cluster::RedisClusterStorage;
+use bucket_rls::storage::redis::sentinel::RedisSentinelStorage;
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use clap::Parser;
@@ -213,7 +213,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Arc::new(redis)
     } else {
         Arc::new(MemoryStorage::with_max_buckets(
-            Arc::new(bucket_rls::limiter::clock::SystemClock),
+            Arc::new(bucket_rls::storage::clock::SystemClock),
             args.memory_max_buckets,
         ))
     };
@@ -224,7 +224,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics::counter!(bucket_rls::metrics::REDIS_SCRIPT_RELOAD).increment(0);
         metrics::counter!(bucket_rls::metrics::LOCAL_CACHE_HITS).increment(0);
     } else {
-        metrics::counter!(bucket_rls::limiter::memory::EVICTIONS_METRIC).increment(0);
+        metrics::counter!(bucket_rls::storage::memory::EVICTIONS_METRIC).increment(0);
     }
     let settings = ServiceSettings {
         key_prefix: args.redis_key_prefix.clone(),

@@ -4,9 +4,9 @@
 //! to statuses (DESIGN 4). Storage errors are mapped to gRPC status here, once.
 
 use crate::config::{Config, DomainConfig, Policy, Unit};
-use crate::limiter::bucket::{self, MICRO};
-use crate::limiter::key::{self, KeyValue};
-use crate::limiter::{Charge, ChargeKind, ChargeSpec, Limit, Storage, StorageError};
+use crate::storage::bucket::{self, MICRO};
+use crate::storage::key::{self, KeyValue};
+use crate::storage::{Charge, ChargeKind, ChargeSpec, Limit, Storage, StorageError};
 use crate::matcher;
 use crate::metrics as m;
 use crate::settings::{OnStorageError, RateLimitHeaders, ServiceSettings};

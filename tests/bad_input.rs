@@ -4,7 +4,7 @@
 mod common;
 
 use bucket_rls::config::loader::compile_texts;
-use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use common::{config, desc, req};

@@ -11,9 +11,9 @@ mod admin_support;
 mod common;
 
 use admin_support::scrape;
-use bucket_rls::limiter::Storage;
-use bucket_rls::limiter::clock::ManualClock;
-use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::clock::ManualClock;
+use bucket_rls::storage::memory::MemoryStorage;
 use common::{desc, limiter, req};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;

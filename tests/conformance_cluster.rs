@@ -8,9 +8,9 @@
 mod common;
 
 use async_trait::async_trait;
-use bucket_rls::limiter::Storage;
-use bucket_rls::limiter::clock::ManualClock;
-use bucket_rls::limiter::redis::cluster::RedisClusterStorage;
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::clock::ManualClock;
+use bucket_rls::storage::redis::cluster::RedisClusterStorage;
 use common::cluster::RedisCluster;
 use common::conformance::Backend;
 use std::sync::{Arc, OnceLock};

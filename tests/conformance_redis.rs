@@ -5,9 +5,9 @@
 mod common;
 
 use async_trait::async_trait;
-use bucket_rls::limiter::Storage;
-use bucket_rls::limiter::clock::ManualClock;
-use bucket_rls::limiter::redis::RedisStorage;
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::clock::ManualClock;
+use bucket_rls::storage::redis::RedisStorage;
 use common::conformance::Backend;
 use common::redis::RedisServer;
 use std::sync::Arc;

@@ -9,8 +9,8 @@ mod admin_support;
 mod common;
 
 use admin_support::{metric, scrape};
-use bucket_rls::limiter::clock::ManualClock;
-use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::storage::clock::ManualClock;
+use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::metrics as m;
 use bucket_rls::service::{Limiter, MAX_DOMAIN_LABELS};
 use common::{desc, desc_hits, limiter, req};
@@ -243,16 +243,16 @@ async fn br32_domain_label_set_is_capped() {
 struct Down;
 
 #[async_trait::async_trait]
-impl bucket_rls::limiter::Storage for Down {
+impl bucket_rls::storage::Storage for Down {
     async fn apply(
         &self,
-        _: &[bucket_rls::limiter::Charge],
-    ) -> Result<bucket_rls::limiter::RequestResult, bucket_rls::limiter::StorageError> {
-        Err(bucket_rls::limiter::StorageError::Unreachable(
+        _: &[bucket_rls::storage::Charge],
+    ) -> Result<bucket_rls::storage::RequestResult, bucket_rls::storage::StorageError> {
+        Err(bucket_rls::storage::StorageError::Unreachable(
             "connection refused".into(),
         ))
     }
-    async fn ping(&self) -> Result<(), bucket_rls::limiter::StorageError> {
+    async fn ping(&self) -> Result<(), bucket_rls::storage::StorageError> {
         Ok(())
     }
     fn name(&self) -> &'static str {

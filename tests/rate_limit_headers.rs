@@ -3,8 +3,8 @@
 
 mod common;
 
-use bucket_rls::limiter::clock::ManualClock;
-use bucket_rls::limiter::memory::MemoryStorage;
+use bucket_rls::storage::clock::ManualClock;
+use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::{RateLimitHeaders, ServiceSettings};
 use common::{config, desc, req};

@@ -6,11 +6,11 @@
 
 mod common;
 
-use bucket_rls::limiter::Storage;
-use bucket_rls::limiter::bucket::{ChargeKind, ChargeSpec, Limit};
-use bucket_rls::limiter::key::{KeyValue, encode};
-use bucket_rls::limiter::redis::cluster::{RedisClusterStorage, key_slot};
-use bucket_rls::limiter::{Charge, StorageError};
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::bucket::{ChargeKind, ChargeSpec, Limit};
+use bucket_rls::storage::key::{KeyValue, encode};
+use bucket_rls::storage::redis::cluster::{RedisClusterStorage, key_slot};
+use bucket_rls::storage::{Charge, StorageError};
 use bucket_rls::service::Limiter;
 use common::cluster::{RedisCluster, Shard};
 use common::{desc, desc_hits, limiter, req, unique_prefix};

@@ -4,8 +4,8 @@
 
 mod common;
 
-use bucket_rls::limiter::Storage;
-use bucket_rls::limiter::redis::RedisStorage;
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::redis::RedisStorage;
 use common::redis::{RedisServer, free_port};
 use common::tls::{tls_server_args, write_tls_files};
 use common::{desc, limiter, req, unique_prefix};
@@ -155,7 +155,7 @@ async fn invalid_url_is_reported_redacted() {
 /// UNAVAILABLE, never OK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_cluster_with_private_ca() {
-    use bucket_rls::limiter::redis::cluster::RedisClusterStorage;
+    use bucket_rls::storage::redis::cluster::RedisClusterStorage;
     use common::cluster::Node;
 
     let dir = tempfile::tempdir().expect("tempdir");

@@ -7,8 +7,8 @@
 
 mod common;
 
-use bucket_rls::limiter::Storage;
-use bucket_rls::limiter::redis::RedisStorage;
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::redis::RedisStorage;
 use bucket_rls::service::Limiter;
 use common::redis::{FaultProxy, RedisServer};
 use common::{desc, limiter, req, unique_prefix};
@@ -142,7 +142,7 @@ async fn br24_ambiguous_timeout_is_not_replayed() {
     let _: String = server.query(
         redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(bucket_rls::limiter::redis::script::SOURCE),
+            .arg(bucket_rls::storage::redis::script::SOURCE),
     );
     let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
     assert_eq!(ok_remaining(&l, &[("ten", "v")]).await, (OK, 9));
@@ -291,17 +291,17 @@ async fn br25_blackholed_from_startup() {
     }
 }
 
-fn charge(key: &str, cost: u64) -> bucket_rls::limiter::Charge {
-    bucket_rls::limiter::Charge {
+fn charge(key: &str, cost: u64) -> bucket_rls::storage::Charge {
+    bucket_rls::storage::Charge {
         key: key.into(),
-        spec: bucket_rls::limiter::ChargeSpec {
-            limit: bucket_rls::limiter::Limit {
+        spec: bucket_rls::storage::ChargeSpec {
+            limit: bucket_rls::storage::Limit {
                 requests_per_unit: 10,
                 unit_secs: 60,
                 burst: 10,
             },
             cost,
-            kind: bucket_rls::limiter::ChargeKind::Consume,
+            kind: bucket_rls::storage::ChargeKind::Consume,
             shadow: false,
         },
     }
@@ -314,7 +314,7 @@ async fn error_replies_are_classified() {
     let primary = RedisServer::start();
     let s = storage(&primary.url(), 1000);
     wait_ready(&s).await;
-    let kind = |r: Result<_, bucket_rls::limiter::StorageError>| match r {
+    let kind = |r: Result<_, bucket_rls::storage::StorageError>| match r {
         Ok(v) => panic!("expected an error, got {v:?}"),
         Err(e) => e.kind().to_owned(),
     };

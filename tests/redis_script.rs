@@ -6,9 +6,9 @@
 
 mod common;
 
-use bucket_rls::limiter::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit};
-use bucket_rls::limiter::redis::script::{BucketScript, SOURCE, ScriptCall};
-use bucket_rls::limiter::{Charge, group_by_key};
+use bucket_rls::storage::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit};
+use bucket_rls::storage::redis::script::{BucketScript, SOURCE, ScriptCall};
+use bucket_rls::storage::{Charge, group_by_key};
 use common::redis::{RedisServer, decode_bucket};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};

@@ -6,8 +6,8 @@
 
 mod common;
 
-use bucket_rls::limiter::Storage;
-use bucket_rls::limiter::redis::sentinel::RedisSentinelStorage;
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::redis::sentinel::RedisSentinelStorage;
 use bucket_rls::service::Limiter;
 use common::sentinel::{MASTER_NAME, SentinelSetup, wait_for};
 use common::{desc, desc_hits, limiter, req, unique_prefix};

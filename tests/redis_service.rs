@@ -7,8 +7,8 @@
 
 mod common;
 
-use bucket_rls::limiter::clock::{Clock, ManualClock};
-use bucket_rls::limiter::redis::RedisStorage;
+use bucket_rls::storage::clock::{Clock, ManualClock};
+use bucket_rls::storage::redis::RedisStorage;
 use bucket_rls::service::Limiter;
 use common::redis::{RedisServer, decode_bucket};
 use common::{config, desc, desc_hits, limiter, req, unique_prefix};

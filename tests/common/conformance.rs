@@ -7,9 +7,9 @@
 
 use super::{config, desc, desc_hits, req, unique_prefix};
 use async_trait::async_trait;
-use bucket_rls::limiter::clock::ManualClock;
-use bucket_rls::limiter::memory::MemoryStorage;
-use bucket_rls::limiter::{Charge, RequestResult, Storage, StorageError};
+use bucket_rls::storage::clock::ManualClock;
+use bucket_rls::storage::memory::MemoryStorage;
+use bucket_rls::storage::{Charge, RequestResult, Storage, StorageError};
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -726,7 +726,7 @@ impl Rng {
 /// admissions never exceed `C + r*T + 1`, remaining never exceeds `C`, and
 /// every OVER_LIMIT duration is at least 1 s and honest (a retry after it is admitted).
 pub async fn br_15b(b: &dyn Backend) {
-    use bucket_rls::limiter::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit, MICRO};
+    use bucket_rls::storage::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit, MICRO};
     for (ci, cap) in [1u64, 7, 100, 4_294_967_295].into_iter().enumerate() {
         for unit in ["second", "minute"] {
             let unit_secs = if unit == "second" { 1 } else { 60 };

@@ -9,7 +9,7 @@ pub mod sentinel;
 pub mod tls;
 
 use bucket_rls::config::loader;
-use bucket_rls::limiter::Storage;
+use bucket_rls::storage::Storage;
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;

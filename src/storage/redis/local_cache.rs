@@ -28,8 +28,8 @@
 //! longer, never shorter). With the test clock both times are equal. Bounded by `--local-cache-size` entries (eviction by
 //! `quick_cache`).
 
-use crate::limiter::Charge;
-use crate::limiter::bucket::{BucketState, ChargeKind, ChargeResult, Limit, RequestResult};
+use crate::storage::Charge;
+use crate::storage::bucket::{BucketState, ChargeKind, ChargeResult, Limit, RequestResult};
 
 /// What is known about one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,7 +179,7 @@ impl LocalCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::bucket::{ChargeSpec, MICRO};
+    use crate::storage::bucket::{ChargeSpec, MICRO};
 
     fn charge(key: &str, cost: u64, shadow: bool) -> Charge {
         Charge {

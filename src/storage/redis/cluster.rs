@@ -3,7 +3,7 @@
 //! # No `CROSSSLOT`, ever
 //! A script may only touch keys of one hash slot. Every bucket key's slot is
 //! computed here ([`key_slot`], CRC16 of the key as Redis does) from the
-//! injective key encoding of [`key`](crate::limiter::key), which escapes `{`
+//! injective key encoding of [`key`](crate::storage::key), which escapes `{`
 //! and `}`, so client text can never form a hash tag and move a bucket to
 //! another slot (BR-05, BR-28). The charges of one request are grouped by slot
 //! and each script call carries the keys of exactly one slot, all in `KEYS`.
@@ -96,9 +96,9 @@ use super::{
     DEFAULT_BREAKER_THRESHOLD, DEFAULT_LOCAL_CACHE_SIZE, DEFAULT_PROBE_INTERVAL, DEFAULT_TIMEOUT,
     RedisSetupError, install_crypto_provider,
 };
-use crate::limiter::bucket::{ChargeKind, ChargeResult, ChargeSpec, MICRO, RequestResult};
-use crate::limiter::clock::Clock;
-use crate::limiter::{Charge, Storage, StorageError};
+use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, MICRO, RequestResult};
+use crate::storage::clock::Clock;
+use crate::storage::{Charge, Storage, StorageError};
 use crate::metrics as m;
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;
@@ -128,7 +128,7 @@ const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The hash slot of `key` (CRC16/XMODEM of the key, or of its hash tag, modulo
 /// 16,384), as Redis Cluster computes it. Keys made by
-/// [`key::encode`](crate::limiter::key::encode) never contain a hash tag from
+/// [`key::encode`](crate::storage::key::encode) never contain a hash tag from
 /// client text; a `{tag}` in the configured key prefix applies to every key.
 #[must_use]
 pub fn key_slot(key: &str) -> u16 {
@@ -1033,7 +1033,7 @@ mod tests {
 
     #[test]
     fn escaped_client_braces_do_not_form_a_tag() {
-        use crate::limiter::key::{KeyValue, encode};
+        use crate::storage::key::{KeyValue, encode};
         let k = encode("rls:", "d", &[("k", KeyValue::Value("{x}"))]);
         assert_eq!(key_slot(&k), crc16_xmodem(k.as_bytes()) % SLOTS, "{k}");
     }

@@ -5,7 +5,7 @@
 //! - **One script call per request.** [`script`] wraps `lua/token_bucket.lua`,
 //!   which reads, decides and writes every bucket of a request atomically
 //!   (all-or-nothing, DESIGN 3) with exactly the semantics of
-//!   [`bucket::apply_request`](crate::limiter::bucket::apply_request). Time
+//!   [`bucket::apply_request`](crate::storage::bucket::apply_request). Time
 //!   comes from Redis `TIME`, so replicas never disagree about a bucket and a
 //!   skewed service clock cannot mint tokens (BR-27). The script is called with
 //!   `EVALSHA`; `NOSCRIPT` (restart, failover, `SCRIPT FLUSH`) loads it and
@@ -31,7 +31,7 @@
 //! - **Local over-limit cache** ([`local_cache`]): buckets Redis reported as
 //!   lacking tokens answer certain denials from memory; cleared on every config
 //!   swap (BR-21).
-//! - **Keys** are built by the service ([`key`](crate::limiter::key)); each
+//! - **Keys** are built by the service ([`key`](crate::storage::key)); each
 //!   stores 7 to 14 bytes and expires when its bucket would be full again.
 //!
 //! Cluster and Sentinel backends reuse [`script::BucketScript`],
@@ -86,7 +86,7 @@ macro_rules! common_builder_options {
         #[must_use]
         pub fn test_clock(
             mut self,
-            clock: std::sync::Arc<dyn crate::limiter::clock::Clock>,
+            clock: std::sync::Arc<dyn crate::storage::clock::Clock>,
         ) -> Self {
             self.test_clock = Some(clock);
             self

@@ -226,8 +226,8 @@ impl Storage for MemoryStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::bucket::{ChargeKind, ChargeSpec, Limit, MICRO};
-    use crate::limiter::clock::ManualClock;
+    use crate::storage::bucket::{ChargeKind, ChargeSpec, Limit, MICRO};
+    use crate::storage::clock::ManualClock;
     use std::time::Duration;
 
     fn charge(key: &str, r: u32, u: u64, cost: u64) -> Charge {

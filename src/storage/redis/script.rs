@@ -3,8 +3,8 @@
 //! error classification. Everything here is topology-independent, so a
 //! Cluster or Sentinel backend calls the same functions per node or per slot.
 
-use crate::limiter::bucket::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
-use crate::limiter::{Charge, StorageError, group_by_key};
+use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
+use crate::storage::{Charge, StorageError, group_by_key};
 use crate::metrics as m;
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
@@ -347,7 +347,7 @@ pub fn redact(s: &str, secret: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::bucket::Limit;
+    use crate::storage::bucket::Limit;
 
     fn charge(key: &str, cost: u64, kind: ChargeKind, shadow: bool) -> Charge {
         Charge {

@@ -1,5 +1,5 @@
 //! Circuit breaker: after `threshold` consecutive transient failures, calls
-//! fail at once with [`StorageError::CircuitOpen`](crate::limiter::StorageError)
+//! fail at once with [`StorageError::CircuitOpen`](crate::storage::StorageError)
 //! instead of each waiting for the Redis timeout (BR-25). While open, one call
 //! per `probe_interval` is let through as a probe; the first success (of a
 //! probe, or of a health-check ping) closes the breaker.

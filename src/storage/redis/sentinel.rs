@@ -39,8 +39,8 @@ use super::{
     DEFAULT_BREAKER_THRESHOLD, DEFAULT_LOCAL_CACHE_SIZE, DEFAULT_PROBE_INTERVAL, DEFAULT_TIMEOUT,
     RedisSetupError, install_crypto_provider,
 };
-use crate::limiter::clock::Clock;
-use crate::limiter::{Charge, RequestResult, Storage, StorageError};
+use crate::storage::clock::Clock;
+use crate::storage::{Charge, RequestResult, Storage, StorageError};
 use ::redis::AsyncConnectionConfig;
 use ::redis::aio::MultiplexedConnection;
 use ::redis::sentinel::{SentinelClient, SentinelServerType};
