@@ -7,10 +7,11 @@
 //! bucket stays in memory for 6 s after its hit).
 
 use bucket_rls::config::loader;
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
+use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::storage::{Charge, ChargeKind, ChargeSpec, Limit};
-use bucket_rls::service::Limiter;
-use bucket_rls::settings::ServiceSettings;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;

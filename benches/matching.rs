@@ -5,8 +5,8 @@
 //! benchmark once, stays fast even with 100,000 rules. Run with
 //! `cargo bench --bench matching`.
 
-use bucket_rls::storage::key::{self, KeyValue};
 use bucket_rls::matcher::{self, Level, Pattern, Selector};
+use bucket_rls::storage::key::{self, KeyValue};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 

@@ -4,7 +4,8 @@
 //! requests finish.
 
 use crate::conn_limit::{LimitedListener, per_port_limit};
-use crate::service::{Limiter, RateLimitGrpc};
+use crate::grpc::RateLimitGrpc;
+use crate::limiter::Limiter;
 use crate::settings::DRAIN_GRACE;
 use std::future::Future;
 use std::sync::Arc;

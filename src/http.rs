@@ -13,17 +13,17 @@
 //!   bursts, units, names, shadow flags, `replaces`), its hash and load time,
 //!   the last reload error and the storage backend name.
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
-//!   protobuf JSON ([`pbjson`]): 200 with the `RateLimitResponse` when the
+//!   protobuf JSON ([`json`]): 200 with the `RateLimitResponse` when the
 //!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
 //!   `{"error": "..."}` for a malformed request, 503 when storage is
 //!   unavailable.
 //!
 //! The router is built by [`router`] so tests call it without a socket.
 
-pub mod pbjson;
+pub mod json;
 
 use crate::config::{Config, Policy};
-use crate::service::Limiter;
+use crate::limiter::{Code, DecideError, Limiter};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -98,7 +98,10 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&limiter.config()),
+        {
+            let config = limiter.config();
+            crate::metrics::render(&config.hash, config.loaded_at)
+        },
     )
         .into_response()
 }
@@ -193,10 +196,13 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis()),
         backend: limiter.storage().name(),
-        last_reload_error: limiter.last_reload_error().map(|e| ReloadErrorView {
-            at: rfc3339(e.at),
-            message: e.message,
-        }),
+        last_reload_error: limiter
+            .config_handle()
+            .last_error()
+            .map(|e| ReloadErrorView {
+                at: rfc3339(e.at),
+                message: e.message,
+            }),
         domains,
     }
 }
@@ -216,29 +222,25 @@ async fn json(
         Ok(b) => b,
         Err(r) => return error(r.status(), &r.body_text()),
     };
-    let req = match pbjson::JsonRequest::parse(&body) {
-        Ok(r) => r.into_proto(),
+    let req = match json::JsonRequest::parse(&body) {
+        Ok(r) => r,
         Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
     };
-    match limiter.should_rate_limit(&req).await {
-        Ok(resp) => {
-            let view = pbjson::JsonResponse::from_proto(&resp);
-            let code = if view.is_over_limit() {
+    match limiter.decide(&req.to_request()).await {
+        Ok(decision) => {
+            let code = if decision.overall_code == Code::OverLimit {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
                 StatusCode::OK
             };
-            json_response(code, &view)
+            json_response(code, &json::JsonResponse::from_decision(&decision))
         }
-        Err(s) => {
-            let code = match s.code() {
-                tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
-                    StatusCode::SERVICE_UNAVAILABLE
-                }
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
+        Err(e) => {
+            let code = match e {
+                DecideError::Invalid(_) => StatusCode::BAD_REQUEST,
+                DecideError::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
             };
-            error(code, s.message())
+            error(code, &e.to_string())
         }
     }
 }

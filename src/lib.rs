@@ -1,28 +1,39 @@
 //! bucket-rls: an implementation of Envoy's external rate limit service
 //! (`envoy.service.ratelimit.v3.RateLimitService`) with exact token buckets.
 //!
-//! Crate map (one line per module; each module's own docs say more):
+//! Crate map (one line per module; each module's own docs say more). The
+//! request path runs edge → core → storage; no module below the edges names
+//! a protobuf or tonic type.
 //!
-//! - [`app`]: Serving: bind outside, serve inside, drain on shutdown.
-//! - [`cli`]: Command line (`serve`, `check-config`).
-//! - [`conn_limit`]: Connection caps for the two listening ports.
-//! - [`config`]: YAML config: schema, loader and validation.
-//! - [`http`]: HTTP admin API.
-//! - [`storage`]: Token buckets and the storage seam (memory, Redis).
-//! - [`loadgen`]: `bucket-rls loadgen`: gRPC load generator with latency histograms.
-//! - [`matcher`]: Compiled descriptor tree and matching.
-//! - [`metrics`]: Metric names.
-//! - [`service`]: The gRPC service: descriptors in, statuses out.
-//! - [`settings`]: Process settings used by the request path.
+//! - Edges
+//!   - [`grpc`]: the tonic `RateLimitService`: protos to and from the core.
+//!   - [`http`]: the admin API (health, metrics, `/rlconfig`) and `/json`.
+//!   - [`cli`]: command line (`serve`, `check-config`, `loadgen`).
+//! - Core
+//!   - [`limiter`]: the decision core: request and decision types, plan,
+//!     verdict, RateLimit headers, storage failure policy.
+//!   - [`matcher`]: compiled descriptor tree and matching.
+//!   - [`config`]: YAML config: schema, loader, validation, the
+//!     [`config::ConfigHandle`] in force and the file watcher.
+//! - Storage
+//!   - [`storage`]: the storage seam, the token bucket model, memory and
+//!     Redis (single node, Sentinel, Cluster) backends.
+//! - Process
+//!   - [`app`]: serving: bind outside, serve inside, drain on shutdown.
+//!   - [`settings`]: process settings used by the request path.
+//!   - [`conn_limit`]: connection caps for the two listening ports.
+//!   - [`metrics`]: metric names, the recorder, rendering.
+//!   - [`loadgen`]: `bucket-rls loadgen`: gRPC load generator with latency histograms.
 
 pub mod app;
 pub mod cli;
 pub mod config;
 pub mod conn_limit;
+pub mod grpc;
 pub mod http;
-pub mod storage;
+pub mod limiter;
 pub mod loadgen;
 pub mod matcher;
 pub mod metrics;
-pub mod service;
 pub mod settings;
+pub mod storage;

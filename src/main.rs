@@ -5,13 +5,13 @@ use bucket_rls::app::{self, Listeners};
 use bucket_rls::cli::{Cli, Command, LogFormat, ServeArgs};
 use bucket_rls::config::loader;
 use bucket_rls::config::watcher::{ConfigWatcher, ReloadHandle, WatchOptions};
+use bucket_rls::limiter::Limiter;
+use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::storage::redis::RedisStorage;
 use bucket_rls::storage::redis::cluster::RedisClusterStorage;
 use bucket_rls::storage::redis::sentinel::RedisSentinelStorage;
-use bucket_rls::service::Limiter;
-use bucket_rls::settings::ServiceSettings;
 use clap::Parser;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -244,7 +244,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding HTTP on {}", args.http_addr))?;
     let watcher = ConfigWatcher::spawn(
         args.config.clone(),
-        limiter.clone(),
+        limiter.config_handle().clone(),
+        limiter.on_swap(),
         WatchOptions::default(),
     );
     tokio::spawn(reload_on_sighup(watcher.reload_handle()));

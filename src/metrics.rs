@@ -88,7 +88,7 @@ static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle
 /// later calls (from `serve`, the HTTP router or tests) return the same handle.
 ///
 /// Metrics are process-global by design of the `metrics` crate: every
-/// [`crate::service::Limiter`] in a process records into this one recorder.
+/// [`crate::limiter::Limiter`] in a process records into this one recorder.
 /// Install it before the first metric is recorded: the `metrics` macros drop
 /// what is recorded while no recorder is installed. If another recorder was
 /// installed first (by an embedding program), ours is not installed, a
@@ -115,13 +115,12 @@ pub fn install() -> &'static metrics_exporter_prometheus::PrometheusHandle {
 
 /// Renders the Prometheus text exposition of every metric, followed by the
 /// config identity gauges ([`CONFIG_INFO`], [`CONFIG_LOAD_TIMESTAMP`]) of
-/// `config`, the config in force.
+/// the config in force: its `hash` and the time it was loaded.
 #[must_use]
-pub fn render(config: &crate::config::Config) -> String {
+pub fn render(hash: &str, loaded_at: std::time::SystemTime) -> String {
     use std::fmt::Write as _;
     let mut out = install().render();
-    let loaded_secs = config
-        .loaded_at
+    let loaded_secs = loaded_at
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     let _ = write!(
@@ -132,7 +131,6 @@ pub fn render(config: &crate::config::Config) -> String {
          # HELP {CONFIG_LOAD_TIMESTAMP} Unix time at which the config in force was loaded\n\
          # TYPE {CONFIG_LOAD_TIMESTAMP} gauge\n\
          {CONFIG_LOAD_TIMESTAMP} {loaded_secs:.3}\n",
-        hash = config.hash,
     );
     out
 }

@@ -10,11 +10,11 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bucket_rls::app::{self, Listeners};
 use bucket_rls::config::watcher::ReloadError;
+use bucket_rls::limiter::Limiter;
+use bucket_rls::metrics as m;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::storage::{Charge, RequestResult, Storage, StorageError};
-use bucket_rls::metrics as m;
-use bucket_rls::service::Limiter;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -183,7 +183,7 @@ async fn rlconfig_lists_domains_rules_hash_and_last_error() {
     assert!(by_path("adm.vip_v").get("unit").is_none());
     assert_eq!(by_path("adm.tier_gold")["replaces"], json!(["per_user"]));
 
-    l.set_reload_error(Some(ReloadError {
+    l.config_handle().set_last_error(Some(ReloadError {
         at: SystemTime::now(),
         message: "adm.yaml:3: unknown key 'unlimied'".into(),
     }));

@@ -4,9 +4,10 @@
 mod common;
 
 use bucket_rls::config::loader::compile_texts;
-use bucket_rls::storage::memory::MemoryStorage;
-use bucket_rls::service::Limiter;
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
+use bucket_rls::storage::memory::MemoryStorage;
 use common::{config, desc, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::sync::Arc;

@@ -11,6 +11,7 @@ mod admin_support;
 mod common;
 
 use admin_support::scrape;
+use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;

@@ -9,10 +9,11 @@ mod admin_support;
 mod common;
 
 use admin_support::{metric, scrape};
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::{Limiter, MAX_DOMAIN_LABELS};
+use bucket_rls::metrics as m;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
-use bucket_rls::metrics as m;
-use bucket_rls::service::{Limiter, MAX_DOMAIN_LABELS};
 use common::{desc, desc_hits, limiter, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::io::Write;

@@ -3,10 +3,11 @@
 
 mod common;
 
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
+use bucket_rls::settings::{RateLimitHeaders, ServiceSettings};
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
-use bucket_rls::service::Limiter;
-use bucket_rls::settings::{RateLimitHeaders, ServiceSettings};
 use common::{config, desc, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use std::sync::Arc;

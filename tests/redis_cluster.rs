@@ -6,12 +6,13 @@
 
 mod common;
 
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::bucket::{ChargeKind, ChargeSpec, Limit};
 use bucket_rls::storage::key::{KeyValue, encode};
 use bucket_rls::storage::redis::cluster::{RedisClusterStorage, key_slot};
 use bucket_rls::storage::{Charge, StorageError};
-use bucket_rls::service::Limiter;
 use common::cluster::{RedisCluster, Shard};
 use common::{desc, desc_hits, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;

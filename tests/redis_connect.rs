@@ -4,6 +4,7 @@
 
 mod common;
 
+use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::redis::RedisStorage;
 use common::redis::{RedisServer, free_port};

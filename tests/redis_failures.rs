@@ -7,9 +7,10 @@
 
 mod common;
 
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::redis::RedisStorage;
-use bucket_rls::service::Limiter;
 use common::redis::{FaultProxy, RedisServer};
 use common::{desc, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;

@@ -6,9 +6,10 @@
 
 mod common;
 
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::redis::sentinel::RedisSentinelStorage;
-use bucket_rls::service::Limiter;
 use common::sentinel::{MASTER_NAME, SentinelSetup, wait_for};
 use common::{desc, desc_hits, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;

@@ -7,9 +7,10 @@
 
 mod common;
 
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
 use bucket_rls::storage::clock::{Clock, ManualClock};
 use bucket_rls::storage::redis::RedisStorage;
-use bucket_rls::service::Limiter;
 use common::redis::{RedisServer, decode_bucket};
 use common::{config, desc, desc_hits, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;

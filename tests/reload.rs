@@ -13,11 +13,12 @@ mod common;
 use admin_support::{counter, poll};
 use bucket_rls::config::loader;
 use bucket_rls::config::watcher::{ConfigWatcher, Outcome, Reloader, WatchOptions};
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
+use bucket_rls::metrics::CONFIG_LOAD;
+use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
-use bucket_rls::metrics::CONFIG_LOAD;
-use bucket_rls::service::Limiter;
-use bucket_rls::settings::ServiceSettings;
 use common::{desc, desc_hits, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -56,7 +57,8 @@ fn start_with_clock(source: &Path) -> (Arc<Limiter>, ConfigWatcher, ManualClock)
     let limiter = Arc::new(Limiter::new(config, storage, ServiceSettings::default()));
     let watcher = ConfigWatcher::spawn(
         source.to_path_buf(),
-        limiter.clone(),
+        limiter.config_handle().clone(),
+        limiter.on_swap(),
         WatchOptions::default(),
     );
     assert!(watcher.is_watching());
@@ -300,7 +302,7 @@ async fn br01_bad_reload_keeps_the_old_config() {
     let v1_hash = limiter.config().hash.clone();
     write_atomically(&file, EDGE_TYPO);
     let (err, _) = poll(SLO, "the reload error", || {
-        let e = limiter.last_reload_error();
+        let e = limiter.config_handle().last_error();
         async move { e }
     })
     .await;
@@ -330,7 +332,7 @@ async fn br01_bad_reload_keeps_the_old_config() {
         &EDGE_V1.replace("requests_per_unit: 1", "requests_per_unit: 5"),
     );
     applied(&limiter, &v1_hash, "the fixed file").await;
-    assert!(limiter.last_reload_error().is_none());
+    assert!(limiter.config_handle().last_error().is_none());
     assert_eq!(success() - ok0, 1.0);
 }
 
@@ -447,7 +449,11 @@ async fn reloader_skips_unchanged_and_repeated_failures() {
     let config = loader::load_source(&file).unwrap();
     let storage = Arc::new(MemoryStorage::default());
     let limiter = Arc::new(Limiter::new(config, storage, ServiceSettings::default()));
-    let r = Reloader::new(file.clone(), limiter.clone());
+    let r = Reloader::new(
+        file.clone(),
+        limiter.config_handle().clone(),
+        limiter.on_swap(),
+    );
     assert_eq!(r.reload(false), Outcome::Unchanged);
     std::fs::write(&file, "domain: [").unwrap();
     assert_eq!(r.reload(false), Outcome::Failed);
@@ -469,7 +475,7 @@ async fn reloader_skips_unchanged_and_repeated_failures() {
     );
     std::fs::write(&file, rule("rl-unit", 2)).unwrap();
     assert!(matches!(r.reload(false), Outcome::Applied(h) if h == limiter.config().hash));
-    assert!(limiter.last_reload_error().is_none());
+    assert!(limiter.config_handle().last_error().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -492,7 +498,12 @@ async fn periodic_rescan_applies_changes_no_event_reported() {
         rescan: Duration::from_millis(300),
         ..WatchOptions::default()
     };
-    let _w = ConfigWatcher::spawn(source, limiter.clone(), options);
+    let _w = ConfigWatcher::spawn(
+        source,
+        limiter.config_handle().clone(),
+        limiter.on_swap(),
+        options,
+    );
     let (ok0, old) = (success(), limiter.config().hash.clone());
     std::fs::write(&target, rule("rescan", 2)).unwrap();
     applied(&limiter, &old, "the rescan").await;

@@ -3,12 +3,16 @@
 //! - [`schema`]: the raw YAML shape, every scalar kept as literal text with its line.
 //! - [`loader`]: reads files and directories, validates, compiles into [`Config`].
 //! - [`watcher`]: hot reload (file events, SIGHUP, periodic rescan), atomic swap.
+//! - [`ConfigHandle`]: the config in force and the last failed reload, shared by
+//!   the request path (reads), the config sources (writes) and the admin API.
 
 pub mod loader;
 pub mod schema;
 pub mod watcher;
 
 use crate::matcher::Level;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -197,6 +201,71 @@ impl Config {
         loosened.then(|| u64::try_from(hold.min(u128::from(MAX_HOLD_US))).unwrap_or(MAX_HOLD_US))
     }
 }
+
+/// The last reload that failed, kept for `/rlconfig` until a reload succeeds
+/// or the source returns to the config in force.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReloadError {
+    /// When the failing state was first seen.
+    pub at: SystemTime,
+    /// Every problem, one per line (`file:line: path: message`).
+    pub message: String,
+}
+
+/// The config in force, swapped atomically on reload, and the last failed
+/// reload. Owned by config: a source (the file watcher) writes it, the
+/// request path reads it without locking, the admin API shows both.
+#[derive(Debug)]
+pub struct ConfigHandle {
+    current: ArcSwap<Config>,
+    last_error: Mutex<Option<ReloadError>>,
+}
+
+impl ConfigHandle {
+    /// A handle whose config in force is `config`, with no reload error.
+    #[must_use]
+    pub fn new(config: Config) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(config),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// The config in force, for one request: a cheap guard, no reference
+    /// count taken (hold it only for the request).
+    #[must_use]
+    pub fn load(&self) -> arc_swap::Guard<Arc<Config>> {
+        self.current.load()
+    }
+
+    /// The config in force, as an owned reference.
+    #[must_use]
+    pub fn current(&self) -> Arc<Config> {
+        self.current.load_full()
+    }
+
+    /// Swaps `config` in atomically and returns the config it replaced.
+    /// Requests already running finish on the old one.
+    pub fn swap(&self, config: Config) -> Arc<Config> {
+        self.current.swap(Arc::new(config))
+    }
+
+    /// The last failed reload, if the source has not loaded since.
+    #[must_use]
+    pub fn last_error(&self) -> Option<ReloadError> {
+        self.last_error.lock().clone()
+    }
+
+    /// Records (or clears, with `None`) the last failed reload.
+    pub fn set_last_error(&self, error: Option<ReloadError>) {
+        *self.last_error.lock() = error;
+    }
+}
+
+/// Called after a new config is swapped in, with the old and the new config
+/// (the request path uses it to clear its local cache and to hold buckets a
+/// slower rule would otherwise drop).
+pub type OnSwap = Arc<dyn Fn(&Config, &Config) + Send + Sync>;
 
 /// Longest time a reload keeps existing buckets (366 days, in microseconds).
 pub const MAX_HOLD_US: u64 = 366 * 86_400 * 1_000_000;

@@ -30,9 +30,8 @@
 //! (DESIGN 3), so tokens carry over, capped at the new capacity.
 
 use super::loader::{compile_texts, hash_files};
-use super::{Config, ConfigError, ConfigErrors};
+use super::{Config, ConfigError, ConfigErrors, ConfigHandle, OnSwap};
 use crate::metrics as m;
-use crate::service::Limiter;
 use notify_debouncer_full::notify::event::{AccessKind, AccessMode};
 use notify_debouncer_full::notify::{EventKind, RecursiveMode};
 use notify_debouncer_full::{DebounceEventResult, new_debouncer};
@@ -69,15 +68,7 @@ impl Default for WatchOptions {
     }
 }
 
-/// The last reload that failed, kept for `/rlconfig` until a reload succeeds
-/// or the source returns to the config in force.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReloadError {
-    /// When the failing state was first seen.
-    pub at: SystemTime,
-    /// Every problem, one per line (`file:line: path: message`).
-    pub message: String,
-}
+pub use super::ReloadError;
 
 /// What one reload attempt did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,23 +97,34 @@ fn fingerprint(snap: &Snapshot) -> String {
     }
 }
 
-/// Applies snapshots of one source to one [`Limiter`]. Synchronous and
-/// deterministic: the watcher task calls it, tests may call it directly.
-#[derive(Debug)]
+/// Applies snapshots of one source to one [`ConfigHandle`], calling an
+/// [`OnSwap`] hook after each swap. Synchronous and deterministic: the
+/// watcher task calls it, tests may call it directly.
 pub struct Reloader {
     source: PathBuf,
-    limiter: Arc<Limiter>,
+    handle: Arc<ConfigHandle>,
+    on_swap: OnSwap,
     /// Fingerprint of the last reported failing state.
     failed: Mutex<Option<String>>,
 }
 
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader")
+            .field("source", &self.source)
+            .field("handle", &self.handle)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Reloader {
-    /// A reloader of `source` into `limiter`.
+    /// A reloader of `source` into `handle`; `on_swap` runs after every swap.
     #[must_use]
-    pub fn new(source: PathBuf, limiter: Arc<Limiter>) -> Self {
+    pub fn new(source: PathBuf, handle: Arc<ConfigHandle>, on_swap: OnSwap) -> Self {
         Self {
             source,
-            limiter,
+            handle,
+            on_swap,
             failed: Mutex::new(None),
         }
     }
@@ -144,10 +146,10 @@ impl Reloader {
     /// again even if it was reported before.
     pub fn apply(&self, snap: Snapshot, force: bool) -> Outcome {
         let fp = fingerprint(&snap);
-        let current = self.limiter.config();
+        let current = self.handle.current();
         if snap.is_ok() && fp == current.hash {
             *self.failed.lock() = None;
-            self.limiter.set_reload_error(None);
+            self.handle.set_last_error(None);
             if force {
                 tracing::info!(source = %self.source.display(), hash = %fp, "reload requested: config unchanged");
             }
@@ -160,10 +162,11 @@ impl Reloader {
             Ok(config) => {
                 let hash = config.hash.clone();
                 log_applied(&self.source, &current, &config);
-                self.limiter.swap_config(config);
+                let old = self.handle.swap(config);
+                (self.on_swap)(&old, &self.handle.current());
                 metrics::counter!(m::CONFIG_LOAD, "result" => "success").increment(1);
                 *self.failed.lock() = None;
-                self.limiter.set_reload_error(None);
+                self.handle.set_last_error(None);
                 Outcome::Applied(hash)
             }
             Err(errors) => {
@@ -182,7 +185,7 @@ impl Reloader {
                     kept = %current.hash,
                     "config reload failed; keeping the config in force"
                 );
-                self.limiter.set_reload_error(Some(ReloadError {
+                self.handle.set_last_error(Some(ReloadError {
                     at: SystemTime::now(),
                     message,
                 }));
@@ -259,15 +262,20 @@ pub struct ConfigWatcher {
 }
 
 impl ConfigWatcher {
-    /// Starts watching `source` and applying its changes to `limiter`. Must
-    /// be called inside a Tokio runtime.
+    /// Starts watching `source` and applying its changes to `handle`, calling
+    /// `on_swap` after each swap. Must be called inside a Tokio runtime.
     ///
     /// When the directory cannot be watched (inotify limits reached, no
     /// permission), the error is logged and reloads still happen on
     /// [`Self::reload_now`] (SIGHUP) and every [`WatchOptions::rescan`]: a
     /// running service is not stopped because file events are unavailable.
     #[must_use]
-    pub fn spawn(source: PathBuf, limiter: Arc<Limiter>, options: WatchOptions) -> Self {
+    pub fn spawn(
+        source: PathBuf,
+        handle: Arc<ConfigHandle>,
+        on_swap: OnSwap,
+        options: WatchOptions,
+    ) -> Self {
         let dir = watched_dir(&source);
         let (tx, rx) = mpsc::unbounded_channel();
         let debouncer = match watch_dir(&dir, options.debounce, tx.clone()) {
@@ -280,7 +288,7 @@ impl ConfigWatcher {
                 None
             }
         };
-        let reloader = Arc::new(Reloader::new(source, limiter));
+        let reloader = Arc::new(Reloader::new(source, handle, on_swap));
         let task = tokio::spawn(run(reloader.clone(), rx, options));
         Self {
             triggers: tx,
@@ -440,7 +448,7 @@ async fn run(
         while let Ok(t) = rx.try_recv() {
             force |= t == Trigger::Force;
         }
-        let current = reloader.limiter.config().hash.clone();
+        let current = reloader.handle.current().hash.clone();
         let snap = settled(&reloader.source, options.settle, &current).await;
         let r = reloader.clone();
         let _ = tokio::task::spawn_blocking(move || r.apply(snap, force)).await;

@@ -229,8 +229,7 @@ fn to_u64(v: u128) -> u64 {
 }
 
 /// Microseconds until a bucket holding `tokens_micro` is full under `limit`
-/// (0 when already full; `None` only when `R = 0`, which has capacity 0 and is
-/// therefore always full).
+/// (0 when already full, and always 0 when `R = 0`: capacity 0 is always full).
 #[must_use]
 pub fn time_to_full_us(limit: &Limit, tokens_micro: u64) -> u128 {
     let cap = limit.capacity_micro();
@@ -248,9 +247,83 @@ pub fn ceil_secs(us: u128) -> u64 {
     u64::try_from(us.div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
+/// Micro-tokens each charge needs in its bucket for the whole request to
+/// pass, in charge order: a consume needs its own cost (at least 1 token: a
+/// check needs one) plus the costs of the earlier consumes of the same
+/// request on the same key (shadow ones too: they take tokens). An earlier
+/// refund is not subtracted, so a wait computed from it is never too short.
+/// Refunds need 0.
+#[must_use]
+pub fn request_needs(charges: &[super::Charge]) -> Vec<u128> {
+    let mut taken: std::collections::HashMap<&str, u128> = std::collections::HashMap::new();
+    charges
+        .iter()
+        .map(|c| {
+            if c.spec.kind != ChargeKind::Consume {
+                return 0;
+            }
+            let taken_before = taken.entry(c.key.as_str()).or_insert(0);
+            let need = *taken_before + u128::from(c.spec.cost.max(1)) * u128::from(MICRO);
+            *taken_before += u128::from(c.spec.cost) * u128::from(MICRO);
+            need
+        })
+        .collect()
+}
+
+/// Microseconds until a bucket holding `tokens_micro` has `need_micro`
+/// under `limit`, at least 1 (a denial never says "now"): the unit's length
+/// when `R = 0` (nothing ever refills), the time to full when `need_micro`
+/// is more than the capacity (the most that can ever be there).
+#[must_use]
+pub fn wait_until_fits_us(limit: &Limit, tokens_micro: u64, need_micro: u128) -> u128 {
+    let wait = if limit.requests_per_unit == 0 {
+        u128::from(limit.unit_secs) * 1_000_000
+    } else if need_micro > limit.capacity_micro() {
+        time_to_full_us(limit, tokens_micro)
+    } else {
+        limit
+            .wait_us(need_micro - u128::from(tokens_micro).min(need_micro))
+            .unwrap_or(0)
+    };
+    wait.max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_needs_add_up_earlier_consumes_of_the_same_key() {
+        let c = |key: &str, cost: u64, kind: ChargeKind| super::super::Charge {
+            key: key.into(),
+            spec: ChargeSpec {
+                limit: lim(10, 1, 10),
+                cost,
+                kind,
+                shadow: false,
+            },
+        };
+        let charges = [
+            c("a", 3, ChargeKind::Consume),
+            c("b", 0, ChargeKind::Consume),
+            c("a", 0, ChargeKind::Consume),
+            c("a", 2, ChargeKind::Refund),
+            c("a", 4, ChargeKind::Consume),
+        ];
+        let m = u128::from(MICRO);
+        assert_eq!(request_needs(&charges), vec![3 * m, m, 4 * m, 0, 7 * m]);
+    }
+
+    #[test]
+    fn waits_until_fits_are_never_zero_and_capped_at_full() {
+        let l = lim(10, 1, 10); // 10 tokens/s, capacity 10
+        let m = MICRO;
+        assert_eq!(wait_until_fits_us(&l, 0, u128::from(m)), 100_000);
+        assert_eq!(wait_until_fits_us(&l, 5 * m, u128::from(m)), 1);
+        // More than the capacity: until full (1 s from empty).
+        assert_eq!(wait_until_fits_us(&l, 0, 50 * u128::from(m)), 1_000_000);
+        assert_eq!(wait_until_fits_us(&lim(0, 60, 0), 0, 1), 60_000_000);
+    }
 
     fn lim(r: u32, u: u64, c: u64) -> Limit {
         Limit {

@@ -7,11 +7,12 @@
 
 use super::{config, desc, desc_hits, req, unique_prefix};
 use async_trait::async_trait;
+use bucket_rls::grpc::ShouldRateLimit as _;
+use bucket_rls::limiter::Limiter;
+use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::storage::{Charge, RequestResult, Storage, StorageError};
-use bucket_rls::service::Limiter;
-use bucket_rls::settings::ServiceSettings;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;

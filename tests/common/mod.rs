@@ -9,9 +9,9 @@ pub mod sentinel;
 pub mod tls;
 
 use bucket_rls::config::loader;
-use bucket_rls::storage::Storage;
-use bucket_rls::service::Limiter;
+use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
+use bucket_rls::storage::Storage;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;

@@ -96,10 +96,10 @@ use super::{
     DEFAULT_BREAKER_THRESHOLD, DEFAULT_LOCAL_CACHE_SIZE, DEFAULT_PROBE_INTERVAL, DEFAULT_TIMEOUT,
     RedisSetupError, install_crypto_provider,
 };
+use crate::metrics as m;
 use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, MICRO, RequestResult};
 use crate::storage::clock::Clock;
 use crate::storage::{Charge, Storage, StorageError};
-use crate::metrics as m;
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};

@@ -3,9 +3,9 @@
 //! error classification. Everything here is topology-independent, so a
 //! Cluster or Sentinel backend calls the same functions per node or per slot.
 
+use crate::metrics as m;
 use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
 use crate::storage::{Charge, StorageError, group_by_key};
-use crate::metrics as m;
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 

@@ -1,5 +1,6 @@
-//! The protobuf JSON mapping of `RateLimitRequest` and `RateLimitResponse`,
-//! by hand: `envoy-types` has no serde support.
+//! The `/json` edge: the protobuf JSON mapping of `RateLimitRequest` and
+//! `RateLimitResponse`, by hand (`envoy-types` has no serde support), straight
+//! to and from the decision core's [`Request`] and [`Decision`].
 //!
 //! Requests follow the proto3 JSON rules a client library would produce:
 //! lowerCamelCase field names, with the original snake_case names accepted
@@ -13,19 +14,14 @@
 //! always present (also when 0) so callers need not know proto3's default
 //! elision; unset messages (`currentLimit`, `durationUntilReset`) are omitted.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
+use crate::config::Unit;
+use crate::limiter::{
+    Code, CurrentLimit, Decision, Descriptor, DescriptorStatus, Override, Request,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt64Value};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::time::Duration;
 
 /// `RateLimitRequest` in protobuf JSON.
 #[derive(Debug, Default, Deserialize)]
@@ -99,9 +95,10 @@ pub struct JsonOverride {
         deserialize_with = "uint32"
     )]
     pub requests_per_unit: u32,
-    /// `SECOND` ... `YEAR` (a name in any case, or the enum number).
+    /// `SECOND` ... `YEAR` (a name in any case, or the enum number);
+    /// `None` for `UNKNOWN` (0) or absent, which the core refuses.
     #[serde(default, deserialize_with = "unit")]
-    pub unit: i32,
+    pub unit: Option<Unit>,
 }
 
 impl JsonRequest {
@@ -124,29 +121,26 @@ impl JsonRequest {
         serde_json::from_slice(body).map_err(|e| format!("invalid RateLimitRequest JSON: {e}"))
     }
 
-    /// The proto request.
+    /// The decision-core view of this request (strings borrowed from it).
     #[must_use]
-    pub fn into_proto(self) -> RateLimitRequest {
-        RateLimitRequest {
-            domain: self.domain,
+    pub fn to_request(&self) -> Request<'_> {
+        Request {
+            domain: &self.domain,
             hits_addend: self.hits_addend,
             descriptors: self
                 .descriptors
-                .into_iter()
-                .map(|d| RateLimitDescriptor {
+                .iter()
+                .map(|d| Descriptor {
                     entries: d
                         .entries
-                        .into_iter()
-                        .map(|e| Entry {
-                            key: e.key,
-                            value: e.value,
-                        })
+                        .iter()
+                        .map(|e| (e.key.as_str(), e.value.as_str()))
                         .collect(),
-                    limit: d.limit.map(|l| RateLimitOverride {
+                    limit: d.limit.as_ref().map(|l| Override {
                         requests_per_unit: l.requests_per_unit,
-                        unit: l.unit,
+                        unit: l.unit.ok_or_else(|| "UNKNOWN".to_owned()),
                     }),
-                    hits_addend: d.hits_addend.map(|value| UInt64Value { value }),
+                    hits_addend: d.hits_addend,
                     is_negative_hits: d.is_negative_hits,
                 })
                 .collect(),
@@ -207,17 +201,17 @@ pub struct JsonHeader {
 }
 
 impl JsonResponse {
-    /// The JSON form of a proto response.
+    /// The JSON form of a decision.
     #[must_use]
-    pub fn from_proto(r: &RateLimitResponse) -> Self {
+    pub fn from_decision(d: &Decision) -> Self {
         Self {
-            overall_code: code_name(r.overall_code),
-            statuses: r.statuses.iter().map(status).collect(),
-            response_headers_to_add: r
+            overall_code: code_name(d.overall_code),
+            statuses: d.statuses.iter().map(status).collect(),
+            response_headers_to_add: d
                 .response_headers_to_add
                 .iter()
                 .map(|h| JsonHeader {
-                    key: h.key.clone(),
+                    key: h.key.to_owned(),
                     value: h.value.clone(),
                 })
                 .collect(),
@@ -231,11 +225,10 @@ impl JsonResponse {
     }
 }
 
-fn code_name(c: i32) -> &'static str {
-    match Code::try_from(c) {
-        Ok(Code::Ok) => "OK",
-        Ok(Code::OverLimit) => "OVER_LIMIT",
-        _ => "UNKNOWN",
+const fn code_name(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::OverLimit => "OVER_LIMIT",
     }
 }
 
@@ -248,21 +241,34 @@ fn status(s: &DescriptorStatus) -> JsonStatus {
     }
 }
 
-fn limit(l: &RateLimit) -> JsonLimit {
+fn limit(l: &CurrentLimit) -> JsonLimit {
     JsonLimit {
         name: l.name.clone(),
         requests_per_unit: l.requests_per_unit,
-        unit: ProtoUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name()),
+        unit: unit_name(l.unit),
     }
 }
 
-/// A `google.protobuf.Duration` as proto3 JSON: `"3s"`, `"1.500s"`.
+/// The proto enum name of a unit (`envoy.service.ratelimit.v3` `RateLimit.Unit`).
+const fn unit_name(u: Unit) -> &'static str {
+    match u {
+        Unit::Second => "SECOND",
+        Unit::Minute => "MINUTE",
+        Unit::Hour => "HOUR",
+        Unit::Day => "DAY",
+        Unit::Week => "WEEK",
+        Unit::Month => "MONTH",
+        Unit::Year => "YEAR",
+    }
+}
+
+/// A duration as proto3 JSON (`google.protobuf.Duration`): `"3s"`, `"1.500s"`.
 #[must_use]
-pub fn duration(d: &PbDuration) -> String {
-    if d.nanos == 0 {
-        format!("{}s", d.seconds)
+pub fn duration(d: &Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
     } else {
-        let frac = format!("{:09}", d.nanos.unsigned_abs());
+        let frac = format!("{:09}", d.subsec_nanos());
         let frac = if frac.ends_with("000000") {
             &frac[..3]
         } else if frac.ends_with("000") {
@@ -270,7 +276,7 @@ pub fn duration(d: &PbDuration) -> String {
         } else {
             &frac[..]
         };
-        format!("{}.{frac}s", d.seconds)
+        format!("{}.{frac}s", d.as_secs())
     }
 }
 
@@ -362,8 +368,19 @@ fn uint32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     Ok(v.and_then(|v| u32::try_from(v).ok()).unwrap_or(0))
 }
 
-/// `RateLimitUnit` by name (any case) or number, or `null`.
-fn unit<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+/// `envoy.type.v3.RateLimitUnit` values by number: `UNKNOWN` is 0.
+const UNITS: [(&str, Option<Unit>); 7] = [
+    ("UNKNOWN", None),
+    ("SECOND", Some(Unit::Second)),
+    ("MINUTE", Some(Unit::Minute)),
+    ("HOUR", Some(Unit::Hour)),
+    ("DAY", Some(Unit::Day)),
+    ("MONTH", Some(Unit::Month)),
+    ("YEAR", Some(Unit::Year)),
+];
+
+/// `RateLimitUnit` by name (any case) or number, or `null` (`UNKNOWN`).
+fn unit<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Unit>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Raw {
@@ -374,13 +391,16 @@ fn unit<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
     match Option::<Raw>::deserialize(d)
         .map_err(|_| de::Error::custom(format!("{expected}: not a string or an integer")))?
     {
-        None => Ok(0),
-        Some(Raw::Num(n)) => i32::try_from(n)
+        None => Ok(None),
+        Some(Raw::Num(n)) => usize::try_from(n)
             .ok()
-            .filter(|n| RateLimitUnit::try_from(*n).is_ok())
+            .and_then(|n| UNITS.get(n))
+            .map(|(_, u)| *u)
             .ok_or_else(|| de::Error::custom(format!("{expected}, got {n}"))),
-        Some(Raw::Name(s)) => RateLimitUnit::from_str_name(&s.to_ascii_uppercase())
-            .map(|u| u as i32)
+        Some(Raw::Name(s)) => UNITS
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(&s))
+            .map(|(_, u)| *u)
             .ok_or_else(|| de::Error::custom(format!("{expected}, got '{s}'"))),
     }
 }
@@ -396,27 +416,48 @@ mod tests {
                 "hitsAddend":"18446744073709551615","isNegativeHits":true,
                 "limit":{"requestsPerUnit":5,"unit":"minute"}}]}"#,
         )
-        .unwrap()
-        .into_proto();
+        .unwrap();
         let snake = JsonRequest::parse(
             br#"{"domain":"d","hits_addend":"2","descriptors":[{"entries":[{"key":"k","value":"v"}],
                 "hits_addend":18446744073709551615,"is_negative_hits":true,
                 "limit":{"requests_per_unit":"5","unit":2}}]}"#,
         )
-        .unwrap()
-        .into_proto();
+        .unwrap();
+        let (camel, snake) = (camel.to_request(), snake.to_request());
         assert_eq!(camel, snake);
         assert_eq!(camel.hits_addend, 2);
         let d = &camel.descriptors[0];
-        assert_eq!(d.hits_addend, Some(UInt64Value { value: u64::MAX }));
+        assert_eq!(d.hits_addend, Some(u64::MAX));
         assert!(d.is_negative_hits);
-        assert_eq!(d.entries[0].key, "k");
+        assert_eq!(d.entries, vec![("k", "v")]);
         assert_eq!(
             d.limit,
-            Some(RateLimitOverride {
+            Some(Override {
                 requests_per_unit: 5,
-                unit: RateLimitUnit::Minute as i32
+                unit: Ok(Unit::Minute)
             })
+        );
+    }
+
+    #[test]
+    fn unknown_and_absent_units_reach_the_core_as_unknown() {
+        for body in [
+            &br#"{"domain":"d","descriptors":[{"limit":{"requestsPerUnit":1,"unit":"unknown"}}]}"#
+                [..],
+            br#"{"domain":"d","descriptors":[{"limit":{"requestsPerUnit":1,"unit":0}}]}"#,
+            br#"{"domain":"d","descriptors":[{"limit":{"requestsPerUnit":1}}]}"#,
+        ] {
+            let r = JsonRequest::parse(body).unwrap();
+            let unit = r.to_request().descriptors[0].limit.clone().unwrap().unit;
+            assert_eq!(unit, Err("UNKNOWN".to_owned()));
+        }
+        let r = JsonRequest::parse(
+            br#"{"domain":"d","descriptors":[{"limit":{"requestsPerUnit":1,"unit":6}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.to_request().descriptors[0].limit.clone().unwrap().unit,
+            Ok(Unit::Year)
         );
     }
 
@@ -425,9 +466,9 @@ mod tests {
         let r = JsonRequest::parse(
             br#"{"domain":"d","descriptors":[{"entries":[],"hitsAddend":0},{"hitsAddend":null},{}]}"#,
         )
-        .unwrap()
-        .into_proto();
-        assert_eq!(r.descriptors[0].hits_addend, Some(UInt64Value { value: 0 }));
+        .unwrap();
+        let r = r.to_request();
+        assert_eq!(r.descriptors[0].hits_addend, Some(0));
         assert_eq!(r.descriptors[1].hits_addend, None);
         assert_eq!(r.descriptors[2].hits_addend, None);
     }
@@ -444,6 +485,10 @@ mod tests {
                 br#"{"domain":"d","descriptors":[{"limit":{"requestsPerUnit":1,"unit":"fortnight"}}]}"#,
                 "fortnight",
             ),
+            (
+                br#"{"domain":"d","descriptors":[{"limit":{"requestsPerUnit":1,"unit":7}}]}"#,
+                "got 7",
+            ),
             (br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","val":"v"}]}]}"#, "`val`"),
             (br#"{"domain":"#, "EOF"),
         ] {
@@ -454,37 +499,28 @@ mod tests {
 
     #[test]
     fn response_uses_enum_names_and_duration_strings() {
-        use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-        let proto = RateLimitResponse {
-            overall_code: Code::OverLimit as i32,
+        use crate::limiter::Header;
+        let decision = Decision {
+            overall_code: Code::OverLimit,
             statuses: vec![
                 DescriptorStatus {
-                    code: Code::OverLimit as i32,
-                    current_limit: Some(RateLimit {
+                    code: Code::OverLimit,
+                    current_limit: Some(CurrentLimit {
                         name: "per_ip".into(),
                         requests_per_unit: 5,
-                        unit: ProtoUnit::Minute as i32,
+                        unit: Unit::Minute,
                     }),
                     limit_remaining: 0,
-                    duration_until_reset: Some(PbDuration {
-                        seconds: 12,
-                        nanos: 0,
-                    }),
-                    quota: None,
+                    duration_until_reset: Some(Duration::from_secs(12)),
                 },
-                DescriptorStatus {
-                    code: Code::Ok as i32,
-                    ..Default::default()
-                },
+                DescriptorStatus::no_limit(),
             ],
-            response_headers_to_add: vec![HeaderValue {
-                key: "retry-after".into(),
+            response_headers_to_add: vec![Header {
+                key: "retry-after",
                 value: "12".into(),
-                ..Default::default()
             }],
-            ..Default::default()
         };
-        let json = serde_json::to_value(JsonResponse::from_proto(&proto)).unwrap();
+        let json = serde_json::to_value(JsonResponse::from_decision(&decision)).unwrap();
         assert_eq!(
             json,
             serde_json::json!({
@@ -502,7 +538,7 @@ mod tests {
 
     #[test]
     fn durations_keep_only_needed_fraction_digits() {
-        let d = |seconds, nanos| duration(&PbDuration { seconds, nanos });
+        let d = |secs, nanos| duration(&Duration::new(secs, nanos));
         assert_eq!(d(3, 0), "3s");
         assert_eq!(d(1, 500_000_000), "1.500s");
         assert_eq!(d(0, 1_000), "0.000001s");

@@ -1,0 +1,266 @@
+//! The gRPC edge: `envoy.service.ratelimit.v3.RateLimitService` over tonic.
+//! The only module that maps between the Envoy protos and the decision core:
+//! [`request`] decodes a `RateLimitRequest`, [`response`] encodes a
+//! [`Decision`], and [`status`] maps a [`DecideError`] to a gRPC status
+//! (`INVALID_ARGUMENT` or `UNAVAILABLE`).
+
+use crate::config::Unit;
+use crate::limiter::{Code, DecideError, Decision, Descriptor, Limiter, Override, Request};
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code as ProtoCode, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use std::future::Future;
+use std::sync::Arc;
+use tonic::Status;
+
+/// The decision-core view of a proto request (strings borrowed from it).
+#[must_use]
+pub fn request(req: &RateLimitRequest) -> Request<'_> {
+    Request {
+        domain: &req.domain,
+        hits_addend: req.hits_addend,
+        descriptors: req
+            .descriptors
+            .iter()
+            .map(|d| Descriptor {
+                entries: d
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                    .collect(),
+                limit: d.limit.as_ref().map(|o| Override {
+                    requests_per_unit: o.requests_per_unit,
+                    unit: override_unit(o.unit),
+                }),
+                hits_addend: d.hits_addend.map(|h| h.value),
+                is_negative_hits: d.is_negative_hits,
+            })
+            .collect(),
+    }
+}
+
+/// The proto response for a decision.
+#[must_use]
+pub fn response(d: Decision) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: proto_code(d.overall_code) as i32,
+        statuses: d
+            .statuses
+            .into_iter()
+            .map(|s| DescriptorStatus {
+                code: proto_code(s.code) as i32,
+                current_limit: s.current_limit.map(|l| RateLimit {
+                    name: l.name,
+                    requests_per_unit: l.requests_per_unit,
+                    unit: proto_unit(l.unit) as i32,
+                }),
+                limit_remaining: s.limit_remaining,
+                duration_until_reset: s.duration_until_reset.map(|w| PbDuration {
+                    seconds: i64::try_from(w.as_secs()).unwrap_or(i64::MAX),
+                    nanos: i32::try_from(w.subsec_nanos()).unwrap_or(0),
+                }),
+                quota: None,
+            })
+            .collect(),
+        response_headers_to_add: d
+            .response_headers_to_add
+            .into_iter()
+            .map(|h| HeaderValue {
+                key: h.key.into(),
+                value: h.value,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The gRPC status for a request that got no decision: `INVALID_ARGUMENT`
+/// for a malformed request, `UNAVAILABLE` when storage failed (Envoy's
+/// `failure_mode_deny` then decides).
+#[must_use]
+pub fn status(e: &DecideError) -> Status {
+    match e {
+        DecideError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        DecideError::Storage(_) => Status::unavailable(e.to_string()),
+    }
+}
+
+/// Answers proto requests with a [`Limiter`]: decode, decide, encode.
+pub trait ShouldRateLimit {
+    /// Answers one `ShouldRateLimit` call.
+    ///
+    /// # Errors
+    /// The [`status`] of the [`DecideError`].
+    fn should_rate_limit(
+        &self,
+        req: &RateLimitRequest,
+    ) -> impl Future<Output = Result<RateLimitResponse, Status>> + Send;
+}
+
+impl ShouldRateLimit for Limiter {
+    async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        match self.decide(&request(req)).await {
+            Ok(d) => Ok(response(d)),
+            Err(e) => Err(status(&e)),
+        }
+    }
+}
+
+/// The config unit of an override's proto unit, or its name (or number)
+/// when it is `UNKNOWN` or not a unit at all.
+fn override_unit(u: i32) -> Result<Unit, String> {
+    Ok(match RateLimitUnit::try_from(u) {
+        Ok(RateLimitUnit::Second) => Unit::Second,
+        Ok(RateLimitUnit::Minute) => Unit::Minute,
+        Ok(RateLimitUnit::Hour) => Unit::Hour,
+        Ok(RateLimitUnit::Day) => Unit::Day,
+        Ok(RateLimitUnit::Month) => Unit::Month,
+        Ok(RateLimitUnit::Year) => Unit::Year,
+        Ok(RateLimitUnit::Unknown) => return Err(RateLimitUnit::Unknown.as_str_name().to_owned()),
+        Err(_) => return Err(u.to_string()),
+    })
+}
+
+const fn proto_code(c: Code) -> ProtoCode {
+    match c {
+        Code::Ok => ProtoCode::Ok,
+        Code::OverLimit => ProtoCode::OverLimit,
+    }
+}
+
+/// The proto enum value of a config unit.
+#[must_use]
+pub const fn proto_unit(u: Unit) -> ProtoUnit {
+    match u {
+        Unit::Second => ProtoUnit::Second,
+        Unit::Minute => ProtoUnit::Minute,
+        Unit::Hour => ProtoUnit::Hour,
+        Unit::Day => ProtoUnit::Day,
+        Unit::Week => ProtoUnit::Week,
+        Unit::Month => ProtoUnit::Month,
+        Unit::Year => ProtoUnit::Year,
+    }
+}
+
+/// The tonic service around a shared [`Limiter`].
+#[derive(Debug, Clone)]
+pub struct RateLimitGrpc(pub Arc<Limiter>);
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimitGrpc {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, Status> {
+        ShouldRateLimit::should_rate_limit(&*self.0, request.get_ref())
+            .await
+            .map(tonic::Response::new)
+    }
+}
+
+impl RateLimitGrpc {
+    /// The tonic server for this service (max message size 4 MiB, as tonic's default).
+    #[must_use]
+    pub fn server(limiter: Arc<Limiter>) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(Self(limiter))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{CurrentLimit, DescriptorStatus as Status_, Header};
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::google::protobuf::UInt64Value;
+    use std::time::Duration;
+
+    #[test]
+    fn requests_keep_entries_costs_and_override_units() {
+        let proto = RateLimitRequest {
+            domain: "d".into(),
+            hits_addend: 4,
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                limit: Some(RateLimitOverride {
+                    requests_per_unit: 9,
+                    unit: RateLimitUnit::Hour as i32,
+                }),
+                hits_addend: Some(UInt64Value { value: 0 }),
+                is_negative_hits: true,
+            }],
+        };
+        let r = request(&proto);
+        assert_eq!((r.domain, r.hits_addend), ("d", 4));
+        let d = &r.descriptors[0];
+        assert_eq!(d.entries, vec![("k", "v")]);
+        assert_eq!(d.hits_addend, Some(0));
+        assert!(d.is_negative_hits);
+        assert_eq!(d.limit.as_ref().unwrap().unit, Ok(Unit::Hour));
+        assert_eq!(override_unit(0), Err("UNKNOWN".into()));
+        assert_eq!(override_unit(99), Err("99".into()));
+    }
+
+    #[test]
+    fn responses_carry_codes_limits_waits_and_headers() {
+        let d = Decision {
+            overall_code: Code::OverLimit,
+            statuses: vec![Status_ {
+                code: Code::OverLimit,
+                current_limit: Some(CurrentLimit {
+                    name: "n".into(),
+                    requests_per_unit: 3,
+                    unit: Unit::Week,
+                }),
+                limit_remaining: 0,
+                duration_until_reset: Some(Duration::from_millis(1500)),
+            }],
+            response_headers_to_add: vec![Header {
+                key: "retry-after",
+                value: "2".into(),
+            }],
+        };
+        let p = response(d);
+        assert_eq!(p.overall_code, ProtoCode::OverLimit as i32);
+        let s = &p.statuses[0];
+        assert_eq!(
+            s.current_limit.as_ref().unwrap().unit,
+            ProtoUnit::Week as i32
+        );
+        assert_eq!(
+            s.duration_until_reset,
+            Some(PbDuration {
+                seconds: 1,
+                nanos: 500_000_000
+            })
+        );
+        assert_eq!(p.response_headers_to_add[0].key, "retry-after");
+    }
+
+    #[test]
+    fn errors_map_to_invalid_argument_and_unavailable() {
+        let invalid = DecideError::Invalid(crate::limiter::InvalidRequest::EmptyDomain);
+        assert_eq!(status(&invalid).code(), tonic::Code::InvalidArgument);
+        assert_eq!(status(&invalid).message(), "domain must not be empty");
+        let down = DecideError::Storage(crate::storage::StorageError::CircuitOpen);
+        assert_eq!(status(&down).code(), tonic::Code::Unavailable);
+        assert!(
+            status(&down)
+                .message()
+                .starts_with("rate limit storage unavailable: ")
+        );
+    }
+}

@@ -1,0 +1,263 @@
+//! Planning: which rule answers each descriptor (matching, `replaces`,
+//! overrides) and which bucket charges go to storage, before storage is
+//! called.
+
+use super::request::Request;
+use super::verdict::CurrentLimit;
+use crate::config::{DomainConfig, Policy};
+use crate::matcher;
+use crate::storage::key::{self, KeyValue};
+use crate::storage::{Charge, ChargeKind, ChargeSpec, Limit};
+use std::collections::HashSet;
+
+/// How one descriptor is answered, decided before storage is called.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Plan {
+    /// No rule, replaced, empty descriptor or unknown domain.
+    NoLimit,
+    /// `unlimited: true`.
+    Unlimited,
+    /// A bucket to charge.
+    Limited {
+        /// Index into the charges sent to storage.
+        charge: usize,
+        /// Metric label of the rule.
+        label: String,
+        /// The limit reported back.
+        current: CurrentLimit,
+        /// Tokens this descriptor takes (or gives back).
+        cost: u64,
+    },
+}
+
+/// Plans every descriptor of `req` against `domain`: one [`Plan`] per
+/// descriptor and the charges for storage, in descriptor order. Bucket keys
+/// start with `key_prefix`.
+pub(super) fn plan(
+    domain: &DomainConfig,
+    req: &Request<'_>,
+    key_prefix: &str,
+) -> (Vec<Plan>, Vec<Charge>) {
+    // Pass 1: match every descriptor and collect `replaces`.
+    let matched: Vec<Option<matcher::Matched<'_>>> = req
+        .descriptors
+        .iter()
+        .map(|d| matcher::find(&domain.root, &d.entries))
+        .collect();
+    let replaced: HashSet<&str> = matched
+        .iter()
+        .flatten()
+        .flat_map(|m| domain.rules[m.rule].replaces.iter().map(String::as_str))
+        .collect();
+    // Pass 2: build charges.
+    let mut plans = Vec::with_capacity(req.descriptors.len());
+    let mut charges = Vec::new();
+    for (d, mt) in req.descriptors.iter().zip(&matched) {
+        let cost = d.cost(req.hits_addend);
+        let kind = if d.is_negative_hits {
+            ChargeKind::Refund
+        } else {
+            ChargeKind::Consume
+        };
+        let rule = mt.as_ref().map(|m| &domain.rules[m.rule]);
+        if let Some(r) = rule
+            && r.name.as_deref().is_some_and(|n| replaced.contains(n))
+        {
+            plans.push(Plan::NoLimit);
+            continue;
+        }
+        let (limit, current, shadow) = match (rule, &d.limit) {
+            (_, Some(o)) if !d.entries.is_empty() => {
+                // Validation refuses unknown units before planning.
+                let Ok(unit) = o.unit else {
+                    plans.push(Plan::NoLimit);
+                    continue;
+                };
+                let limit = Limit {
+                    requests_per_unit: o.requests_per_unit,
+                    unit_secs: unit.secs(),
+                    burst: u64::from(o.requests_per_unit),
+                };
+                let current = CurrentLimit {
+                    name: rule.and_then(|r| r.name.clone()).unwrap_or_default(),
+                    requests_per_unit: o.requests_per_unit,
+                    unit,
+                };
+                (limit, current, rule.is_some_and(|r| r.shadow_mode))
+            }
+            (Some(r), None) => match &r.policy {
+                Policy::Unlimited => {
+                    plans.push(Plan::Unlimited);
+                    continue;
+                }
+                Policy::Limited {
+                    requests_per_unit,
+                    unit,
+                    burst,
+                } => (
+                    Limit {
+                        requests_per_unit: *requests_per_unit,
+                        unit_secs: unit.secs(),
+                        burst: u64::from(*burst),
+                    },
+                    CurrentLimit {
+                        name: r.name.clone().unwrap_or_default(),
+                        requests_per_unit: *requests_per_unit,
+                        unit: *unit,
+                    },
+                    r.shadow_mode,
+                ),
+            },
+            _ => {
+                plans.push(Plan::NoLimit);
+                continue;
+            }
+        };
+        let shared = mt.as_ref().map(|m| m.shared.as_slice()).unwrap_or(&[]);
+        let entries: Vec<(&str, KeyValue<'_>)> = d
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, &(k, v))| {
+                (
+                    k,
+                    shared
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .map_or(KeyValue::Value(v), KeyValue::Shared),
+                )
+            })
+            .collect();
+        let label = match rule {
+            Some(r) if r.detailed_metric => detailed_label(&domain.name, &d.entries),
+            Some(r) => r.path.clone(),
+            None => format!("{}._override", domain.name),
+        };
+        plans.push(Plan::Limited {
+            charge: charges.len(),
+            label,
+            current,
+            cost,
+        });
+        charges.push(Charge {
+            key: key::encode(key_prefix, &domain.name, &entries),
+            spec: ChargeSpec {
+                limit,
+                cost,
+                kind,
+                shadow,
+            },
+        });
+    }
+    (plans, charges)
+}
+
+/// `domain.key_value.key2_value2`: the metric label of a `detailed_metric` rule.
+fn detailed_label(domain: &str, entries: &[(&str, &str)]) -> String {
+    let mut s = domain.to_owned();
+    for (k, v) in entries {
+        s.push('.');
+        s.push_str(k);
+        s.push('_');
+        s.push_str(v);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Unit;
+    use crate::config::loader::compile_texts;
+    use crate::limiter::request::{Descriptor, Override};
+
+    fn domain(yaml: &str) -> std::sync::Arc<DomainConfig> {
+        let config = compile_texts(&[("t.yaml".into(), yaml.as_bytes().to_vec())]).unwrap();
+        config.domains["d"].clone()
+    }
+
+    const YAML: &str = "domain: d
+descriptors:
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per_ip}
+  - key: vip
+    rate_limit: {unlimited: true}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 2, name: per_user, replaces: [{name: per_ip}]}
+";
+
+    fn req<'a>(descriptors: Vec<Descriptor<'a>>) -> Request<'a> {
+        Request {
+            domain: "d",
+            descriptors,
+            hits_addend: 3,
+        }
+    }
+
+    #[test]
+    fn plans_follow_rules_and_costs() {
+        let d = domain(YAML);
+        let r = req(vec![
+            Descriptor::new(vec![("ip", "1.2.3.4")]),
+            Descriptor::new(vec![("vip", "x")]),
+            Descriptor::new(vec![("nope", "x")]),
+        ]);
+        let (plans, charges) = plan(&d, &r, "p:");
+        assert_eq!(charges.len(), 1);
+        assert!(charges[0].key.starts_with("p:"));
+        assert_eq!(charges[0].spec.cost, 3);
+        assert_eq!(charges[0].spec.limit.unit_secs, 60);
+        assert_eq!(charges[0].spec.limit.burst, 5);
+        assert!(matches!(
+            &plans[0],
+            Plan::Limited { charge: 0, cost: 3, current, .. }
+                if current.name == "per_ip" && current.unit == Unit::Minute
+        ));
+        assert_eq!(plans[1], Plan::Unlimited);
+        assert_eq!(plans[2], Plan::NoLimit);
+    }
+
+    #[test]
+    fn a_replaced_rule_charges_nothing() {
+        let d = domain(YAML);
+        let r = req(vec![
+            Descriptor::new(vec![("ip", "1.2.3.4")]),
+            Descriptor::new(vec![("user", "u")]),
+        ]);
+        let (plans, charges) = plan(&d, &r, "p:");
+        assert_eq!(plans[0], Plan::NoLimit);
+        assert_eq!(charges.len(), 1);
+        assert_eq!(charges[0].spec.limit.requests_per_unit, 2);
+    }
+
+    #[test]
+    fn an_override_sets_rate_and_capacity_and_keeps_the_rule_name() {
+        let d = domain(YAML);
+        let mut o = Descriptor::new(vec![("ip", "1.2.3.4")]);
+        o.limit = Some(Override {
+            requests_per_unit: 100,
+            unit: Ok(Unit::Hour),
+        });
+        o.is_negative_hits = true;
+        o.hits_addend = Some(0);
+        let (plans, charges) = plan(&d, &req(vec![o]), "p:");
+        let spec = charges[0].spec;
+        assert_eq!(
+            (
+                spec.limit.requests_per_unit,
+                spec.limit.unit_secs,
+                spec.limit.burst
+            ),
+            (100, 3600, 100)
+        );
+        assert_eq!(spec.kind, ChargeKind::Refund);
+        assert_eq!(spec.cost, 0);
+        assert!(matches!(&plans[0], Plan::Limited { current, .. } if current.name == "per_ip"));
+    }
+
+    #[test]
+    fn detailed_labels_carry_the_request_values() {
+        assert_eq!(detailed_label("d", &[("a", "1"), ("b", "2")]), "d.a_1.b_2");
+    }
+}
