@@ -114,7 +114,9 @@ pub struct ServeArgs {
     #[arg(long, env = "BUCKET_RLS_EXACT_DURATIONS", default_value_t = false)]
     pub exact_durations: bool,
     /// Extra rate limit headers in every limited response: `off`, `draft03`
-    /// (RateLimit-Limit/Remaining/Reset) or `ietf` (RateLimit-Policy and RateLimit).
+    /// (RateLimit-Limit/Remaining/Reset), `ietf` (RateLimit-Policy and
+    /// RateLimit) or `go` (the Go service's: RateLimit-Limit is the bare
+    /// number; names from --limit-header-name and friends).
     #[arg(
         long,
         env = "BUCKET_RLS_RATE_LIMIT_HEADERS",
@@ -122,6 +124,35 @@ pub struct ServeArgs {
         default_value = "off"
     )]
     pub rate_limit_headers: crate::settings::RateLimitHeaders,
+    /// Name of the limit header with `--rate-limit-headers go`.
+    #[arg(long, env = "BUCKET_RLS_LIMIT_HEADER_NAME", default_value = "RateLimit-Limit", value_parser = header_name)]
+    pub limit_header_name: String,
+    /// Name of the remaining header with `--rate-limit-headers go`.
+    #[arg(long, env = "BUCKET_RLS_REMAINING_HEADER_NAME", default_value = "RateLimit-Remaining", value_parser = header_name)]
+    pub remaining_header_name: String,
+    /// Name of the reset header with `--rate-limit-headers go`.
+    #[arg(long, env = "BUCKET_RLS_RESET_HEADER_NAME", default_value = "RateLimit-Reset", value_parser = header_name)]
+    pub reset_header_name: String,
+    /// Every rule in shadow mode: evaluated, charged and counted, never
+    /// denying (a dry run of a whole policy).
+    #[arg(long, env = "BUCKET_RLS_SHADOW_MODE", default_value_t = false)]
+    pub shadow_mode: bool,
+    /// Every rule in quota mode: a request is denied only when every rule it
+    /// hits is over its limit.
+    #[arg(long, env = "BUCKET_RLS_QUOTA_MODE", default_value_t = false)]
+    pub quota_mode: bool,
+    /// Send dynamic metadata in every response: the domain, the request's
+    /// descriptors and the merged `metadata` of the rules not over their limit.
+    #[arg(
+        long,
+        env = "BUCKET_RLS_RESPONSE_DYNAMIC_METADATA",
+        default_value_t = false
+    )]
+    pub response_dynamic_metadata: bool,
+    /// Merge files that define the same domain into one domain (a descriptor
+    /// defined twice is still an error) instead of refusing the second file.
+    #[arg(long, env = "BUCKET_RLS_MERGE_DOMAIN_CONFIG", default_value_t = false)]
+    pub merge_domain_config: bool,
     /// Log level or filter (`info`, `debug`, `bucket_rls=debug,info`).
     #[arg(long, env = "BUCKET_RLS_LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
     pub log_level: String,
@@ -172,4 +203,16 @@ fn at_least_one(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(format!("not a count: {e}")),
     }
+}
+
+/// Checks a response header name: 1 to 64 characters of an HTTP token
+/// (letters, digits and `!#$%&'*+-.^_|~`). Envoy refuses anything else.
+fn header_name(s: &str) -> Result<String, String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if s.is_empty() || s.len() > 64 || !s.chars().all(token) {
+        return Err(format!(
+            "'{s}' is not a header name (1 to 64 letters, digits or !#$%&'*+-.^_`|~)"
+        ));
+    }
+    Ok(s.to_owned())
 }

@@ -15,7 +15,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::{
+    Duration as PbDuration, Struct as PbStruct, Value as PbValue,
+};
 use std::future::Future;
 use std::sync::Arc;
 use tonic::Status;
@@ -73,13 +75,38 @@ pub fn response(d: Decision) -> RateLimitResponse {
             .response_headers_to_add
             .into_iter()
             .map(|h| HeaderValue {
-                key: h.key.into(),
+                key: h.key.into_owned(),
                 value: h.value,
                 ..Default::default()
             })
             .collect(),
+        dynamic_metadata: d.dynamic_metadata.map(proto_struct),
         ..Default::default()
     }
+}
+
+/// A JSON mapping as a `google.protobuf.Struct` (numbers become doubles, as
+/// in every Struct).
+fn proto_struct(m: crate::config::Metadata) -> PbStruct {
+    PbStruct {
+        fields: m.into_iter().map(|(k, v)| (k, proto_value(v))).collect(),
+    }
+}
+
+fn proto_value(v: serde_json::Value) -> PbValue {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    use serde_json::Value;
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(b),
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Kind::StringValue(s),
+        Value::Array(a) => Kind::ListValue(envoy_types::pb::google::protobuf::ListValue {
+            values: a.into_iter().map(proto_value).collect(),
+        }),
+        Value::Object(m) => Kind::StructValue(proto_struct(m)),
+    };
+    PbValue { kind: Some(kind) }
 }
 
 /// The gRPC status for a request that got no decision: `INVALID_ARGUMENT`
@@ -229,9 +256,15 @@ mod tests {
                 duration_until_reset: Some(Duration::from_millis(1500)),
             }],
             response_headers_to_add: vec![Header {
-                key: "retry-after",
+                key: "retry-after".into(),
                 value: "2".into(),
             }],
+            dynamic_metadata: Some(
+                serde_json::json!({"domain": "d", "n": 2, "l": [true, null], "m": {"s": "x"}})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
         };
         let p = response(d);
         assert_eq!(p.overall_code, ProtoCode::OverLimit as i32);
@@ -248,6 +281,18 @@ mod tests {
             })
         );
         assert_eq!(p.response_headers_to_add[0].key, "retry-after");
+        use envoy_types::pb::google::protobuf::value::Kind;
+        let md = p.dynamic_metadata.unwrap().fields;
+        assert_eq!(md["domain"].kind, Some(Kind::StringValue("d".into())));
+        assert_eq!(md["n"].kind, Some(Kind::NumberValue(2.0)));
+        let Some(Kind::ListValue(l)) = &md["l"].kind else {
+            panic!("list expected")
+        };
+        assert_eq!(l.values[1].kind, Some(Kind::NullValue(0)));
+        let Some(Kind::StructValue(m)) = &md["m"].kind else {
+            panic!("struct expected")
+        };
+        assert_eq!(m.fields["s"].kind, Some(Kind::StringValue("x".into())));
     }
 
     #[test]

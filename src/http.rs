@@ -143,6 +143,10 @@ struct RuleView {
     burst: Option<u32>,
     shadow_mode: bool,
     detailed_metric: bool,
+    quota_mode: bool,
+    value_to_metric: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<crate::config::Metadata>,
     replaces: Vec<String>,
     source: String,
 }
@@ -180,6 +184,9 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
                         burst,
                         shadow_mode: r.shadow_mode,
                         detailed_metric: r.detailed_metric,
+                        quota_mode: r.quota_mode,
+                        value_to_metric: r.metric_levels.is_some(),
+                        metadata: r.metadata.as_deref().cloned(),
                         replaces: r.replaces.clone(),
                         source: r.source.clone(),
                     }

@@ -233,6 +233,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_descriptors: args.max_descriptors,
         exact_durations: args.exact_durations,
         rate_limit_headers: args.rate_limit_headers,
+        header_names: bucket_rls::settings::HeaderNames {
+            limit: args.limit_header_name.clone(),
+            remaining: args.remaining_header_name.clone(),
+            reset: args.reset_header_name.clone(),
+        },
+        global_shadow_mode: args.shadow_mode,
+        global_quota_mode: args.quota_mode,
+        response_dynamic_metadata: args.response_dynamic_metadata,
         ..ServiceSettings::default()
     };
     let limiter = Arc::new(Limiter::new(config, storage, settings));

@@ -31,6 +31,33 @@ pub enum RateLimitHeaders {
     /// `RateLimit-Policy` and `RateLimit` structured fields
     /// (draft-ietf-httpapi-ratelimit-headers-08 and later).
     Ietf,
+    /// The Go reference service's headers (`LIMIT_RESPONSE_HEADERS_ENABLED`):
+    /// `RateLimit-Limit` with the bare tokens per unit (no `;w=` policy),
+    /// `RateLimit-Remaining` and `RateLimit-Reset` in seconds, under the
+    /// names of [`HeaderNames`].
+    Go,
+}
+
+/// Header names of [`RateLimitHeaders::Go`] (the Go service's
+/// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// Default `RateLimit-Limit`.
+    pub limit: String,
+    /// Default `RateLimit-Remaining`.
+    pub remaining: String,
+    /// Default `RateLimit-Reset`.
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
 }
 
 /// Settings used by the request path.
@@ -52,6 +79,16 @@ pub struct ServiceSettings {
     pub exact_durations: bool,
     /// Extra `RateLimit` headers in `response_headers_to_add`.
     pub rate_limit_headers: RateLimitHeaders,
+    /// Names of the [`RateLimitHeaders::Go`] headers.
+    pub header_names: HeaderNames,
+    /// Every rule in shadow mode (`--shadow-mode`, the Go service's
+    /// `SHADOW_MODE`): evaluated, charged and counted, never denying.
+    pub global_shadow_mode: bool,
+    /// Every rule in quota mode (`--quota-mode`, the Go service's `QUOTA_MODE`).
+    pub global_quota_mode: bool,
+    /// Send `dynamic_metadata` in every response (`--response-dynamic-metadata`,
+    /// the Go service's `RESPONSE_DYNAMIC_METADATA`).
+    pub response_dynamic_metadata: bool,
 }
 
 impl Default for ServiceSettings {
@@ -64,6 +101,10 @@ impl Default for ServiceSettings {
             max_entries: 64,
             exact_durations: false,
             rate_limit_headers: RateLimitHeaders::Off,
+            header_names: HeaderNames::default(),
+            global_shadow_mode: false,
+            global_quota_mode: false,
+            response_dynamic_metadata: false,
         }
     }
 }

@@ -123,32 +123,50 @@ fn known_key_at_wrong_level() {
 }
 
 #[test]
-fn unsupported_keys_have_their_own_message() {
-    for (key, yaml) in [
-        (
-            "quota_mode",
-            "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
-        ),
-        (
-            "value_to_metric",
-            "domain: d\ndescriptors:\n  - key: a\n    value_to_metric: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
-        ),
-        (
-            "metadata",
-            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, metadata: {x: 1}}\n",
-        ),
-    ] {
-        let e = one_error(
-            "t.yaml",
-            yaml,
-            &[
-                "t.yaml:4:",
-                "descriptors[0]",
-                &format!("unsupported key '{key}'"),
-            ],
-        );
-        assert!(!e.contains("unknown key"), "{e}");
-    }
+fn metadata_belongs_on_the_descriptor_not_in_rate_limit() {
+    let e = one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, metadata: {x: 1}}\n",
+        &[
+            "t.yaml:4:",
+            "descriptors[0]",
+            "'metadata'",
+            "belongs in a descriptor",
+        ],
+    );
+    assert!(!e.contains("unsupported"), "{e}");
+}
+
+#[test]
+fn quota_mode_value_to_metric_and_metadata_must_be_well_formed() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    quota_mode: sometimes\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        &[
+            "t.yaml:4:",
+            "descriptors[0]",
+            "quota_mode: expected true or false, got 'sometimes'",
+        ],
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    value_to_metric: 2\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        &[
+            "t.yaml:4:",
+            "descriptors[0]",
+            "value_to_metric: expected true or false",
+        ],
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    metadata: [1, 2]\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        &[
+            "t.yaml:4:",
+            "descriptors[0]",
+            "metadata must be a mapping",
+            "got a list",
+        ],
+    );
 }
 
 #[test]
@@ -395,7 +413,7 @@ fn invalid_utf8_names_file_and_line() {
 
 #[test]
 fn every_problem_is_reported_not_only_the_first() {
-    let yaml = "domain: d\nextra: 1\ndescriptors:\n  - key: a\n    rate_limit: {unit: weekly, requests_per_unit: 1}\n  - value: b\n  - key: c\n    quota_mode: true\n";
+    let yaml = "domain: d\nextra: 1\ndescriptors:\n  - key: a\n    rate_limit: {unit: weekly, requests_per_unit: 1}\n  - value: b\n  - key: c\n    quota_mode: maybe\n";
     let errs = errors("t.yaml", yaml);
     assert_eq!(errs.len(), 4, "{errs:#?}");
     assert!(errs.iter().any(|e| e.contains("'extra'")));
@@ -403,7 +421,7 @@ fn every_problem_is_reported_not_only_the_first() {
     assert!(errs.iter().any(|e| e.contains("without 'key'")));
     assert!(
         errs.iter()
-            .any(|e| e.contains("unsupported key 'quota_mode'"))
+            .any(|e| e.contains("quota_mode: expected true or false"))
     );
 }
 

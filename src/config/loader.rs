@@ -6,16 +6,16 @@
 //! parser can give it, and the descriptor path.
 
 use super::schema::{self, RawDescriptor, RawFile, RawRateLimit, RawReplace, StrayKey, Text};
-use super::{Config, ConfigError, ConfigErrors, DomainConfig, Policy, Rule, Unit};
+use super::{
+    Config, ConfigError, ConfigErrors, DomainConfig, MetricLevel, MetricLevelKind, Policy, Rule,
+    Unit,
+};
 use crate::matcher::{Level, Pattern, Selector};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
-
-/// Keys the reference service accepts that bucket-rls does not implement yet.
-pub const UNSUPPORTED_KEYS: &[&str] = &["quota_mode", "value_to_metric", "metadata"];
 
 const FILE_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -26,6 +26,9 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "shadow_mode",
     "detailed_metric",
     "share_threshold",
+    "quota_mode",
+    "value_to_metric",
+    "metadata",
     "descriptors",
 ];
 const RATE_LIMIT_KEYS: &[&str] = &[
@@ -54,12 +57,7 @@ impl Ctx<'_> {
 
     fn stray(&mut self, keys: &[StrayKey], path: &str, here: &[&str]) {
         for k in keys {
-            let msg = if UNSUPPORTED_KEYS.contains(&k.name.as_str()) {
-                format!(
-                    "unsupported key '{}': accepted by envoyproxy/ratelimit but not implemented by bucket-rls",
-                    k.name
-                )
-            } else if let Some(level) = [
+            let msg = if let Some(level) = [
                 ("the top level", FILE_KEYS),
                 ("a descriptor", DESCRIPTOR_KEYS),
                 ("rate_limit", RATE_LIMIT_KEYS),
@@ -175,7 +173,15 @@ fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
     };
     let descs = raw.descriptors.unwrap_or_default();
     let mut root = Level::default();
-    compile_level(cx, &descs, "descriptors", &name, &mut root, &mut out.rules);
+    compile_level(
+        cx,
+        &descs,
+        "descriptors",
+        &name,
+        &mut root,
+        &mut out.rules,
+        &mut Vec::new(),
+    );
     out.root = root;
     // Names and replaces.
     let names: HashSet<&str> = out.rules.iter().filter_map(|r| r.name.as_deref()).collect();
@@ -246,6 +252,7 @@ fn compile_level(
     rule_prefix: &str,
     level: &mut Level,
     rules: &mut Vec<Rule>,
+    chain: &mut Vec<MetricLevel>,
 ) {
     let mut siblings: HashMap<(String, Option<String>), u32> = HashMap::new();
     for (i, d) in descs.iter().enumerate() {
@@ -293,6 +300,36 @@ fn compile_level(
         }
         let shadow_mode = cx.boolean(d.shadow_mode.as_ref(), &here, "shadow_mode");
         let detailed_metric = cx.boolean(d.detailed_metric.as_ref(), &here, "detailed_metric");
+        let quota_mode = cx.boolean(d.quota_mode.as_ref(), &here, "quota_mode");
+        let value_to_metric = cx.boolean(d.value_to_metric.as_ref(), &here, "value_to_metric");
+        let metadata = match &d.metadata {
+            None | Some((_, serde_json::Value::Null)) => None,
+            Some((_, serde_json::Value::Object(m))) if m.is_empty() => None,
+            Some((_, serde_json::Value::Object(m))) => Some(Arc::new(m.clone())),
+            Some((line, other)) => {
+                cx.err(
+                    *line,
+                    &here,
+                    format!(
+                        "metadata must be a mapping (it becomes a protobuf Struct), got {}",
+                        json_kind(other)
+                    ),
+                );
+                None
+            }
+        };
+        chain.push(MetricLevel {
+            key: key.value.clone(),
+            kind: match &value {
+                None => MetricLevelKind::KeyOnly,
+                Some(v) if is_wild => MetricLevelKind::Wildcard {
+                    pattern: v.clone(),
+                    share_threshold,
+                },
+                Some(v) => MetricLevelKind::Exact(v.clone()),
+            },
+            value_to_metric,
+        });
         let sel = match &value {
             None => Selector::KeyOnly,
             Some(v) if is_wild => Selector::Wildcard(Pattern::new(v)),
@@ -330,6 +367,12 @@ fn compile_level(
                     replaces,
                     shadow_mode,
                     detailed_metric,
+                    quota_mode,
+                    metadata,
+                    metric_levels: chain
+                        .iter()
+                        .any(|l| l.value_to_metric)
+                        .then(|| chain.clone()),
                     source: format!("{}:{}", cx.file, d.line),
                 });
             }
@@ -348,8 +391,21 @@ fn compile_level(
                 &composite,
                 &mut node.children,
                 rules,
+                chain,
             );
         }
+        chain.pop();
+    }
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "a mapping",
     }
 }
 

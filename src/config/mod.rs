@@ -68,6 +68,21 @@ impl Unit {
         })
     }
 
+    /// Upper-case name of the unit in the Envoy protos (`SECOND` ... `YEAR`,
+    /// `WEEK`), as protobuf JSON and the Go service's metadata write it.
+    #[must_use]
+    pub const fn proto_name(self) -> &'static str {
+        match self {
+            Self::Second => "SECOND",
+            Self::Minute => "MINUTE",
+            Self::Hour => "HOUR",
+            Self::Day => "DAY",
+            Self::Week => "WEEK",
+            Self::Month => "MONTH",
+            Self::Year => "YEAR",
+        }
+    }
+
     /// Lower-case name as written in configs.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -115,8 +130,51 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// Metric labels use the request's values (opt-in cardinality).
     pub detailed_metric: bool,
+    /// `quota_mode`: over its limit, this rule alone does not deny a request;
+    /// a request is denied when every quota rule it hits is over (or a
+    /// normal rule is).
+    pub quota_mode: bool,
+    /// `metadata`: returned in the response's dynamic metadata while the
+    /// rule is not over its limit (with `--response-dynamic-metadata`).
+    pub metadata: Option<Arc<Metadata>>,
+    /// The levels from the top of the tree down to this rule, kept only when
+    /// one of them sets `value_to_metric` (the metric label then carries the
+    /// request's values at those levels).
+    pub metric_levels: Option<Vec<MetricLevel>>,
     /// File the rule came from and its line, for `/rlconfig`.
     pub source: String,
+}
+
+/// A descriptor's `metadata`: a mapping of any YAML values, sent back as a
+/// protobuf `Struct` in the response's dynamic metadata.
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
+
+/// One level on the path to a rule, as `value_to_metric` labels need it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricLevel {
+    /// The level's key.
+    pub key: String,
+    /// How the level matches.
+    pub kind: MetricLevelKind,
+    /// `value_to_metric` on this level: the label carries the request's value.
+    pub value_to_metric: bool,
+}
+
+/// How a [`MetricLevel`] matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetricLevelKind {
+    /// An exact `value`: the label always carries it.
+    Exact(String),
+    /// No `value`: the label carries only the key unless `value_to_metric`.
+    KeyOnly,
+    /// A wildcard `value`: the label carries the pattern unless
+    /// `value_to_metric` (and not `share_threshold`, which always keeps it).
+    Wildcard {
+        /// The pattern as written (`api/*`).
+        pattern: String,
+        /// `share_threshold` on this level.
+        share_threshold: bool,
+    },
 }
 
 /// One domain: its rules and the compiled tree that finds them.

@@ -56,6 +56,13 @@ pub struct RawDescriptor {
     pub detailed_metric: Option<Text>,
     /// `share_threshold:`
     pub share_threshold: Option<Text>,
+    /// `quota_mode:`
+    pub quota_mode: Option<Text>,
+    /// `value_to_metric:`
+    pub value_to_metric: Option<Text>,
+    /// `metadata:` with the line of its key: any YAML value, typed (numbers,
+    /// booleans, strings, lists, mappings); only a mapping is valid.
+    pub metadata: Option<(u32, serde_json::Value)>,
     /// `descriptors:`
     pub descriptors: Option<Vec<RawDescriptor>>,
     /// Keys that do not belong on a descriptor.
@@ -195,6 +202,11 @@ map_visitor!(
             "shadow_mode" => out.shadow_mode = map.next_value()?,
             "detailed_metric" => out.detailed_metric = map.next_value()?,
             "share_threshold" => out.share_threshold = map.next_value()?,
+            "quota_mode" => out.quota_mode = map.next_value()?,
+            "value_to_metric" => out.value_to_metric = map.next_value()?,
+            "metadata" => {
+                out.metadata = Some((line_of(&key.referenced), map.next_value()?));
+            }
             "descriptors" => {
                 out.descriptors = map
                     .next_value::<Option<SeqOf<RawDescriptor>>>()?

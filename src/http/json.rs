@@ -159,6 +159,9 @@ pub struct JsonResponse {
     /// Headers for the client response (`retry-after` when over limit).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub response_headers_to_add: Vec<JsonHeader>,
+    /// With `--response-dynamic-metadata`: the `Struct` as a JSON object.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_metadata: Option<crate::config::Metadata>,
 }
 
 /// `DescriptorStatus` in protobuf JSON.
@@ -211,10 +214,11 @@ impl JsonResponse {
                 .response_headers_to_add
                 .iter()
                 .map(|h| JsonHeader {
-                    key: h.key.to_owned(),
+                    key: h.key.to_string(),
                     value: h.value.clone(),
                 })
                 .collect(),
+            dynamic_metadata: d.dynamic_metadata.clone(),
         }
     }
 
@@ -245,20 +249,7 @@ fn limit(l: &CurrentLimit) -> JsonLimit {
     JsonLimit {
         name: l.name.clone(),
         requests_per_unit: l.requests_per_unit,
-        unit: unit_name(l.unit),
-    }
-}
-
-/// The proto enum name of a unit (`envoy.service.ratelimit.v3` `RateLimit.Unit`).
-const fn unit_name(u: Unit) -> &'static str {
-    match u {
-        Unit::Second => "SECOND",
-        Unit::Minute => "MINUTE",
-        Unit::Hour => "HOUR",
-        Unit::Day => "DAY",
-        Unit::Week => "WEEK",
-        Unit::Month => "MONTH",
-        Unit::Year => "YEAR",
+        unit: l.unit.proto_name(),
     }
 }
 
@@ -516,9 +507,10 @@ mod tests {
                 DescriptorStatus::no_limit(),
             ],
             response_headers_to_add: vec![Header {
-                key: "retry-after",
+                key: "retry-after".into(),
                 value: "12".into(),
             }],
+            dynamic_metadata: None,
         };
         let json = serde_json::to_value(JsonResponse::from_decision(&decision)).unwrap();
         assert_eq!(

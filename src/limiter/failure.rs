@@ -68,6 +68,7 @@ pub(super) fn answer(
             })
             .collect(),
         response_headers_to_add: Vec::new(),
+        dynamic_metadata: None,
     };
     match policy {
         OnStorageError::Unavailable => Err(DecideError::Storage(e)),
@@ -103,6 +104,9 @@ mod tests {
                 unit: Unit::Second,
             },
             cost: 1,
+            shadow: false,
+            quota: false,
+            metadata: None,
         };
         let plans = [Plan::NoLimit, limited, Plan::Unlimited];
         let log = FailureLog::default();

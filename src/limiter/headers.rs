@@ -3,16 +3,24 @@
 //! every `OverLimit`, see [`super::verdict`].
 
 use super::verdict::{Code, Decision, Header};
-use crate::settings::RateLimitHeaders;
+use crate::settings::{HeaderNames, RateLimitHeaders};
 use std::cmp::Reverse;
 
 /// Adds the RateLimit headers of `mode` to `decision`. `limited` holds the
 /// index and unit length (seconds) of every non-shadow status that carries a
-/// limit. On `OverLimit` the headers describe the denial with the longest
-/// wait (the one `retry-after` reports), first on ties; otherwise the most
-/// restrictive status: strictly smallest `limit_remaining`, first on ties
-/// (Envoy's rule for its own `X-RateLimit-*` headers).
-pub fn add(mode: RateLimitHeaders, decision: &mut Decision, limited: &[(usize, u64)]) {
+/// limit; `denials` the indices of the statuses that deny the request. On
+/// `OverLimit` the headers describe the denial with the longest wait (the one
+/// `retry-after` reports), first on ties; otherwise the most restrictive
+/// status: strictly smallest `limit_remaining`, first on ties (Envoy's rule
+/// for its own `X-RateLimit-*` headers). [`RateLimitHeaders::Go`] uses
+/// `names`.
+pub fn add(
+    mode: RateLimitHeaders,
+    names: &HeaderNames,
+    decision: &mut Decision,
+    limited: &[(usize, u64)],
+    denials: &[usize],
+) {
     if mode == RateLimitHeaders::Off {
         return;
     }
@@ -22,7 +30,7 @@ pub fn add(mode: RateLimitHeaders, decision: &mut Decision, limited: &[(usize, u
     let chosen = if over {
         limited
             .iter()
-            .filter(|(i, _)| statuses[*i].code == Code::OverLimit)
+            .filter(|(i, _)| denials.contains(i))
             .max_by_key(|(i, _)| (wait(*i), Reverse(*i)))
     } else {
         limited
@@ -61,9 +69,26 @@ pub fn add(mode: RateLimitHeaders, decision: &mut Decision, limited: &[(usize, u
                 .collect()
         }
     };
-    let header = |key, value| Header { key, value };
+    let header = |key: &'static str, value| Header {
+        key: key.into(),
+        value,
+    };
     let headers = match mode {
         RateLimitHeaders::Off => return,
+        RateLimitHeaders::Go => vec![
+            Header {
+                key: names.limit.clone().into(),
+                value: rpu(tightest).to_string(),
+            },
+            Header {
+                key: names.remaining.clone().into(),
+                value: st.limit_remaining.to_string(),
+            },
+            Header {
+                key: names.reset.clone().into(),
+                value: reset.to_string(),
+            },
+        ],
         RateLimitHeaders::Draft03 => {
             let mut limit = rpu(tightest).to_string();
             for (i, secs) in limited {
@@ -116,7 +141,7 @@ mod tests {
     fn keys(d: &Decision) -> Vec<(&str, &str)> {
         d.response_headers_to_add
             .iter()
-            .map(|h| (h.key, h.value.as_str()))
+            .map(|h| (h.key.as_ref(), h.value.as_str()))
             .collect()
     }
 
@@ -127,11 +152,9 @@ mod tests {
             status(Code::Ok, "b b", 5, 2, 30),
             status(Code::Ok, "c", 5, 2, 9),
         ]);
-        add(
-            RateLimitHeaders::Draft03,
-            &mut d,
-            &[(0, 60), (1, 60), (2, 60)],
-        );
+        let all = [(0, 60), (1, 60), (2, 60)];
+        let names = HeaderNames::default();
+        add(RateLimitHeaders::Draft03, &names, &mut d, &all, &[]);
         assert_eq!(
             keys(&d),
             vec![
@@ -141,7 +164,7 @@ mod tests {
             ]
         );
         let mut d = Decision::ok(vec![status(Code::Ok, "b b", 5, 2, 30)]);
-        add(RateLimitHeaders::Ietf, &mut d, &[(0, 60)]);
+        add(RateLimitHeaders::Ietf, &names, &mut d, &[(0, 60)], &[]);
         assert_eq!(
             keys(&d),
             vec![
@@ -159,19 +182,38 @@ mod tests {
             status(Code::OverLimit, "long", 10, 0, 3600),
         ]);
         d.overall_code = Code::OverLimit;
-        add(
-            RateLimitHeaders::Draft03,
-            &mut d,
-            &[(0, 60), (1, 60), (2, 60)],
-        );
+        let names = HeaderNames::default();
+        let all = [(0, 60), (1, 60), (2, 60)];
+        add(RateLimitHeaders::Draft03, &names, &mut d, &all, &[0, 2]);
         assert!(keys(&d).contains(&("ratelimit-reset", "3600")));
+        // Only denials count: a quota status over its limit that another
+        // quota status outweighs is not the one announced.
+        d.response_headers_to_add.clear();
+        add(RateLimitHeaders::Draft03, &names, &mut d, &all, &[0]);
+        assert!(keys(&d).contains(&("ratelimit-reset", "3")));
+    }
+
+    #[test]
+    fn go_headers_carry_the_bare_limit_under_configured_names() {
+        let mut d = Decision::ok(vec![status(Code::Ok, "a", 10, 7, 3)]);
+        let names = HeaderNames {
+            limit: "X-Limit".into(),
+            remaining: "X-Left".into(),
+            reset: "X-Reset".into(),
+        };
+        add(RateLimitHeaders::Go, &names, &mut d, &[(0, 60)], &[]);
+        assert_eq!(
+            keys(&d),
+            vec![("X-Limit", "10"), ("X-Left", "7"), ("X-Reset", "3")]
+        );
     }
 
     #[test]
     fn nothing_is_added_when_off_or_without_limits() {
         let mut d = Decision::ok(vec![status(Code::Ok, "a", 1, 1, 1)]);
-        add(RateLimitHeaders::Off, &mut d, &[(0, 60)]);
-        add(RateLimitHeaders::Ietf, &mut d, &[]);
+        let names = HeaderNames::default();
+        add(RateLimitHeaders::Off, &names, &mut d, &[(0, 60)], &[]);
+        add(RateLimitHeaders::Ietf, &names, &mut d, &[], &[]);
         assert!(d.response_headers_to_add.is_empty());
     }
 }

@@ -14,6 +14,8 @@
 
 mod failure;
 pub mod headers;
+pub mod labels;
+pub mod metadata;
 mod plan;
 pub mod request;
 pub mod verdict;
@@ -24,7 +26,7 @@ pub use verdict::{Code, CurrentLimit, Decision, DescriptorStatus, Header, UNLIMI
 use crate::config::{Config, ConfigHandle, OnSwap};
 use crate::metrics as m;
 use crate::settings::ServiceSettings;
-use crate::storage::{Storage, StorageError};
+use crate::storage::{Charge, Storage, StorageError};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,6 +68,7 @@ pub struct Limiter {
     settings: ServiceSettings,
     unknown_domains: Mutex<HashMap<String, Instant>>,
     failure_log: failure::FailureLog,
+    value_labels: labels::ValueLabels,
 }
 
 impl Limiter {
@@ -89,6 +92,7 @@ impl Limiter {
             settings,
             unknown_domains: Mutex::new(HashMap::new()),
             failure_log: failure::FailureLog::default(),
+            value_labels: labels::ValueLabels::default(),
         }
     }
 
@@ -163,38 +167,71 @@ impl Limiter {
         let config = self.config.load();
         let Some(domain) = config.domains.get(req.domain) else {
             self.note_unknown_domain(req.domain);
-            return Ok(Decision::ok(
-                req.descriptors
-                    .iter()
-                    .map(|_| DescriptorStatus::no_limit())
-                    .collect(),
-            ));
+            let statuses = req.descriptors.iter().map(|_| DescriptorStatus::no_limit());
+            return Ok(self.with_metadata(Decision::ok(statuses.collect()), req, &[]));
         };
-        let (plans, charges) = plan::plan(domain, req, &self.settings.key_prefix);
+        let (plans, charges) = plan::plan(domain, req, &self.settings, &self.value_labels);
         drop(config);
         if charges.is_empty() {
-            return Ok(Decision::ok(
-                plans
-                    .iter()
-                    .map(|p| {
-                        if matches!(p, plan::Plan::Unlimited) {
-                            DescriptorStatus::unlimited()
-                        } else {
-                            DescriptorStatus::no_limit()
-                        }
-                    })
-                    .collect(),
-            ));
+            let statuses = plans.iter().map(|p| {
+                if matches!(p, plan::Plan::Unlimited) {
+                    DescriptorStatus::unlimited()
+                } else {
+                    DescriptorStatus::no_limit()
+                }
+            });
+            return Ok(self.with_metadata(Decision::ok(statuses.collect()), req, &plans));
         }
         match self.storage.apply(&charges).await {
             Ok(result) => {
-                let (mut decision, limited) =
-                    verdict::respond(&self.settings, &plans, &charges, &result);
-                headers::add(self.settings.rate_limit_headers, &mut decision, &limited);
-                Ok(decision)
+                let v = verdict::respond(&self.settings, &plans, &charges, &result);
+                let mut decision = v.decision;
+                if !v.compensate.is_empty() {
+                    self.compensate(&v.compensate).await;
+                }
+                headers::add(
+                    self.settings.rate_limit_headers,
+                    &self.settings.header_names,
+                    &mut decision,
+                    &v.limited,
+                    &v.denials,
+                );
+                Ok(self.with_metadata(decision, req, &plans))
             }
             Err(e) => failure::answer(self.settings.on_storage_error, &self.failure_log, &plans, e),
         }
+    }
+
+    /// Gives back what storage charged for a request the quota rules deny.
+    /// A failure is logged and counted; the tokens then stay taken (the
+    /// request is denied either way, so nothing is admitted too much).
+    async fn compensate(&self, refunds: &[Charge]) {
+        if let Err(e) = self.storage.apply(refunds).await {
+            metrics::counter!(m::STORAGE_ERRORS, "kind" => e.kind().to_owned()).increment(1);
+            tracing::warn!(error = %e, "could not give back the charges of a request denied by its quota rules");
+        }
+    }
+
+    /// `decision` with the dynamic metadata when the settings ask for it.
+    fn with_metadata(
+        &self,
+        mut decision: Decision,
+        req: &Request<'_>,
+        plans: &[plan::Plan],
+    ) -> Decision {
+        if self.settings.response_dynamic_metadata {
+            let passed = plans
+                .iter()
+                .zip(&decision.statuses)
+                .filter_map(|(p, s)| match p {
+                    plan::Plan::Limited {
+                        metadata: Some(m), ..
+                    } if s.code != Code::OverLimit => Some(&**m),
+                    _ => None,
+                });
+            decision.dynamic_metadata = Some(metadata::response_metadata(req, passed));
+        }
+        decision
     }
 
     fn note_unknown_domain(&self, domain: &str) {

@@ -2,13 +2,16 @@
 //! overrides) and which bucket charges go to storage, before storage is
 //! called.
 
+use super::labels::ValueLabels;
 use super::request::Request;
 use super::verdict::CurrentLimit;
-use crate::config::{DomainConfig, Policy};
+use crate::config::{DomainConfig, Metadata, MetricLevel, MetricLevelKind, Policy, Rule};
 use crate::matcher;
+use crate::settings::ServiceSettings;
 use crate::storage::key::{self, KeyValue};
 use crate::storage::{Charge, ChargeKind, ChargeSpec, Limit};
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// How one descriptor is answered, decided before storage is called.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,16 +30,25 @@ pub(super) enum Plan {
         current: CurrentLimit,
         /// Tokens this descriptor takes (or gives back).
         cost: u64,
+        /// Shadow mode (the rule's or the service's): never denies.
+        shadow: bool,
+        /// Quota mode (the rule's or the service's): over the limit, it denies
+        /// only together with every other quota descriptor of the request.
+        quota: bool,
+        /// The rule's `metadata`, for the response's dynamic metadata.
+        metadata: Option<Arc<Metadata>>,
     },
 }
 
 /// Plans every descriptor of `req` against `domain`: one [`Plan`] per
 /// descriptor and the charges for storage, in descriptor order. Bucket keys
-/// start with `key_prefix`.
+/// start with the settings' key prefix; metric labels that carry request
+/// values are bounded by `labels`.
 pub(super) fn plan(
     domain: &DomainConfig,
     req: &Request<'_>,
-    key_prefix: &str,
+    settings: &ServiceSettings,
+    labels: &ValueLabels,
 ) -> (Vec<Plan>, Vec<Charge>) {
     // Pass 1: match every descriptor and collect `replaces`.
     let matched: Vec<Option<matcher::Matched<'_>>> = req
@@ -66,7 +78,7 @@ pub(super) fn plan(
             plans.push(Plan::NoLimit);
             continue;
         }
-        let (limit, current, shadow) = match (rule, &d.limit) {
+        let (limit, current, shadow, quota, metadata) = match (rule, &d.limit) {
             (_, Some(o)) if !d.entries.is_empty() => {
                 // Validation refuses unknown units before planning.
                 let Ok(unit) = o.unit else {
@@ -83,7 +95,10 @@ pub(super) fn plan(
                     requests_per_unit: o.requests_per_unit,
                     unit,
                 };
-                (limit, current, rule.is_some_and(|r| r.shadow_mode))
+                // As in the Go service, an override carries the rule's name
+                // but not its quota mode or metadata.
+                let shadow = rule.is_some_and(|r| r.shadow_mode);
+                (limit, current, shadow, false, None)
             }
             (Some(r), None) => match &r.policy {
                 Policy::Unlimited => {
@@ -106,6 +121,8 @@ pub(super) fn plan(
                         unit: *unit,
                     },
                     r.shadow_mode,
+                    r.quota_mode,
+                    r.metadata.clone(),
                 ),
             },
             _ => {
@@ -130,27 +147,46 @@ pub(super) fn plan(
             })
             .collect();
         let label = match rule {
-            Some(r) if r.detailed_metric => detailed_label(&domain.name, &d.entries),
-            Some(r) => r.path.clone(),
+            Some(r) => rule_label(r, &domain.name, &d.entries, labels),
             None => format!("{}._override", domain.name),
         };
+        let shadow = shadow || settings.global_shadow_mode;
+        let quota = quota || settings.global_quota_mode;
         plans.push(Plan::Limited {
             charge: charges.len(),
             label,
             current,
             cost,
+            shadow,
+            quota,
+            metadata,
         });
         charges.push(Charge {
-            key: key::encode(key_prefix, &domain.name, &entries),
+            key: key::encode(&settings.key_prefix, &domain.name, &entries),
             spec: ChargeSpec {
                 limit,
                 cost,
                 kind,
-                shadow,
+                // A quota charge never blocks admission in storage: the core
+                // decides the quota outcome over all of them.
+                shadow: shadow || quota,
             },
         });
     }
     (plans, charges)
+}
+
+/// The metric label of `rule` for a descriptor of `entries`: the rule's
+/// path, or with `detailed_metric` or `value_to_metric` a label that carries
+/// the request's values, bounded by `labels`.
+fn rule_label(rule: &Rule, domain: &str, entries: &[(&str, &str)], labels: &ValueLabels) -> String {
+    if rule.detailed_metric {
+        labels.bounded(&rule.path, detailed_label(domain, entries))
+    } else if let Some(levels) = &rule.metric_levels {
+        labels.bounded(&rule.path, value_label(domain, levels, entries))
+    } else {
+        rule.path.clone()
+    }
 }
 
 /// `domain.key_value.key2_value2`: the metric label of a `detailed_metric` rule.
@@ -160,7 +196,37 @@ fn detailed_label(domain: &str, entries: &[(&str, &str)]) -> String {
         s.push('.');
         s.push_str(k);
         s.push('_');
-        s.push_str(v);
+        s.push_str(ValueLabels::clip(v));
+    }
+    s
+}
+
+/// The label of a rule with `value_to_metric` on some level of its path
+/// (the Go service's rule): an exact level carries its value; a key-only
+/// level carries the request's value with `value_to_metric`, else only the
+/// key; a wildcard level carries the request's value with `value_to_metric`
+/// (unless `share_threshold`), else the pattern.
+fn value_label(domain: &str, levels: &[MetricLevel], entries: &[(&str, &str)]) -> String {
+    let mut s = domain.to_owned();
+    for (level, (k, v)) in levels.iter().zip(entries) {
+        s.push('.');
+        s.push_str(k);
+        let shown = match &level.kind {
+            MetricLevelKind::Exact(value) => Some(value.as_str()),
+            MetricLevelKind::KeyOnly => level.value_to_metric.then_some(*v),
+            MetricLevelKind::Wildcard {
+                pattern,
+                share_threshold,
+            } => Some(if level.value_to_metric && !share_threshold {
+                *v
+            } else {
+                pattern.as_str()
+            }),
+        };
+        if let Some(shown) = shown.filter(|x| !x.is_empty()) {
+            s.push('_');
+            s.push_str(ValueLabels::clip(shown));
+        }
     }
     s
 }
@@ -187,6 +253,13 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 2, name: per_user, replaces: [{name: per_ip}]}
 ";
 
+    fn settings() -> ServiceSettings {
+        ServiceSettings {
+            key_prefix: "p:".into(),
+            ..ServiceSettings::default()
+        }
+    }
+
     fn req<'a>(descriptors: Vec<Descriptor<'a>>) -> Request<'a> {
         Request {
             domain: "d",
@@ -203,7 +276,7 @@ descriptors:
             Descriptor::new(vec![("vip", "x")]),
             Descriptor::new(vec![("nope", "x")]),
         ]);
-        let (plans, charges) = plan(&d, &r, "p:");
+        let (plans, charges) = plan(&d, &r, &settings(), &ValueLabels::default());
         assert_eq!(charges.len(), 1);
         assert!(charges[0].key.starts_with("p:"));
         assert_eq!(charges[0].spec.cost, 3);
@@ -225,7 +298,7 @@ descriptors:
             Descriptor::new(vec![("ip", "1.2.3.4")]),
             Descriptor::new(vec![("user", "u")]),
         ]);
-        let (plans, charges) = plan(&d, &r, "p:");
+        let (plans, charges) = plan(&d, &r, &settings(), &ValueLabels::default());
         assert_eq!(plans[0], Plan::NoLimit);
         assert_eq!(charges.len(), 1);
         assert_eq!(charges[0].spec.limit.requests_per_unit, 2);
@@ -241,7 +314,7 @@ descriptors:
         });
         o.is_negative_hits = true;
         o.hits_addend = Some(0);
-        let (plans, charges) = plan(&d, &req(vec![o]), "p:");
+        let (plans, charges) = plan(&d, &req(vec![o]), &settings(), &ValueLabels::default());
         let spec = charges[0].spec;
         assert_eq!(
             (

@@ -3,11 +3,13 @@
 //! Also the step that turns a storage result into statuses and metrics.
 
 use super::plan::Plan;
+use crate::config::Metadata;
 use crate::config::Unit;
 use crate::metrics as m;
 use crate::settings::ServiceSettings;
 use crate::storage::bucket::{self, MICRO, RequestResult};
-use crate::storage::{Charge, ChargeKind};
+use crate::storage::{Charge, ChargeKind, ChargeSpec};
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// `limit_remaining` for `unlimited` rules (the Go reference service's value).
@@ -87,8 +89,8 @@ impl DescriptorStatus {
 /// A header for the client's response (`response_headers_to_add`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
-    /// Lower-case name (`retry-after`, `ratelimit-remaining`, ...).
-    pub key: &'static str,
+    /// Name (`retry-after`, `ratelimit-remaining`, or a configured name).
+    pub key: Cow<'static, str>,
     /// Value.
     pub value: String,
 }
@@ -102,6 +104,10 @@ pub struct Decision {
     pub statuses: Vec<DescriptorStatus>,
     /// `retry-after` on `OverLimit`, and the optional RateLimit headers.
     pub response_headers_to_add: Vec<Header>,
+    /// With `--response-dynamic-metadata`: the domain, the request's
+    /// descriptors and hits, and the merged `metadata` of the rules not over
+    /// their limit (a protobuf `Struct` on the wire).
+    pub dynamic_metadata: Option<Metadata>,
 }
 
 impl Decision {
@@ -112,6 +118,7 @@ impl Decision {
             overall_code: Code::Ok,
             statuses,
             response_headers_to_add: Vec::new(),
+            dynamic_metadata: None,
         }
     }
 }
@@ -131,23 +138,71 @@ pub fn reported_duration(us: u128, exact: bool) -> Duration {
     }
 }
 
+/// What [`respond`] found: the decision, and what the headers and the
+/// compensation step need.
+pub(super) struct Verdict {
+    /// The decision, with `retry-after` when denied.
+    pub decision: Decision,
+    /// Index and unit length (seconds) of every non-shadow status that
+    /// carries a limit (for the RateLimit headers).
+    pub limited: Vec<(usize, u64)>,
+    /// Indices of the statuses that deny the request (the RateLimit headers
+    /// describe the longest of them).
+    pub denials: Vec<usize>,
+    /// Refunds that undo what storage charged for a request the quota rules
+    /// deny (storage admitted it: quota charges never block there).
+    pub compensate: Vec<Charge>,
+}
+
 /// Statuses of a request whose charges storage applied (`result`), with
-/// the per-rule metrics, `retry-after` on `OverLimit`, and the index and
-/// unit length (seconds) of every non-shadow status that carries a limit
-/// (for the RateLimit headers).
+/// the per-rule metrics and `retry-after` when denied.
+///
+/// A request is denied when a normal (not shadow, not quota) descriptor is
+/// over its limit, or when it has quota descriptors and every one of them is
+/// over. The wait then is until it would be admitted: the longest wait of the
+/// normal denials, and at least the shortest wait of the quota descriptors
+/// (one of them having tokens is enough).
 pub(super) fn respond(
     settings: &ServiceSettings,
     plans: &[Plan],
     charges: &[Charge],
     result: &RequestResult,
-) -> (Decision, Vec<(usize, u64)>) {
+) -> Verdict {
+    let lacks = |charge: usize| {
+        charges[charge].spec.kind == ChargeKind::Consume && !result.charges[charge].enough
+    };
+    let mut normal_over = false;
+    let (mut quota_total, mut quota_over) = (0usize, 0usize);
+    for p in plans {
+        if let Plan::Limited {
+            charge,
+            shadow: false,
+            quota,
+            ..
+        } = p
+        {
+            if *quota {
+                quota_total += 1;
+                quota_over += usize::from(lacks(*charge));
+            } else {
+                normal_over |= lacks(*charge);
+            }
+        }
+    }
+    let quota_denied = quota_total > 0 && quota_over == quota_total;
+    // Storage applied the charges, and the request stands: they stay taken.
+    let charged = result.admitted && !normal_over && !quota_denied;
+    let undo = result.admitted && !charged;
+
     let mut statuses = Vec::with_capacity(plans.len());
-    let mut over = false;
     let mut retry_after_us: u128 = 0;
+    let mut quota_wait: Option<(u128, usize)> = None;
+    let mut denials = Vec::new();
     let mut limited: Vec<(usize, u64)> = Vec::new();
+    let mut compensate = Vec::new();
     let need_micro = bucket::request_needs(charges);
     for plan in plans {
-        let (charge_idx, label, current, cost) = match plan {
+        let (charge_idx, label, current, cost, shadow, quota) = match plan {
             Plan::NoLimit => {
                 statuses.push(DescriptorStatus::no_limit());
                 continue;
@@ -161,16 +216,35 @@ pub(super) fn respond(
                 label,
                 current,
                 cost,
-            } => (*charge, label, current, *cost),
+                shadow,
+                quota,
+                ..
+            } => (*charge, label, current, *cost, *shadow, *quota),
         };
         let spec = &charges[charge_idx].spec;
         // Shadow rules never deny and are not announced in headers.
-        if !spec.shadow {
+        if !shadow {
             limited.push((statuses.len(), spec.limit.unit_secs));
         }
         let r = result.charges[charge_idx];
         let limit = &spec.limit;
-        let remaining = u32::try_from(r.tokens_micro / MICRO).unwrap_or(u32::MAX);
+        let cap = limit.capacity_micro();
+        let mut tokens_micro = r.tokens_micro;
+        if undo && spec.kind == ChargeKind::Consume && r.enough && cost > 0 {
+            // Taken by storage, given back below: report the balance as if
+            // nothing had been charged.
+            let taken = u128::from(cost) * u128::from(MICRO);
+            tokens_micro =
+                u64::try_from((u128::from(tokens_micro) + taken).min(cap)).unwrap_or(u64::MAX);
+            compensate.push(Charge {
+                key: charges[charge_idx].key.clone(),
+                spec: ChargeSpec {
+                    kind: ChargeKind::Refund,
+                    ..*spec
+                },
+            });
+        }
+        let remaining = u32::try_from(tokens_micro / MICRO).unwrap_or(u32::MAX);
         // A u64 `hits_addend` near its maximum would wrap a counter in one
         // or two requests, and Prometheus reads a counter going down as a
         // reset; one request counts at most u32::MAX hits (the reference
@@ -180,11 +254,10 @@ pub(super) fn respond(
             metrics::counter!(m::TOTAL_HITS, "rule" => label.clone()).increment(counted);
         }
         let status = if spec.kind == ChargeKind::Refund || r.enough {
-            if spec.kind == ChargeKind::Consume && result.admitted {
+            if spec.kind == ChargeKind::Consume && charged {
                 metrics::counter!(m::WITHIN_LIMIT, "rule" => label.clone()).increment(counted);
-                let cap = limit.capacity_micro();
                 let low = (cap as f64) * (1.0 - settings.near_limit_ratio);
-                if cost > 0 && (r.tokens_micro as f64) < low {
+                if cost > 0 && (tokens_micro as f64) < low {
                     metrics::counter!(m::NEAR_LIMIT, "rule" => label.clone()).increment(counted);
                 }
             }
@@ -193,14 +266,14 @@ pub(super) fn respond(
                 current_limit: Some(current.clone()),
                 limit_remaining: remaining,
                 duration_until_reset: Some(reported_duration(
-                    bucket::time_to_full_us(limit, r.tokens_micro),
+                    bucket::time_to_full_us(limit, tokens_micro),
                     settings.exact_durations,
                 )),
             }
         } else {
             metrics::counter!(m::OVER_LIMIT, "rule" => label.clone()).increment(counted);
             let own = u128::from(spec.cost.max(1)) * u128::from(MICRO);
-            if limit.requests_per_unit > 0 && own > limit.capacity_micro() {
+            if limit.requests_per_unit > 0 && own > cap {
                 metrics::counter!(m::HITS_EXCEED_CAPACITY, "rule" => label.clone())
                     .increment(counted);
             }
@@ -208,12 +281,17 @@ pub(super) fn respond(
             // too: wait until all of them do, not only this one's cost.
             let wait_us =
                 bucket::wait_until_fits_us(limit, r.tokens_micro, need_micro[charge_idx].max(own));
-            let code = if spec.shadow {
+            let code = if shadow {
                 metrics::counter!(m::SHADOW_MODE, "rule" => label.clone()).increment(counted);
                 Code::Ok
+            } else if quota {
+                if quota_wait.is_none_or(|(w, _)| wait_us < w) {
+                    quota_wait = Some((wait_us, statuses.len()));
+                }
+                Code::OverLimit
             } else {
-                over = true;
                 retry_after_us = retry_after_us.max(wait_us);
+                denials.push(statuses.len());
                 Code::OverLimit
             };
             DescriptorStatus {
@@ -225,18 +303,29 @@ pub(super) fn respond(
         };
         statuses.push(status);
     }
+    if quota_denied && let Some((wait_us, i)) = quota_wait {
+        retry_after_us = retry_after_us.max(wait_us);
+        denials.push(i);
+    }
+    let denied = normal_over || quota_denied;
     let mut decision = Decision {
-        overall_code: if over { Code::OverLimit } else { Code::Ok },
+        overall_code: if denied { Code::OverLimit } else { Code::Ok },
         statuses,
         response_headers_to_add: Vec::new(),
+        dynamic_metadata: None,
     };
-    if over {
+    if denied {
         decision.response_headers_to_add.push(Header {
-            key: "retry-after",
+            key: "retry-after".into(),
             value: bucket::ceil_secs(retry_after_us).to_string(),
         });
     }
-    (decision, limited)
+    Verdict {
+        decision,
+        limited,
+        denials,
+        compensate,
+    }
 }
 
 #[cfg(test)]

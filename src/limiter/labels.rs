@@ -1,0 +1,77 @@
+//! Bounds on metric labels that carry request values (`detailed_metric`,
+//! `value_to_metric`): each value is clipped, and the number of distinct such
+//! labels in the process is capped, so clients choosing values cannot grow
+//! the exported series (or the recorder's memory) without bound.
+
+use parking_lot::Mutex;
+use std::collections::HashSet;
+
+/// Most distinct value-carrying labels in one process; later ones count
+/// under `<rule path>._other`.
+pub const MAX_VALUE_LABELS: usize = 10_000;
+
+/// Most bytes of one request value in a label (cut on a character boundary).
+pub const MAX_LABEL_VALUE_BYTES: usize = 64;
+
+/// The set of value-carrying labels handed out so far.
+#[derive(Debug, Default)]
+pub struct ValueLabels {
+    seen: Mutex<HashSet<String>>,
+}
+
+impl ValueLabels {
+    /// `label` if it was handed out before or there is room for it, else
+    /// `<path>._other`.
+    pub fn bounded(&self, path: &str, label: String) -> String {
+        let mut seen = self.seen.lock();
+        if seen.contains(&label) {
+            return label;
+        }
+        if seen.len() < MAX_VALUE_LABELS {
+            seen.insert(label.clone());
+            return label;
+        }
+        drop(seen);
+        format!("{path}._other")
+    }
+
+    /// `value`, cut to at most [`MAX_LABEL_VALUE_BYTES`] bytes.
+    #[must_use]
+    pub fn clip(value: &str) -> &str {
+        if value.len() <= MAX_LABEL_VALUE_BYTES {
+            return value;
+        }
+        let mut end = MAX_LABEL_VALUE_BYTES;
+        while !value.is_char_boundary(end) {
+            end -= 1;
+        }
+        &value[..end]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_past_the_cap_share_the_rules_other_label() {
+        let l = ValueLabels::default();
+        for i in 0..MAX_VALUE_LABELS {
+            assert_eq!(l.bounded("d.k", format!("d.k_{i}")), format!("d.k_{i}"));
+        }
+        assert_eq!(l.bounded("d.k", "d.k_new".into()), "d.k._other");
+        // Labels handed out before stay.
+        assert_eq!(l.bounded("d.k", "d.k_7".into()), "d.k_7");
+    }
+
+    #[test]
+    fn long_values_are_clipped_on_a_character_boundary() {
+        assert_eq!(ValueLabels::clip("short"), "short");
+        let long = "é".repeat(40); // 80 bytes
+        let clipped = ValueLabels::clip(&long);
+        assert_eq!(clipped.len(), 64);
+        assert!(long.starts_with(clipped));
+        let odd = format!("a{}", "é".repeat(40));
+        assert_eq!(ValueLabels::clip(&odd).len(), 63);
+    }
+}
