@@ -26,6 +26,10 @@ pub enum Command {
         /// Files or directories to check (each checked as one config source).
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+        /// Merge files that define the same domain (as `serve
+        /// --merge-domain-config`).
+        #[arg(long)]
+        merge_domain_config: bool,
     },
     /// Load a rate limit service over gRPC and report throughput and latency
     /// (loopback targets only unless `--allow-remote`).

@@ -35,7 +35,10 @@ macro_rules! report {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { paths } => check_config(&paths),
+        Command::CheckConfig {
+            paths,
+            merge_domain_config,
+        } => check_config(&paths, merge_domain_config),
         Command::Loadgen(args) => match bucket_rls::loadgen::main(&args) {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
@@ -66,10 +69,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn check_config(paths: &[std::path::PathBuf]) -> ExitCode {
+fn check_config(paths: &[std::path::PathBuf], merge_domains: bool) -> ExitCode {
     let mut ok = true;
+    let options = loader::LoadOptions { merge_domains };
     for p in paths {
-        match loader::load_source(p) {
+        match loader::load_source_with(p, options) {
             Ok(c) => report!(
                 std::io::stdout(),
                 "{}: OK ({} domains, {} rules, sha256 {})",
@@ -120,7 +124,10 @@ fn init_tracing(level: &str, format: LogFormat) {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     bucket_rls::metrics::install();
-    let config = loader::load_source(&args.config)
+    let load = loader::LoadOptions {
+        merge_domains: args.merge_domain_config,
+    };
+    let config = loader::load_source_with(&args.config, load)
         .map_err(|e| anyhow::anyhow!("invalid config, not starting:\n{e}"))?;
     metrics::counter!(bucket_rls::metrics::CONFIG_LOAD, "result" => "success").increment(1);
     tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
@@ -254,7 +261,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.config.clone(),
         limiter.config_handle().clone(),
         limiter.on_swap(),
-        WatchOptions::default(),
+        WatchOptions {
+            load,
+            ..WatchOptions::default()
+        },
     );
     tokio::spawn(reload_on_sighup(watcher.reload_handle()));
     tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, backend = limiter.storage().name(), "serving");

@@ -75,8 +75,21 @@ pub struct Node {
     pub rule: Option<usize>,
     /// For a wildcard node with `share_threshold`: all values share one bucket.
     pub share_threshold: bool,
+    /// Where the node is defined (`file:line`), for errors.
+    pub source: String,
     /// Next level.
     pub children: Level,
+}
+
+impl Node {
+    fn offset_rules(&mut self, offset: usize) {
+        if let Some(r) = &mut self.rule {
+            *r += offset;
+        }
+        for n in self.children.nodes_mut() {
+            n.offset_rules(offset);
+        }
+    }
 }
 
 /// How a node is selected at its level.
@@ -108,6 +121,60 @@ impl Level {
             }
             Selector::KeyOnly => g.key_only.get_or_insert_with(Box::default),
         }
+    }
+
+    /// Moves the top-level nodes of `other` into this level, adding
+    /// `rule_offset` to every rule index below them (the rules of `other`'s
+    /// domain are appended after this one's). A node of `other` whose key and
+    /// value (or pattern, or key-only) this level already has is not moved:
+    /// returned as `(selector text, source here, source in other)`.
+    pub fn merge(&mut self, other: Level, rule_offset: usize) -> Vec<(String, String, String)> {
+        let mut duplicates = Vec::new();
+        for (key, group) in other.by_key {
+            let mine = self.by_key.entry(key.clone()).or_default();
+            for (value, mut node) in group.exact {
+                if let Some(existing) = mine.exact.get(&value) {
+                    duplicates.push((
+                        format!("{key}_{value}"),
+                        existing.source.clone(),
+                        node.source.clone(),
+                    ));
+                    continue;
+                }
+                node.offset_rules(rule_offset);
+                mine.exact.insert(value, node);
+            }
+            for (pattern, mut node) in group.wildcards {
+                if let Some((_, existing)) = mine.wildcards.iter().find(|(p, _)| *p == pattern) {
+                    duplicates.push((
+                        format!("{key}_{}", pattern.as_str()),
+                        existing.source.clone(),
+                        node.source.clone(),
+                    ));
+                    continue;
+                }
+                node.offset_rules(rule_offset);
+                mine.wildcards.push((pattern, node));
+            }
+            if let Some(mut node) = group.key_only {
+                if let Some(existing) = &mine.key_only {
+                    duplicates.push((key.clone(), existing.source.clone(), node.source.clone()));
+                } else {
+                    node.offset_rules(rule_offset);
+                    mine.key_only = Some(node);
+                }
+            }
+        }
+        duplicates
+    }
+
+    fn nodes_mut(&mut self) -> impl Iterator<Item = &mut Node> {
+        self.by_key.values_mut().flat_map(|g| {
+            g.exact
+                .values_mut()
+                .chain(g.wildcards.iter_mut().map(|(_, n)| n))
+                .chain(g.key_only.as_deref_mut())
+        })
     }
 
     fn child(&self, key: &str, value: &str) -> Option<(&Node, Option<&str>)> {

@@ -337,6 +337,7 @@ fn compile_level(
         };
         let node = level.insert(&key.value, sel);
         node.share_threshold = share_threshold;
+        node.source = format!("{}:{}", cx.file, d.line);
         let mut replaces = Vec::new();
         if let Some(r) = &d.replaces {
             replaces.extend(compile_replaces(cx, r, &format!("{here}.replaces")));
@@ -517,6 +518,33 @@ fn compile_rate_limit(
     }
 }
 
+/// Adds the rules of `other` (a second file of the same domain) to `into`.
+/// Returns one error per top-level descriptor both define, naming both
+/// places.
+fn merge_domain(into: &mut DomainConfig, other: DomainConfig) -> Vec<ConfigError> {
+    let offset = into.rules.len();
+    let duplicates = into.root.merge(other.root, offset);
+    into.rules.extend(other.rules);
+    if !into.file.split(", ").any(|f| f == other.file) {
+        into.file = format!("{}, {}", into.file, other.file);
+    }
+    duplicates
+        .into_iter()
+        .map(|(selector, first, second)| {
+            let (file, line) = second.rsplit_once(':').map_or((second.as_str(), None), |(f, l)| (f, l.parse().ok()));
+            ConfigError {
+                file: file.to_owned(),
+                line,
+                path: "descriptors".into(),
+                message: format!(
+                    "duplicate descriptor composite key '{}.{selector}' (first defined at {first}); with merged domains each top-level key/value may be defined in one file only",
+                    into.name
+                ),
+            }
+        })
+        .collect()
+}
+
 /// SHA-256 (hex) over `(file name, bytes)` pairs in name order. Only the last
 /// component of each name counts, so the hash depends on the policy files and
 /// not on where they are mounted or how the path was spelled:
@@ -663,14 +691,33 @@ fn read_source_partly(source: &Path) -> Result<(Texts, Vec<ConfigError>), Config
     Ok((texts, errors))
 }
 
+/// How files become one config.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Files that define the same domain are merged into one domain
+    /// (`--merge-domain-config`, the Go service's `MERGE_DOMAIN_CONFIG`); a
+    /// top-level descriptor defined in two of them is still an error. Off: a
+    /// second file for a domain is an error.
+    pub merge_domains: bool,
+}
+
 /// Loads a file or directory into a complete [`Config`].
 ///
 /// # Errors
 /// Every problem of every file, plus duplicate domains across files: a file
 /// that cannot be read does not hide the problems of the others.
 pub fn load_source(source: &Path) -> Result<Config, ConfigErrors> {
+    load_source_with(source, LoadOptions::default())
+}
+
+/// [`load_source`] with `options`.
+///
+/// # Errors
+/// As [`load_source`]; with `merge_domains`, a top-level descriptor defined
+/// in two files of one domain instead of a duplicate domain.
+pub fn load_source_with(source: &Path, options: LoadOptions) -> Result<Config, ConfigErrors> {
     let (texts, mut errors) = read_source_partly(source)?;
-    match compile_texts(&texts) {
+    match compile_texts_with(&texts, options) {
         Ok(config) if errors.is_empty() => Ok(config),
         Ok(_) => Err(ConfigErrors(errors)),
         Err(ConfigErrors(more)) => {
@@ -686,6 +733,18 @@ pub fn load_source(source: &Path) -> Result<Config, ConfigErrors> {
 /// # Errors
 /// Every problem of every file (invalid UTF-8 included), plus duplicate domains.
 pub fn compile_texts(texts: &[(String, Vec<u8>)]) -> Result<Config, ConfigErrors> {
+    compile_texts_with(texts, LoadOptions::default())
+}
+
+/// [`compile_texts`] with `options`.
+///
+/// # Errors
+/// As [`compile_texts`]; with `merge_domains`, a top-level descriptor defined
+/// in two files of one domain instead of a duplicate domain.
+pub fn compile_texts_with(
+    texts: &[(String, Vec<u8>)],
+    options: LoadOptions,
+) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
     let mut domains: HashMap<String, Arc<DomainConfig>> = HashMap::new();
     for (name, bytes) in texts {
@@ -711,7 +770,11 @@ pub fn compile_texts(texts: &[(String, Vec<u8>)]) -> Result<Config, ConfigErrors
         };
         match compile_file(name, text) {
             Ok(d) => {
-                if let Some(prev) = domains.get(&d.name) {
+                if options.merge_domains
+                    && let Some(prev) = domains.get_mut(&d.name)
+                {
+                    errors.extend(merge_domain(Arc::make_mut(prev), d));
+                } else if let Some(prev) = domains.get(&d.name) {
                     errors.push(ConfigError {
                         file: name.clone(),
                         line: None,

@@ -29,7 +29,7 @@
 //! Reloads never touch buckets: bucket identity does not include the rate
 //! (DESIGN 3), so tokens carry over, capped at the new capacity.
 
-use super::loader::{compile_texts, hash_files};
+use super::loader::{LoadOptions, compile_texts_with, hash_files};
 use super::{Config, ConfigError, ConfigErrors, ConfigHandle, OnSwap};
 use crate::metrics as m;
 use notify_debouncer_full::notify::event::{AccessKind, AccessMode};
@@ -54,6 +54,8 @@ pub struct WatchOptions {
     pub settle: Duration,
     /// Period of the full rescan that covers lost file events.
     pub rescan: Duration,
+    /// How the files become one config (merged domains or not).
+    pub load: LoadOptions,
 }
 
 impl Default for WatchOptions {
@@ -64,6 +66,7 @@ impl Default for WatchOptions {
             debounce: Duration::from_millis(200),
             settle: Duration::from_millis(250),
             rescan: Duration::from_secs(10),
+            load: LoadOptions::default(),
         }
     }
 }
@@ -104,6 +107,7 @@ pub struct Reloader {
     source: PathBuf,
     handle: Arc<ConfigHandle>,
     on_swap: OnSwap,
+    load: LoadOptions,
     /// Fingerprint of the last reported failing state.
     failed: Mutex<Option<String>>,
 }
@@ -125,8 +129,16 @@ impl Reloader {
             source,
             handle,
             on_swap,
+            load: LoadOptions::default(),
             failed: Mutex::new(None),
         }
+    }
+
+    /// This reloader compiling with `load` (merged domains or not).
+    #[must_use]
+    pub fn with_load_options(mut self, load: LoadOptions) -> Self {
+        self.load = load;
+        self
     }
 
     /// The watched source.
@@ -158,7 +170,7 @@ impl Reloader {
         if !force && self.failed.lock().as_deref() == Some(fp.as_str()) {
             return Outcome::FailedAgain;
         }
-        match snap.and_then(|texts| compile_texts(&texts)) {
+        match snap.and_then(|texts| compile_texts_with(&texts, self.load)) {
             Ok(config) => {
                 let hash = config.hash.clone();
                 log_applied(&self.source, &current, &config);
@@ -288,7 +300,7 @@ impl ConfigWatcher {
                 None
             }
         };
-        let reloader = Arc::new(Reloader::new(source, handle, on_swap));
+        let reloader = Arc::new(Reloader::new(source, handle, on_swap).with_load_options(options.load));
         let task = tokio::spawn(run(reloader.clone(), rx, options));
         Self {
             triggers: tx,

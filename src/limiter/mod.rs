@@ -86,6 +86,7 @@ impl Limiter {
         storage: Arc<dyn Storage>,
         settings: ServiceSettings,
     ) -> Self {
+        warn_value_labels(&config.current());
         Self {
             config,
             storage,
@@ -263,6 +264,7 @@ impl Limiter {
 
 fn after_swap(storage: &dyn Storage, key_prefix: &str, old: &Config, new: &Config) {
     storage.invalidate_local_cache();
+    warn_value_labels(new);
     if let Some(hold_us) = new.loosened_hold_us(old) {
         tracing::info!(
             hold_secs = hold_us / 1_000_000,
@@ -270,4 +272,27 @@ fn after_swap(storage: &dyn Storage, key_prefix: &str, old: &Config, new: &Confi
         );
         storage.hold_existing(key_prefix, hold_us);
     }
+}
+
+/// Logs, once per loaded config, the rules whose metric labels carry request
+/// values (`detailed_metric`, `value_to_metric`): an opt-in to cardinality,
+/// bounded by [`labels::MAX_VALUE_LABELS`].
+fn warn_value_labels(config: &Config) {
+    let mut rules: Vec<&str> = config
+        .domains
+        .values()
+        .flat_map(|d| d.rules.iter())
+        .filter(|r| r.detailed_metric || r.metric_levels.is_some())
+        .map(|r| r.path.as_str())
+        .collect();
+    if rules.is_empty() {
+        return;
+    }
+    rules.sort_unstable();
+    rules.truncate(20);
+    tracing::warn!(
+        rules = ?rules,
+        max_labels = labels::MAX_VALUE_LABELS,
+        "metric labels of these rules carry request values (detailed_metric or value_to_metric): one series per distinct value, up to max_labels in the process, later values count as <rule>._other"
+    );
 }
