@@ -565,3 +565,217 @@ fn example_config_is_valid() {
     .expect("example loads");
     assert_eq!(c.rule_count(), 6);
 }
+
+// Configs written the way the Go reference service's own examples and tests
+// write them (in our words, same keys): each one it loads loads here, each
+// one it refuses is refused.
+
+use bucket_rls::config::loader::{LoadOptions, compile_texts_with};
+
+fn loads(yaml: &str) -> bucket_rls::config::Config {
+    compile_texts(&[("go.yaml".into(), yaml.as_bytes().to_vec())])
+        .unwrap_or_else(|e| panic!("must load:\n{yaml}\n{e}"))
+}
+
+#[test]
+fn the_go_example_shapes_load_with_their_meaning() {
+    let c = loads(
+        "---
+domain: edge
+descriptors:
+  - key: tier
+    value: partner
+    rate_limit:
+      replaces: [{name: vip}, {name: spare}]
+      unit: minute
+      requests_per_unit: 4
+  - key: origin
+    value: gateway
+    descriptors:
+      - key: target
+        value: vip
+        rate_limit: {replaces: [{name: vip}], unit: minute, requests_per_unit: 2}
+      - key: target
+        value: spare
+        rate_limit: {name: spare, unit: minute, requests_per_unit: 2}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 3}
+      - key: user
+        value: vip
+        rate_limit: {name: vip, unit: minute, requests_per_unit: 1}
+      - key: user
+        value: blocked
+        rate_limit: {unit: minute, requests_per_unit: 0}
+      - key: region
+        value: trial
+        rate_limit: {unit: minute, requests_per_unit: 3}
+        shadow_mode: true
+      - key: free
+        rate_limit: {unlimited: true}
+  - key: anon
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: backend
+    value: b1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      backend_with_quota:
+        name: \"b1\"
+  - key: backend
+    value: b2
+    quota_mode: false
+    value_to_metric: false
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata: {backend_with_quota: {name: b2, weight: 2, tags: [a, b], on: true}}
+  - key: leaf_without_limit
+    value: x
+",
+    );
+    let d = &c.domains["edge"];
+    let rule = |path: &str| {
+        d.rules
+            .iter()
+            .find(|r| r.path == path)
+            .unwrap_or_else(|| panic!("{path}"))
+    };
+    let b1 = rule("edge.backend_b1");
+    assert!(b1.quota_mode);
+    assert_eq!(
+        serde_json::Value::Object(b1.metadata.as_deref().unwrap().clone()),
+        serde_json::json!({"backend_with_quota": {"name": "b1"}})
+    );
+    let b2 = rule("edge.backend_b2");
+    assert!(!b2.quota_mode && b2.metric_levels.is_none());
+    assert_eq!(
+        serde_json::Value::Object(b2.metadata.as_deref().unwrap().clone()),
+        serde_json::json!({"backend_with_quota": {"name": "b2", "weight": 2, "tags": ["a", "b"], "on": true}})
+    );
+    assert!(rule("edge.path.region_trial").shadow_mode);
+}
+
+#[test]
+fn share_threshold_with_value_to_metric_and_detailed_metric_loads() {
+    let c = loads(
+        "domain: st
+descriptors:
+  - key: route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: svc
+    value: svc/*
+    share_threshold: true
+    descriptors:
+      - key: endpoint
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 80}
+  - key: user
+    value: user/*
+    share_threshold: true
+    descriptors:
+      - key: resource
+        value: res/*
+        share_threshold: true
+        descriptors:
+          - key: action
+            value_to_metric: true
+            rate_limit: {unit: minute, requests_per_unit: 150}
+  - key: mid
+    value: /api*v2
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 80}
+",
+    );
+    let d = &c.domains["st"];
+    let with_levels = d.rules.iter().filter(|r| r.metric_levels.is_some()).count();
+    assert_eq!(with_levels, 3, "route/method, user/resource/action and mid");
+}
+
+#[test]
+fn the_go_service_refusals_are_refused() {
+    for (yaml, needle) in [
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n",
+            "bad unit 'fortnight'",
+        ),
+        ("'''\n", "invalid YAML"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+            "duplicate descriptor composite key",
+        ),
+        ("descriptors:\n", "domain"),
+        ("domain: d\ndescriptors:\n  - value: v\n", "without 'key'"),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    ratelimit: {unit: day, requests_per_unit: 5}\n",
+            "unknown key 'ratelimit'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requestsperunit: 5}\n",
+            "unknown key 'requestsperunit'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      name: me\n      replaces:\n        - name:\n      unit: second\n      requests_per_unit: 5\n",
+            "non-empty 'name'",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {name: me, replaces: [{name: me}], unit: second, requests_per_unit: 5}\n",
+            "replaces itself",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: day, requests_per_unit: 25}\n",
+            "must not be given with 'unlimited: true'",
+        ),
+        (
+            "0.25: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 5}\n",
+            "'0.25'",
+        ),
+        ("domain: d\ndescriptors:\n  - a\n  - b\n", "wrong type"),
+    ] {
+        let errs = errors("go.yaml", yaml);
+        assert!(
+            errs.iter().any(|e| e.contains(needle)),
+            "{yaml:?}: {errs:#?} lacks {needle:?}"
+        );
+    }
+}
+
+#[test]
+fn files_of_one_domain_merge_only_when_asked() {
+    let a = "domain: shared\ndescriptors:\n  - key: k1\n    value: v1\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
+    let b = "domain: shared\ndescriptors:\n  - key: k2\n    value: v2\n    rate_limit: {unit: minute, requests_per_unit: 20}\n";
+    let texts = vec![
+        ("a.yaml".to_owned(), a.as_bytes().to_vec()),
+        ("b.yaml".to_owned(), b.as_bytes().to_vec()),
+    ];
+    let e = compile_texts(&texts).unwrap_err().to_string();
+    assert!(e.contains("duplicate domain 'shared'"), "{e}");
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    let c = compile_texts_with(&texts, merge).unwrap();
+    let d = &c.domains["shared"];
+    let paths: Vec<&str> = d.rules.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, ["shared.k1_v1", "shared.k2_v2"]);
+    assert_eq!(d.file, "a.yaml, b.yaml");
+    // Both rules match after the merge (rule indices of the second file moved).
+    let m = bucket_rls::matcher::find(&d.root, &[("k2", "v2")]).unwrap();
+    assert_eq!(d.rules[m.rule].path, "shared.k2_v2");
+    // The same top-level descriptor in both files is still refused, naming both.
+    let twice = vec![
+        ("a.yaml".to_owned(), a.as_bytes().to_vec()),
+        ("c.yaml".to_owned(), a.as_bytes().to_vec()),
+    ];
+    let e = compile_texts_with(&twice, merge).unwrap_err().to_string();
+    assert!(
+        e.contains("c.yaml:3: descriptors: duplicate descriptor composite key 'shared.k1_v1' (first defined at a.yaml:3)"),
+        "{e}"
+    );
+}

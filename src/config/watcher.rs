@@ -300,7 +300,8 @@ impl ConfigWatcher {
                 None
             }
         };
-        let reloader = Arc::new(Reloader::new(source, handle, on_swap).with_load_options(options.load));
+        let reloader =
+            Arc::new(Reloader::new(source, handle, on_swap).with_load_options(options.load));
         let task = tokio::spawn(run(reloader.clone(), rx, options));
         Self {
             triggers: tx,

@@ -91,15 +91,25 @@ pub const T0_US: u64 = 1_700_000_000_000_000;
 impl Case {
     /// Builds a case for one YAML file.
     pub async fn new(b: &dyn Backend, yaml: &str) -> Self {
+        Self::with_settings(b, yaml, |_| {}).await
+    }
+
+    /// Builds a case for one YAML file with settings changed by `tune`.
+    pub async fn with_settings(
+        b: &dyn Backend,
+        yaml: &str,
+        tune: impl FnOnce(&mut ServiceSettings),
+    ) -> Self {
         let clock = ManualClock::new(T0_US);
         let storage = Arc::new(Counting {
             inner: b.storage(clock.clone()).await,
             calls: AtomicU64::new(0),
         });
-        let settings = ServiceSettings {
+        let mut settings = ServiceSettings {
             key_prefix: unique_prefix("conf"),
             ..ServiceSettings::default()
         };
+        tune(&mut settings);
         let limiter = Arc::new(Limiter::new(
             config(&[("test.yaml", yaml)]),
             storage.clone(),
@@ -1142,6 +1152,161 @@ pub async fn br_32(b: &dyn Backend) {
     assert_no_limit(&r, 0);
 }
 
+/// Two upstream services in quota mode (1 and 2 per minute) and a normal
+/// per-user rule, as in the Go service's multi-service quota walkthrough.
+const QUOTA_YAML: &str = "domain: q
+descriptors:
+  - key: service
+    value: s1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {service_with_quota: {name: service_1}, tier: gold}
+  - key: service
+    value: s2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata: {service_with_quota: {name: service_2, zone: b}, tier: silver}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+
+fn quota_request() -> RateLimitRequest {
+    req(
+        "q",
+        vec![
+            desc(&[("service", "s1")]),
+            desc(&[("service", "s2")]),
+            desc(&[("user", "u")]),
+        ],
+        1,
+    )
+}
+
+/// `(field path) -> string` in a response's dynamic metadata.
+fn md_str(r: &RateLimitResponse, path: &[&str]) -> Option<String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let mut fields = &r.dynamic_metadata.as_ref()?.fields;
+    for (i, key) in path.iter().enumerate() {
+        let v = fields.get(*key)?;
+        match &v.kind {
+            Some(Kind::StructValue(s)) if i + 1 < path.len() => fields = &s.fields,
+            Some(Kind::StringValue(s)) if i + 1 == path.len() => return Some(s.clone()),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Quota mode: a quota descriptor over its limit keeps its own code and
+/// wait, but denies the request only when every quota descriptor is over
+/// (or a normal one is). A request the quota rules deny charges nothing:
+/// what storage took is given back. The Go service behaves the same for the
+/// codes; it has no all-or-nothing and keeps counting the denied request.
+pub async fn quota_mode_denies_only_when_every_quota_rule_is_over(b: &dyn Backend) {
+    let c = Case::new(b, QUOTA_YAML).await;
+    let r = c.call(quota_request()).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(
+        (cr(&r, 0), cr(&r, 1), cr(&r, 2)),
+        ((OK, 0), (OK, 1), (OK, 9))
+    );
+    // s1 is spent: the request still passes on s2's quota.
+    let r = c.call(quota_request()).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
+    assert_eq!((cr(&r, 1), cr(&r, 2)), ((OK, 0), (OK, 8)));
+    assert_eq!(retry_after(&r), None);
+    // Both spent: denied. The wait is until one of them has a token again
+    // (s2 refills one every 30 s: 18 s after 12 s), and the user's bucket
+    // (8 tokens, plus 2 refilled) is not charged.
+    c.advance_ms(12_000);
+    let r = c.call(quota_request()).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(st(&r, 0), (OVER, 0, Some(48)));
+    assert_eq!(st(&r, 1), (OVER, 0, Some(18)));
+    assert_eq!(cr(&r, 2), (OK, 10));
+    assert_eq!(retry_after(&r).as_deref(), Some("18"));
+    let r = c.one("q", &[("user", "u")], 1).await;
+    assert_eq!(cr(&r, 0), (OK, 9), "the denied request took nothing");
+
+    // A normal descriptor over its limit denies whatever the quota says,
+    // and the quota buckets are not charged either.
+    let c = Case::new(b, QUOTA_YAML).await;
+    let spend = req("q", vec![desc_hits(&[("user", "u")], 10)], 1);
+    assert_eq!(c.call(spend).await.overall_code, OK);
+    let r = c.call(quota_request()).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 1), (OK, 2)));
+    assert_eq!(st(&r, 2), (OVER, 0, Some(6)));
+    assert_eq!(retry_after(&r).as_deref(), Some("6"));
+    let r = c.one("q", &[("service", "s1")], 1).await;
+    assert_eq!(cr(&r, 0), (OK, 0), "s1 still had its token");
+}
+
+/// `--quota-mode` puts every rule in quota mode: the request is denied only
+/// when all its limited descriptors are over.
+pub async fn global_quota_mode_needs_every_descriptor_over(b: &dyn Backend) {
+    let yaml = "domain: g\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let c = Case::with_settings(b, yaml, |s| s.global_quota_mode = true).await;
+    let both = || req("g", vec![desc(&[("a", "x")]), desc(&[("b", "x")])], 1);
+    assert_eq!(c.call(both()).await.overall_code, OK);
+    let r = c.call(both()).await;
+    assert_eq!(
+        (r.overall_code, cr(&r, 0).0, cr(&r, 1)),
+        (OK, OVER, (OK, 0))
+    );
+    let r = c.call(both()).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(retry_after(&r).as_deref(), Some("60"));
+}
+
+/// `--shadow-mode` evaluates and charges every rule but never denies.
+pub async fn global_shadow_mode_never_denies(b: &dyn Backend) {
+    let yaml = "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    let c = Case::with_settings(b, yaml, |s| s.global_shadow_mode = true).await;
+    for remaining in [1, 0] {
+        let r = c.one("s", &[("k", "v")], 1).await;
+        assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, remaining)));
+    }
+    for _ in 0..3 {
+        let r = c.one("s", &[("k", "v")], 1).await;
+        assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, 0)));
+        assert_eq!(retry_after(&r), None);
+    }
+}
+
+/// `--response-dynamic-metadata`: the domain, the request's descriptors,
+/// and the merged metadata of the rules not over their limit, first value
+/// winning (the Go service's shape; Envoy routes on it).
+pub async fn dynamic_metadata_names_the_rules_with_quota_left(b: &dyn Backend) {
+    let c = Case::with_settings(b, QUOTA_YAML, |s| s.response_dynamic_metadata = true).await;
+    let r = c.call(quota_request()).await;
+    assert_eq!(md_str(&r, &["domain"]).as_deref(), Some("q"));
+    assert_eq!(
+        md_str(&r, &["metadata", "service_with_quota", "name"]).as_deref(),
+        Some("service_1")
+    );
+    // Nested mappings merge: s2's zone is added under the first name.
+    assert_eq!(
+        md_str(&r, &["metadata", "service_with_quota", "zone"]).as_deref(),
+        Some("b")
+    );
+    assert_eq!(md_str(&r, &["metadata", "tier"]).as_deref(), Some("gold"));
+    let r = c.call(quota_request()).await;
+    assert_eq!(
+        md_str(&r, &["metadata", "service_with_quota", "name"]).as_deref(),
+        Some("service_2"),
+        "s1 is over: only s2's metadata remains"
+    );
+    let r = c.call(quota_request()).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(md_str(&r, &["metadata", "tier"]), None);
+    assert_eq!(md_str(&r, &["domain"]).as_deref(), Some("q"));
+    // Off by default.
+    let plain = Case::new(b, QUOTA_YAML).await;
+    assert!(plain.call(quota_request()).await.dynamic_metadata.is_none());
+}
+
 /// Generates one `#[tokio::test]` per conformance case for a backend.
 /// `$make` is an async fn returning a value implementing [`Backend`].
 #[macro_export]
@@ -1149,7 +1314,10 @@ macro_rules! conformance_tests {
     ($make:path) => {
         $crate::conformance_tests!(@cases $make; br_01 br_04 br_06 share_threshold br_07 br_08 br_10 br_11 br_13 br_14
             br_15a br_15b br_16 br_17 br_18 br_19 br_21 br_22 refunds overrides br_32
-            same_bucket_twice_waits_for_all loosening_reload_never_refills);
+            same_bucket_twice_waits_for_all loosening_reload_never_refills
+            quota_mode_denies_only_when_every_quota_rule_is_over
+            global_quota_mode_needs_every_descriptor_over global_shadow_mode_never_denies
+            dynamic_metadata_names_the_rules_with_quota_left);
     };
     (@cases $make:path; $($case:ident)*) => {
         $(
