@@ -340,3 +340,56 @@ async fn huge_hits_addend_cannot_wrap_counters() {
     assert_eq!(v(m::TOTAL_HITS), Some(want));
     assert_eq!(v(m::OVER_LIMIT), Some(want));
 }
+
+/// `value_to_metric`: on wildcard and key-only levels the label carries the
+/// request's value (the Go service's rule), and with `share_threshold` the
+/// pattern stays.
+#[tokio::test]
+async fn value_to_metric_labels_carry_the_request_values() {
+    let yaml = "domain: vtm
+descriptors:
+  - key: route
+    value: api/*
+    value_to_metric: true
+    descriptors:
+      - key: method
+        value_to_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: shared
+    value: s/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: plain
+    value: p/*
+    descriptors:
+      - key: method
+        value: GET
+        value_to_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+";
+    let l = limiter(yaml, paused_memory(), "vtm:");
+    for entries in [
+        [("route", "api/users"), ("method", "POST")],
+        [("shared", "s/x"), ("method", "PUT")],
+        [("plain", "p/y"), ("method", "GET")],
+    ] {
+        l.should_rate_limit(&req("vtm", vec![desc(&entries)], 1))
+            .await
+            .unwrap();
+    }
+    let text = scrape();
+    for rule in [
+        "vtm.route_api/users.method_POST",
+        "vtm.shared_s/*.method",
+        "vtm.plain_p/*.method_GET",
+    ] {
+        assert_eq!(
+            metric(&text, m::TOTAL_HITS, &[("rule", rule)]),
+            Some(1.0),
+            "{rule} in\n{text}"
+        );
+    }
+}

@@ -159,3 +159,47 @@ async fn shadow_rules_are_not_announced() {
         ])
     );
 }
+
+/// `--rate-limit-headers go` sends the Go service's headers: its default
+/// names, or the configured ones, and `RateLimit-Limit` as the bare number
+/// (no `;w=` policy list as draft 03 has).
+#[tokio::test]
+async fn go_headers_use_the_go_names_and_the_bare_limit() {
+    let r = br_19_third_call(RateLimitHeaders::Go).await;
+    let h = headers(&r);
+    assert!(h.contains(&("RateLimit-Limit".into(), "5".into())), "{h:?}");
+    assert!(
+        h.contains(&("RateLimit-Remaining".into(), "0".into())),
+        "{h:?}"
+    );
+    assert!(h.iter().any(|(k, _)| k == "RateLimit-Reset"), "{h:?}");
+    assert!(h.iter().any(|(k, _)| k == "retry-after"), "{h:?}");
+
+    let settings = ServiceSettings {
+        rate_limit_headers: RateLimitHeaders::Go,
+        header_names: bucket_rls::settings::HeaderNames {
+            limit: "X-RL-Limit".into(),
+            remaining: "X-RL-Left".into(),
+            reset: "X-RL-Reset".into(),
+        },
+        ..ServiceSettings::default()
+    };
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let l = Limiter::new(
+        config(&[("llm.yaml", LLM)]),
+        Arc::new(MemoryStorage::new(Arc::new(clock))),
+        settings,
+    );
+    let r = l
+        .should_rate_limit(&req("llm", vec![desc(&[("spend", "u2")])], 1))
+        .await
+        .expect("ok");
+    assert_eq!(
+        headers(&r),
+        pairs(&[
+            ("X-RL-Limit", "5"),
+            ("X-RL-Left", "4"),
+            ("X-RL-Reset", "720")
+        ])
+    );
+}
