@@ -841,3 +841,146 @@ async fn envoy_adds_retry_after_only_when_the_service_does_not() {
         let _ = server.await;
     }
 }
+
+/// An upstream that answers `from <name>`.
+async fn named_upstream(name: &'static str) -> SocketAddr {
+    let app = axum::Router::new().fallback(move || async move { format!("from {name}\n") });
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind upstream");
+    let addr = listener.local_addr().expect("upstream addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("upstream server") });
+    addr
+}
+
+/// Routing on the response's dynamic metadata (the Go service's multi-service
+/// quota pattern): each request carries one quota descriptor per upstream
+/// service; bucket-rls returns the `metadata` of the services that still
+/// have quota, Envoy copies `service_with_quota.name` into `envoy.lb`
+/// metadata, and the subset load balancer sends the request there. When no
+/// service has quota left the request is denied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_on_dynamic_metadata_picks_the_upstream_with_quota() {
+    let yaml = "domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata: {service_with_quota: {name: service_1}}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    metadata: {service_with_quota: {name: service_2}}
+";
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("rl.yaml"), yaml).expect("write config");
+    let rls = BucketRls::start(dir.path(), &["--response-dynamic-metadata"]).await;
+    let (s1, s2) = (
+        named_upstream("service_1").await,
+        named_upstream("service_2").await,
+    );
+    let endpoint = |addr: SocketAddr, service: &str| {
+        serde_json::json!({
+            "endpoint": {"address": {"socket_address": {
+                "address": addr.ip().to_string(), "port_value": addr.port()}}},
+            "metadata": {"filter_metadata": {"envoy.lb": {"service": service}}}
+        })
+    };
+    let generic = |value: &str| {
+        serde_json::json!({"actions": [{"generic_key": {
+            "descriptor_key": "service", "descriptor_value": value}}]})
+    };
+    let bootstrap = serde_json::json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "ingress",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "ingress",
+                        "route_config": {"virtual_hosts": [{
+                            "name": "all", "domains": ["*"],
+                            "routes": [{"match": {"prefix": "/"}, "route": {
+                                "cluster": "multiservice",
+                                "rate_limits": [generic("service_1"), generic("service_2")]
+                            }}]
+                        }]},
+                        "http_filters": [
+                            {"name": "envoy.filters.http.ratelimit", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+                                "domain": "rl",
+                                "timeout": "2s",
+                                "failure_mode_deny": true,
+                                "rate_limit_service": {
+                                    "grpc_service": {"envoy_grpc": {"cluster_name": "bucket_rls"}},
+                                    "transport_api_version": "V3"}}},
+                            {"name": "envoy.filters.http.header_mutation", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                                "mutations": {"request_mutations": [{"append": {
+                                    "header": {"key": "x-service-with-quota",
+                                        "value": "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:service_with_quota:name)%"},
+                                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}]}}},
+                            {"name": "envoy.filters.http.header_to_metadata", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config",
+                                "request_rules": [{"header": "x-service-with-quota",
+                                    "on_header_present": {"metadata_namespace": "envoy.lb",
+                                        "key": "service", "type": "STRING"}}]}},
+                            {"name": "envoy.filters.http.router", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+                        ]
+                    }
+                }]}]
+            }],
+            "clusters": [
+                {
+                    "name": "multiservice", "type": "STATIC", "connect_timeout": "1s",
+                    "lb_subset_config": {"fallback_policy": "NO_FALLBACK",
+                        "subset_selectors": [{"keys": ["service"]}]},
+                    "load_assignment": {"cluster_name": "multiservice", "endpoints": [
+                        {"lb_endpoints": [endpoint(s1, "service_1"), endpoint(s2, "service_2")]}]}
+                },
+                {
+                    "name": "bucket_rls", "type": "STATIC", "connect_timeout": "1s",
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}}}},
+                    "load_assignment": {"cluster_name": "bucket_rls", "endpoints": [{"lb_endpoints": [
+                        {"endpoint": {"address": {"socket_address": {
+                            "address": "127.0.0.1", "port_value": rls.grpc.port()}}}}]}]}
+                }
+            ]
+        }
+    });
+    let envoy = Envoy::start(&bootstrap).await;
+    let mut served = Vec::new();
+    for _ in 0..5 {
+        let r = http_get(envoy.listener, "/work", &[])
+            .await
+            .expect("request through Envoy");
+        served.push(if r.status == 200 {
+            r.body.trim().to_owned()
+        } else {
+            r.status.to_string()
+        });
+    }
+    // Every request charges both services; service_1 (2 per minute) runs
+    // out first, then service_2 (3 per minute), then nothing is left.
+    assert_eq!(
+        served,
+        [
+            "from service_1",
+            "from service_1",
+            "from service_2",
+            "429",
+            "429"
+        ],
+        "bucket-rls log:\n{}",
+        rls.proc.logs()
+    );
+}
