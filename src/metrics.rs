@@ -15,6 +15,8 @@ pub const OVER_LIMIT: &str = "bucket_rls_over_limit_total";
 pub const NEAR_LIMIT: &str = "bucket_rls_near_limit_total";
 /// Hits a shadow-mode rule would have denied. Label `rule`.
 pub const SHADOW_MODE: &str = "bucket_rls_shadow_mode_total";
+/// Counter: requests `--shadow-mode` answered OK that its rules would have denied.
+pub const GLOBAL_SHADOW_MODE: &str = "bucket_rls_global_shadow_mode_total";
 /// Hits whose cost exceeds the bucket capacity (never admissible). Label `rule`.
 pub const HITS_EXCEED_CAPACITY: &str = "bucket_rls_hits_exceed_capacity_total";
 /// Requests for a domain no config defines. Label `domain` (first 100 distinct, then `other`).
@@ -45,6 +47,10 @@ pub fn describe() {
         "Admitted hits that left the bucket nearly empty"
     );
     describe_counter!(SHADOW_MODE, "Hits a shadow-mode rule would have denied");
+    describe_counter!(
+        GLOBAL_SHADOW_MODE,
+        "Requests answered OK by --shadow-mode that the rules would have denied"
+    );
     describe_counter!(
         HITS_EXCEED_CAPACITY,
         "Hits whose cost exceeds the bucket capacity"

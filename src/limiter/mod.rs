@@ -87,6 +87,10 @@ impl Limiter {
         settings: ServiceSettings,
     ) -> Self {
         warn_value_labels(&config.current());
+        if settings.global_shadow_mode {
+            // The series exists from startup, so an alert has one to match.
+            metrics::counter!(m::GLOBAL_SHADOW_MODE).increment(0);
+        }
         Self {
             config,
             storage,

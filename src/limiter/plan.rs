@@ -30,7 +30,7 @@ pub(super) enum Plan {
         current: CurrentLimit,
         /// Tokens this descriptor takes (or gives back).
         cost: u64,
-        /// Shadow mode (the rule's or the service's): never denies.
+        /// The rule's shadow mode: never denies, answered `OK`.
         shadow: bool,
         /// Quota mode (the rule's or the service's): over the limit, it denies
         /// only together with every other quota descriptor of the request.
@@ -150,7 +150,6 @@ pub(super) fn plan(
             Some(r) => rule_label(r, &domain.name, &d.entries, labels),
             None => format!("{}._override", domain.name),
         };
-        let shadow = shadow || settings.global_shadow_mode;
         let quota = quota || settings.global_quota_mode;
         plans.push(Plan::Limited {
             charge: charges.len(),
@@ -167,9 +166,10 @@ pub(super) fn plan(
                 limit,
                 cost,
                 kind,
-                // A quota charge never blocks admission in storage: the core
-                // decides the quota outcome over all of them.
-                shadow: shadow || quota,
+                // A quota charge never blocks admission in storage (the core
+                // decides the quota outcome over all of them), nor does any
+                // charge under the service-wide shadow mode.
+                shadow: shadow || quota || settings.global_shadow_mode,
             },
         });
     }

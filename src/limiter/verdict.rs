@@ -190,9 +190,12 @@ pub(super) fn respond(
         }
     }
     let quota_denied = quota_total > 0 && quota_over == quota_total;
+    // Under `--shadow-mode` a request the rules deny is answered OK anyway
+    // (each status keeps its real code, as in the Go service).
+    let denied = (normal_over || quota_denied) && !settings.global_shadow_mode;
     // Storage applied the charges, and the request stands: they stay taken.
-    let charged = result.admitted && !normal_over && !quota_denied;
-    let undo = result.admitted && !charged;
+    let charged = result.admitted && !denied;
+    let undo = result.admitted && denied;
 
     let mut statuses = Vec::with_capacity(plans.len());
     let mut retry_after_us: u128 = 0;
@@ -307,7 +310,11 @@ pub(super) fn respond(
         retry_after_us = retry_after_us.max(wait_us);
         denials.push(i);
     }
-    let denied = normal_over || quota_denied;
+    if settings.global_shadow_mode && (normal_over || quota_denied) {
+        metrics::counter!(m::GLOBAL_SHADOW_MODE).increment(1);
+        denials.clear();
+        retry_after_us = 0;
+    }
     let mut decision = Decision {
         overall_code: if denied { Code::OverLimit } else { Code::Ok },
         statuses,

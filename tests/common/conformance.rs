@@ -1260,17 +1260,25 @@ pub async fn global_quota_mode_needs_every_descriptor_over(b: &dyn Backend) {
     assert_eq!(retry_after(&r).as_deref(), Some("60"));
 }
 
-/// `--shadow-mode` evaluates and charges every rule but never denies.
+/// `--shadow-mode` evaluates and charges every rule but never denies: the
+/// overall code is OK, each status keeps its real code and wait (as in the
+/// Go service), and no `retry-after` is sent.
 pub async fn global_shadow_mode_never_denies(b: &dyn Backend) {
-    let yaml = "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    let yaml = "domain: s\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: n\n    rate_limit: {unit: minute, requests_per_unit: 9}\n";
     let c = Case::with_settings(b, yaml, |s| s.global_shadow_mode = true).await;
-    for remaining in [1, 0] {
-        let r = c.one("s", &[("k", "v")], 1).await;
-        assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, remaining)));
+    let two = || req("s", vec![desc(&[("k", "v")]), desc(&[("n", "v")])], 1);
+    for (k, n) in [(1, 8), (0, 7)] {
+        let r = c.call(two()).await;
+        assert_eq!(
+            (r.overall_code, cr(&r, 0), cr(&r, 1)),
+            (OK, (OK, k), (OK, n))
+        );
     }
-    for _ in 0..3 {
-        let r = c.one("s", &[("k", "v")], 1).await;
-        assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, 0)));
+    for n in [6, 5, 4] {
+        let r = c.call(two()).await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(st(&r, 0), (OVER, 0, Some(30)));
+        assert_eq!(cr(&r, 1), (OK, n), "the other rule is still charged");
         assert_eq!(retry_after(&r), None);
     }
 }
