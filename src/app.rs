@@ -149,3 +149,6 @@ pub async fn run_with_grace(
     h?;
     Ok(())
 }
+
+mod setup;
+pub use setup::{build_storage, reload_on_sighup, shutdown_signal};

@@ -1,10 +1,15 @@
 //! Command line: `serve`, `check-config`, `loadgen`. Every flag of `serve` also
-//! reads an environment variable `BUCKET_RLS_<FLAG>`.
+//! reads an environment variable `BUCKET_RLS_<FLAG>`. `serve`'s flags become
+//! [`Settings`] through `TryFrom<&ServeArgs>`, which refuses flags that
+//! contradict each other ([`SetupError`]).
 
-use crate::settings::OnStorageError;
+use crate::settings::{
+    Backend, MasterAuth, OnStorageError, RedisSettings, ServiceSettings, Settings, SetupError,
+};
 use clap::{Parser, Subcommand, ValueEnum};
+use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// bucket-rls: Envoy rate limit service with exact token buckets.
 #[derive(Debug, Parser)]
@@ -29,6 +34,7 @@ pub enum Command {
     },
     /// Load a rate limit service over gRPC and report throughput and latency
     /// (loopback targets only unless `--allow-remote`).
+    #[cfg(feature = "loadgen")]
     Loadgen(Box<crate::loadgen::LoadgenArgs>),
 }
 
@@ -172,4 +178,146 @@ fn at_least_one(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(format!("not a count: {e}")),
     }
+}
+
+/// Magic line of a PEM certificate block.
+const PEM_CERTIFICATE: &[u8] = b"-----BEGIN CERTIFICATE-----";
+
+impl TryFrom<&ServeArgs> for Settings {
+    type Error = SetupError;
+
+    /// Checks the flags of `serve` and reads the CA file (see
+    /// [`Backend`]'s `TryFrom`).
+    fn try_from(args: &ServeArgs) -> Result<Self, SetupError> {
+        Ok(Self {
+            config: args.config.clone(),
+            grpc_addr: args.grpc_addr,
+            http_addr: args.http_addr,
+            service: ServiceSettings::from(args),
+            backend: Backend::try_from(args)?,
+        })
+    }
+}
+
+impl From<&ServeArgs> for ServiceSettings {
+    fn from(args: &ServeArgs) -> Self {
+        Self {
+            key_prefix: args.redis_key_prefix.clone(),
+            on_storage_error: args.on_storage_error,
+            near_limit_ratio: args.near_limit_ratio,
+            max_descriptors: args.max_descriptors,
+            exact_durations: args.exact_durations,
+            rate_limit_headers: args.rate_limit_headers,
+            ..Self::default()
+        }
+    }
+}
+
+impl TryFrom<&ServeArgs> for Backend {
+    type Error = SetupError;
+
+    /// The backend the Redis flags select (memory without any), with its
+    /// options. Reads `--redis-tls-ca-file`. Checks in this order: one
+    /// topology at most, master credentials only with Sentinel, a CA file
+    /// only with Redis and holding a certificate, a master name with
+    /// Sentinel. Addresses are checked when the backend is built.
+    fn try_from(args: &ServeArgs) -> Result<Self, SetupError> {
+        let topologies = usize::from(args.redis_url.is_some())
+            + usize::from(!args.redis_sentinel.is_empty())
+            + usize::from(!args.redis_cluster.is_empty());
+        if topologies > 1 {
+            return Err(SetupError::ManyTopologies);
+        }
+        if args.redis_sentinel.is_empty()
+            && (args.redis_master_username.is_some() || args.redis_master_password.is_some())
+        {
+            return Err(SetupError::MasterAuthWithoutSentinel);
+        }
+        let tls_root_ca_pem = match &args.redis_tls_ca_file {
+            Some(_) if topologies == 0 => return Err(SetupError::TlsCaWithoutRedis),
+            Some(path) => Some(read_ca_file(path)?),
+            None => None,
+        };
+        let redis = RedisSettings {
+            timeout_ms: args.redis_timeout,
+            local_cache_size: usize::try_from(args.local_cache_size).unwrap_or(usize::MAX),
+            tls_root_ca_pem,
+        };
+        Ok(if !args.redis_cluster.is_empty() {
+            Self::Cluster {
+                nodes: args.redis_cluster.clone(),
+                redis,
+            }
+        } else if !args.redis_sentinel.is_empty() {
+            Self::Sentinel {
+                sentinels: args.redis_sentinel.clone(),
+                master_name: args
+                    .redis_master_name
+                    .clone()
+                    .ok_or(SetupError::MissingMasterName)?,
+                master_auth: MasterAuth {
+                    username: args.redis_master_username.clone(),
+                    password: args.redis_master_password.clone(),
+                },
+                redis,
+            }
+        } else if let Some(url) = &args.redis_url {
+            Self::Redis {
+                url: url.clone(),
+                redis,
+            }
+        } else {
+            Self::Memory {
+                max_buckets: args.memory_max_buckets,
+            }
+        })
+    }
+}
+
+/// Reads `--redis-tls-ca-file` and checks that it holds a PEM certificate.
+fn read_ca_file(path: &Path) -> Result<Vec<u8>, SetupError> {
+    let pem = std::fs::read(path).map_err(|source| SetupError::TlsCaRead {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !pem
+        .windows(PEM_CERTIFICATE.len())
+        .any(|w| w == PEM_CERTIFICATE)
+    {
+        return Err(SetupError::TlsCaNoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(pem)
+}
+
+/// `check-config`: loads each of `paths` as one config source with the
+/// service's loader, writes one `OK` line per valid source to `out` and every
+/// problem of the others to `err`. A failed write is ignored (the reader is
+/// gone; the result still tells the outcome).
+///
+/// Returns whether every source is valid.
+pub fn check_config(paths: &[PathBuf], out: &mut impl Write, err: &mut impl Write) -> bool {
+    let mut ok = true;
+    for p in paths {
+        match crate::config::loader::load_source(p) {
+            Ok(c) => {
+                let _ = writeln!(
+                    out,
+                    "{}: OK ({} domains, {} rules, sha256 {})",
+                    p.display(),
+                    c.domains.len(),
+                    c.rule_count(),
+                    c.hash
+                );
+            }
+            Err(errs) => {
+                ok = false;
+                for e in errs.0 {
+                    let _ = writeln!(err, "{e}");
+                }
+            }
+        }
+    }
+    ok
 }

@@ -9,7 +9,8 @@
 //! - [`config`]: YAML config: schema, loader and validation.
 //! - [`http`]: HTTP admin API.
 //! - [`storage`]: Token buckets and the storage seam (memory, Redis).
-//! - [`loadgen`]: `bucket-rls loadgen`: gRPC load generator with latency histograms.
+//! - `loadgen`: `bucket-rls loadgen`: gRPC load generator with latency histograms
+//!   (cargo feature `loadgen`, on by default).
 //! - [`matcher`]: Compiled descriptor tree and matching.
 //! - [`metrics`]: Metric names.
 //! - [`service`]: The gRPC service: descriptors in, statuses out.
@@ -21,6 +22,7 @@ pub mod config;
 pub mod conn_limit;
 pub mod http;
 pub mod storage;
+#[cfg(feature = "loadgen")]
 pub mod loadgen;
 pub mod matcher;
 pub mod metrics;
