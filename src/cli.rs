@@ -328,11 +328,23 @@ mod tests {
     use std::time::Duration;
 
     /// `serve --config c.yaml` plus `flags`, parsed as the binary parses them.
+    /// The `BUCKET_RLS_*` variables are not read, so the tests do not depend
+    /// on the environment they run in.
     fn serve_args(flags: &[&str]) -> ServeArgs {
+        use clap::{CommandFactory as _, FromArgMatches as _};
         let argv = ["bucket-rls", "serve", "--config", "c.yaml"]
             .into_iter()
             .chain(flags.iter().copied());
-        match Cli::try_parse_from(argv).expect("flags parse").command {
+        let matches = Cli::command()
+            .mut_subcommand("serve", |serve| {
+                serve.mut_args(|arg| arg.env(None::<&'static str>))
+            })
+            .try_get_matches_from(argv)
+            .expect("flags parse");
+        match Cli::from_arg_matches(&matches)
+            .expect("flags parse")
+            .command
+        {
             Command::Serve(args) => *args,
             other => panic!("not serve: {other:?}"),
         }
