@@ -458,6 +458,28 @@ mod tests {
     }
 
     #[test]
+    fn debug_output_shows_no_password() {
+        for flags in [
+            &["--redis-url", "redis://app:s3cret@127.0.0.1:1"][..],
+            &["--redis-cluster", "redis://:s3cret@127.0.0.1:1,127.0.0.1:2"][..],
+            &[
+                "--redis-sentinel",
+                "redis://:s3cret@127.0.0.1:1",
+                "--redis-master-name",
+                "m",
+                "--redis-master-password",
+                "s3cret",
+            ][..],
+        ] {
+            let shown = format!("{:?}", backend(flags).expect("backend"));
+            assert!(
+                shown.contains("***") && !shown.contains("s3cret"),
+                "{flags:?}: {shown}"
+            );
+        }
+    }
+
+    #[test]
     fn cluster_seed_nodes_are_split_at_commas() {
         assert_eq!(
             backend(&["--redis-cluster", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"]).expect("cluster"),

@@ -3,8 +3,9 @@
 //!
 //! Crate map (one line per module; each module's own docs say more):
 //!
-//! - [`app`]: Serving: bind outside, serve inside, drain on shutdown.
-//! - [`cli`]: Command line (`serve`, `check-config`).
+//! - [`app`]: Serving: bind outside, serve inside, drain on shutdown; the
+//!   storage backend built from settings; process signals.
+//! - [`cli`]: Command line (`serve`, `check-config`, `loadgen`); flags into settings.
 //! - [`conn_limit`]: Connection caps for the two listening ports.
 //! - [`config`]: YAML config: schema, loader and validation.
 //! - [`http`]: HTTP admin API.
@@ -14,7 +15,7 @@
 //! - [`matcher`]: Compiled descriptor tree and matching.
 //! - [`metrics`]: Metric names.
 //! - [`service`]: The gRPC service: descriptors in, statuses out.
-//! - [`settings`]: Process settings used by the request path.
+//! - [`settings`]: Process settings (request path, storage backend) and setup errors.
 
 pub mod app;
 pub mod cli;

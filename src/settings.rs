@@ -93,8 +93,9 @@ pub struct Settings {
 
 /// Which storage holds the buckets, with the options of that backend. At
 /// most one Redis topology exists by construction; options that only one
-/// topology reads (the master's credentials) live in its variant.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// topology reads (the master's credentials) live in its variant. `Debug`
+/// shows addresses with their passwords replaced by `***`.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Backend {
     /// Buckets in this process (no Redis flag given).
     Memory {
@@ -137,6 +138,41 @@ impl Backend {
             Self::Redis { redis, .. }
             | Self::Sentinel { redis, .. }
             | Self::Cluster { redis, .. } => Some(redis),
+        }
+    }
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::storage::redis::redact_url;
+        let redact_all = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+        match self {
+            Self::Memory { max_buckets } => f
+                .debug_struct("Memory")
+                .field("max_buckets", max_buckets)
+                .finish(),
+            Self::Redis { url, redis } => f
+                .debug_struct("Redis")
+                .field("url", &redact_url(url))
+                .field("redis", redis)
+                .finish(),
+            Self::Sentinel {
+                sentinels,
+                master_name,
+                master_auth,
+                redis,
+            } => f
+                .debug_struct("Sentinel")
+                .field("sentinels", &redact_all(sentinels))
+                .field("master_name", master_name)
+                .field("master_auth", master_auth)
+                .field("redis", redis)
+                .finish(),
+            Self::Cluster { nodes, redis } => f
+                .debug_struct("Cluster")
+                .field("nodes", &redact_all(nodes))
+                .field("redis", redis)
+                .finish(),
         }
     }
 }
