@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 /// jemalloc instead of glibc malloc: after a burst of distinct descriptor values
 /// (1,000,000 buckets) is swept, glibc kept ~100 MiB of freed small allocations
-/// resident; jemalloc's background purging returns it (BENCHMARKS.md, BR-31).
+/// resident; jemalloc's background purging returns it (BENCHMARKS.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// What to answer when storage fails (DESIGN 4).
+/// What to answer when storage fails (`--on-storage-error`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OnStorageError {
     /// gRPC `UNAVAILABLE`: Envoy's `failure_mode_deny` decides.
@@ -19,8 +19,9 @@ pub enum OnStorageError {
 }
 
 /// Optional rate limit headers added to every response that carries a limit
-/// (DESIGN 4; off by default: Envoy's own `enable_x_ratelimit_headers` builds
-/// `X-RateLimit-*` from the statuses). Computed from the most restrictive
+/// (`--rate-limit-headers`; off by default: Envoy's own
+/// `enable_x_ratelimit_headers` builds `X-RateLimit-*` from the statuses).
+/// Computed from the most restrictive
 /// non-shadow status: the smallest `limit_remaining`, the first one on ties,
 /// as Envoy does; on `OVER_LIMIT` the denial with the longest wait, so the
 /// reset agrees with `retry-after`.
