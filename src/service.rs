@@ -24,6 +24,7 @@ use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
@@ -297,8 +298,8 @@ impl Limiter {
                     };
                     let limit = Limit {
                         requests_per_unit: o.requests_per_unit,
-                        unit_secs: unit.secs(),
-                        burst: u64::from(o.requests_per_unit),
+                        unit_secs: NonZeroU64::new(unit.secs()).expect("a unit is at least 1 s"),
+                        burst: o.requests_per_unit,
                     };
                     let current = RateLimit {
                         name: rule.and_then(|r| r.name.clone()).unwrap_or_default(),
@@ -319,8 +320,9 @@ impl Limiter {
                     } => (
                         Limit {
                             requests_per_unit: *requests_per_unit,
-                            unit_secs: unit.secs(),
-                            burst: u64::from(*burst),
+                            unit_secs: NonZeroU64::new(unit.secs())
+                                .expect("a unit is at least 1 s"),
+                            burst: *burst,
                         },
                         RateLimit {
                             name: r.name.clone().unwrap_or_default(),
@@ -446,7 +448,7 @@ impl Limiter {
             let spec = &charges[charge_idx].spec;
             // Shadow rules never deny and are not announced in headers.
             if !spec.shadow {
-                limited.push((statuses.len(), spec.limit.unit_secs));
+                limited.push((statuses.len(), spec.limit.unit_secs.get()));
             }
             let r = result.charges[charge_idx];
             let limit = &spec.limit;
@@ -486,7 +488,7 @@ impl Limiter {
                 // too: wait until all of them do, not only this one's cost.
                 let need = need_micro[charge_idx].max(own);
                 let wait_us = if limit.requests_per_unit == 0 {
-                    u128::from(limit.unit_secs) * 1_000_000
+                    u128::from(limit.unit_secs.get()) * 1_000_000
                 } else if need > cap {
                     if own > cap {
                         metrics::counter!(m::HITS_EXCEED_CAPACITY, "rule" => label.clone())
