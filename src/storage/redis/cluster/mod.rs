@@ -53,7 +53,12 @@
 //! **Difference from a single node:** in a request that spans several slots,
 //! a refund and a consume of the *same* bucket are applied consumes first (a
 //! single node applies them in request order); the outcome differs only when
-//! the refund would have been capped at the capacity. Everything else,
+//! the refund would have been capped at the capacity. And a compensated
+//! bucket has been written twice (reserved, given back), which, like any
+//! write, drops the refill remainder below one micro-token that a single
+//! node, writing nothing for a denied request, would keep: at most one
+//! micro-token less per compensation (under-admission only; none with a unit
+//! of one second, where refill is whole micro-tokens). Everything else,
 //! statuses included, is identical when no other traffic interleaves.
 //!
 //! # Redirects, failover and lost slots
