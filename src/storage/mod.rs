@@ -271,3 +271,80 @@ pub fn group_by_key(charges: &[Charge]) -> (Vec<&str>, Vec<(usize, ChargeSpec)>)
     }
     (keys, indexed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `kind` labels of `storage_errors_total` stay what dashboards and
+    /// alerts match on, and transience follows the kind.
+    #[test]
+    fn error_kinds_keep_their_metric_labels() {
+        let labels: Vec<(&str, bool)> = [
+            BackendKind::ReadOnly,
+            BackendKind::ClusterDown,
+            BackendKind::Loading,
+            BackendKind::MasterDown,
+            BackendKind::TryAgain,
+            BackendKind::Moved,
+            BackendKind::Ask,
+            BackendKind::CrossSlot,
+            BackendKind::NoScript,
+            BackendKind::NoPerm,
+            BackendKind::Busy,
+            BackendKind::Oom,
+            BackendKind::WrongType,
+            BackendKind::Auth,
+            BackendKind::Reply,
+            BackendKind::Script,
+            BackendKind::Argument,
+            BackendKind::Internal,
+            BackendKind::Redis,
+        ]
+        .into_iter()
+        .map(|k| {
+            let e = StorageError::backend(k, "detail");
+            assert_eq!(
+                e.to_string(),
+                format!("storage error ({}): detail", e.kind())
+            );
+            (e.kind(), e.is_transient())
+        })
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                ("READONLY", true),
+                ("CLUSTERDOWN", true),
+                ("LOADING", true),
+                ("MASTERDOWN", true),
+                ("TRYAGAIN", true),
+                ("MOVED", true),
+                ("ASK", true),
+                ("CROSSSLOT", false),
+                ("NOSCRIPT", false),
+                ("NOPERM", true),
+                ("BUSY", true),
+                ("OOM", true),
+                ("WRONGTYPE", false),
+                ("auth", true),
+                ("reply", false),
+                ("script", false),
+                ("argument", false),
+                ("internal", true),
+                ("redis", true),
+            ]
+        );
+        for (e, label) in [
+            (
+                StorageError::Timeout(std::time::Duration::from_millis(50)),
+                "timeout",
+            ),
+            (StorageError::unreachable("refused"), "unreachable"),
+            (StorageError::CircuitOpen, "circuit_open"),
+        ] {
+            assert_eq!(e.kind(), label);
+            assert!(e.is_transient(), "{label}");
+        }
+    }
+}

@@ -16,9 +16,9 @@
 //!   script may have run, so the call fails with
 //!   [`StorageError::Timeout`] and is not replayed (BR-24).
 //! - **One call pipeline for every topology.** Each call goes through the
-//!   same steps, written once here ([`Pipeline`]): the local over-limit
+//!   same steps, written once here (`Pipeline`): the local over-limit
 //!   cache, the argument encoding, the circuit breaker, the response timeout,
-//!   the script call over a connection source ([`ConnSource`]: a
+//!   the script call over a connection source (`ConnSource`: a
 //!   `ConnectionManager`, the master Sentinel names, or the node of one hash
 //!   slot), error classification, reply parsing and the cache record. The
 //!   topologies differ only in where the connection comes from and what they

@@ -135,7 +135,7 @@ pub struct ScriptCall {
 impl ScriptCall {
     /// Encodes `charges` for the script. `now_us` is the explicit test clock
     /// (`None` in production: the script reads Redis `TIME`); with it, keys
-    /// live at least [`TEST_MIN_TTL_MS`] (see [`ScriptCall::with_min_ttl_ms`]).
+    /// live at least [`TEST_MIN_TTL_MS`] (see `ScriptCall::with_min_ttl_ms`, cargo feature `test-util`).
     ///
     /// Costs are clamped to capacity + 1 token for consumes and to capacity for
     /// refunds, which changes no outcome (see [`ChargeSpec::need_micro`]) and

@@ -4,7 +4,7 @@
 //!
 //! Everything about a call is as on a single node
 //! ([`RedisStorage`](super::RedisStorage)), through the same
-//! [`Pipeline`](super::Pipeline): one atomic script call per request,
+//! `Pipeline`: one atomic script call per request,
 //! `EVALSHA` with one reload on `NOSCRIPT` (a promoted replica never saw
 //! `SCRIPT LOAD`, BR-23), no replay after a timeout (BR-24), the response
 //! timeout, the circuit breaker and the local over-limit cache. Only the

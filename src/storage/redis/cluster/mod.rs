@@ -10,7 +10,7 @@
 //!
 //! # All-or-nothing across slots: reservation and refund
 //! A request whose keys all share one slot is one script call, exactly as on a
-//! single node (through the same [`Pipeline`](super::Pipeline), with the
+//! single node (through the same `Pipeline`, with the
 //! slot's node as the connection source). Otherwise (`reserve`, written over
 //! a "call one slot" trait and unit-tested with one memory backend per slot):
 //!
@@ -85,10 +85,10 @@
 //! about 2 s after their master is killed (node timeout 1 s). For that the cluster must run with `cluster-require-full-coverage
 //! no`; with the default `yes`, Redis itself refuses every slot while any slot
 //! is uncovered. Each slot has its own circuit breaker
-//! ([`breaker`](super::breaker)), so a lost slot range never opens the breaker
+//! (`breaker`), so a lost slot range never opens the breaker
 //! of the others.
 //!
-//! The local over-limit cache ([`local_cache`](super::local_cache)) only
+//! The local over-limit cache (`local_cache`) only
 //! learns from calls during which no compensation of this replica completed
 //! (a denial seen then may come from a reservation given back since), and a
 //! compensation forgets the buckets it refunded; compensations of *other*
