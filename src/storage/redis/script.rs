@@ -238,7 +238,7 @@ fn push_charge(args: &mut Vec<String>, key_no: usize, spec: &ChargeSpec) {
 ///
 /// # Errors
 /// [`StorageError::Backend`] (`reply`) when the reply has another shape.
-pub fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult, StorageError> {
+pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult, StorageError> {
     let bad = |what: &str| {
         StorageError::backend(
             BackendKind::Reply,
