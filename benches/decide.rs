@@ -24,13 +24,13 @@ const MANY_KEYS: u64 = 1_000_000;
 /// Never reached at benchmark speed: 4e9 tokens, refilling 1.1e6 per second.
 const HUGE: Limit = Limit {
     requests_per_unit: 4_000_000_000,
-    unit_secs: 3600,
+    unit_secs: std::num::NonZeroU64::new(3600).unwrap(),
     burst: 4_000_000_000,
 };
 /// 10 per minute.
 const SMALL: Limit = Limit {
     requests_per_unit: 10,
-    unit_secs: 60,
+    unit_secs: std::num::NonZeroU64::new(60).unwrap(),
     burst: 10,
 };
 

@@ -150,3 +150,6 @@ pub async fn run_with_grace(
     h?;
     Ok(())
 }
+
+mod setup;
+pub use setup::{App, build_storage, reload_on_sighup, shutdown_signal};

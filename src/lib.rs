@@ -8,7 +8,7 @@
 //! - Edges
 //!   - [`grpc`]: the tonic `RateLimitService`: protos to and from the core.
 //!   - [`http`]: the admin API (health, metrics, `/rlconfig`) and `/json`.
-//!   - [`cli`]: command line (`serve`, `check-config`, `loadgen`).
+//!   - [`cli`]: command line (`serve`, `check-config`, `loadgen`); flags into settings.
 //! - Core
 //!   - [`limiter`]: the decision core: request and decision types, plan,
 //!     verdict, RateLimit headers, storage failure policy.
@@ -19,11 +19,14 @@
 //!   - [`storage`]: the storage seam, the token bucket model, memory and
 //!     Redis (single node, Sentinel, Cluster) backends.
 //! - Process
-//!   - [`app`]: serving: bind outside, serve inside, drain on shutdown.
-//!   - [`settings`]: process settings used by the request path.
+//!   - [`app`]: serving: the storage and limiter built from settings, bind
+//!     outside, serve inside, drain on shutdown; process signals.
+//!   - [`settings`]: process settings (request path, storage backend) and
+//!     setup errors.
 //!   - [`conn_limit`]: connection caps for the two listening ports.
 //!   - [`metrics`]: metric names, the recorder, rendering.
-//!   - [`loadgen`]: `bucket-rls loadgen`: gRPC load generator with latency histograms.
+//!   - `loadgen`: `bucket-rls loadgen`: gRPC load generator with latency
+//!     histograms (cargo feature `loadgen`, on by default).
 
 pub mod app;
 pub mod cli;
@@ -32,6 +35,7 @@ pub mod conn_limit;
 pub mod grpc;
 pub mod http;
 pub mod limiter;
+#[cfg(feature = "loadgen")]
 pub mod loadgen;
 pub mod matcher;
 pub mod metrics;

@@ -1,8 +1,12 @@
-//! Process settings that shape decisions (the service's, not the listeners').
+//! Process settings: those of the request path ([`ServiceSettings`]), the
+//! storage backend ([`Backend`]) and all of `serve` ([`Settings`]), and the
+//! [`SetupError`] that refuses flags which contradict each other.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-/// What to answer when storage fails (DESIGN 4).
+/// What to answer when storage fails (`--on-storage-error`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum OnStorageError {
     /// gRPC `UNAVAILABLE`: Envoy's `failure_mode_deny` decides.
@@ -15,8 +19,9 @@ pub enum OnStorageError {
 }
 
 /// Optional rate limit headers added to every response that carries a limit
-/// (DESIGN 4; off by default: Envoy's own `enable_x_ratelimit_headers` builds
-/// `X-RateLimit-*` from the statuses). Computed from the most restrictive
+/// (`--rate-limit-headers`; off by default: Envoy's own
+/// `enable_x_ratelimit_headers` builds `X-RateLimit-*` from the statuses).
+/// Computed from the most restrictive
 /// non-shadow status: the smallest `limit_remaining`, the first one on ties,
 /// as Envoy does; on `OVER_LIMIT` the denial with the longest wait, so the
 /// reset agrees with `retry-after`.
@@ -111,3 +116,207 @@ impl Default for ServiceSettings {
 
 /// How long `serve` waits for in-flight requests after SIGTERM.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
+/// Everything `serve` needs besides the config itself, checked and complete:
+/// built from the command line by `TryFrom<&ServeArgs>` (in [`crate::cli`]).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Config file or directory (`--config`).
+    pub config: PathBuf,
+    /// gRPC listen address (`--grpc-addr`).
+    pub grpc_addr: SocketAddr,
+    /// HTTP admin listen address (`--http-addr`).
+    pub http_addr: SocketAddr,
+    /// Settings of the request path.
+    pub service: ServiceSettings,
+    /// How config files become one config (`--merge-domain-config`).
+    pub load: crate::config::loader::LoadOptions,
+    /// The storage backend and its options.
+    pub backend: Backend,
+}
+
+/// Which storage holds the buckets, with the options of that backend. At
+/// most one Redis topology exists by construction; options that only one
+/// topology reads (the master's credentials) live in its variant. `Debug`
+/// shows addresses with their passwords replaced by `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Buckets in this process (no Redis flag given).
+    Memory {
+        /// Most buckets held (`--memory-max-buckets`).
+        max_buckets: usize,
+    },
+    /// One Redis node (`--redis-url`).
+    Redis {
+        /// `redis://[user:password@]host:port/db` or `rediss://...`.
+        url: String,
+        /// Options shared by the Redis topologies.
+        redis: RedisSettings,
+    },
+    /// A master found through Redis Sentinel (`--redis-sentinel`).
+    Sentinel {
+        /// Sentinel addresses (`host:port` or URLs), at least one.
+        sentinels: Vec<String>,
+        /// Master name watched by the Sentinels (`--redis-master-name`).
+        master_name: String,
+        /// Credentials of the master (not of the Sentinels).
+        master_auth: MasterAuth,
+        /// Options shared by the Redis topologies.
+        redis: RedisSettings,
+    },
+    /// Redis Cluster (`--redis-cluster`).
+    Cluster {
+        /// Seed nodes (`host:port` or URLs), at least one.
+        nodes: Vec<String>,
+        /// Options shared by the Redis topologies.
+        redis: RedisSettings,
+    },
+}
+
+impl Backend {
+    /// The options shared by the Redis topologies; `None` for memory.
+    #[must_use]
+    pub fn redis(&self) -> Option<&RedisSettings> {
+        match self {
+            Self::Memory { .. } => None,
+            Self::Redis { redis, .. }
+            | Self::Sentinel { redis, .. }
+            | Self::Cluster { redis, .. } => Some(redis),
+        }
+    }
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::storage::redis::redact_url;
+        let redact_all = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
+        match self {
+            Self::Memory { max_buckets } => f
+                .debug_struct("Memory")
+                .field("max_buckets", max_buckets)
+                .finish(),
+            Self::Redis { url, redis } => f
+                .debug_struct("Redis")
+                .field("url", &redact_url(url))
+                .field("redis", redis)
+                .finish(),
+            Self::Sentinel {
+                sentinels,
+                master_name,
+                master_auth,
+                redis,
+            } => f
+                .debug_struct("Sentinel")
+                .field("sentinels", &redact_all(sentinels))
+                .field("master_name", master_name)
+                .field("master_auth", master_auth)
+                .field("redis", redis)
+                .finish(),
+            Self::Cluster { nodes, redis } => f
+                .debug_struct("Cluster")
+                .field("nodes", &redact_all(nodes))
+                .field("redis", redis)
+                .finish(),
+        }
+    }
+}
+
+/// Options every Redis topology reads.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// Response timeout in milliseconds (`--redis-timeout`, 1 to 60,000).
+    pub timeout_ms: u64,
+    /// Entries of the local over-limit cache, 0 = off (`--local-cache-size`).
+    pub local_cache_size: usize,
+    /// PEM bytes of the CA certificate(s) for `rediss://` addresses
+    /// (`--redis-tls-ca-file`, read and checked for a certificate block);
+    /// `None` = the public web PKI roots.
+    pub tls_root_ca_pem: Option<Vec<u8>>,
+}
+
+impl RedisSettings {
+    /// The response timeout.
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("timeout_ms", &self.timeout_ms)
+            .field("local_cache_size", &self.local_cache_size)
+            .field(
+                "tls_root_ca_pem",
+                &self
+                    .tls_root_ca_pem
+                    .as_ref()
+                    .map(|p| format!("{} bytes", p.len())),
+            )
+            .finish()
+    }
+}
+
+/// ACL user and password of the master found through Sentinel
+/// (`--redis-master-username`, `--redis-master-password`). `Debug` never
+/// shows the password.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct MasterAuth {
+    /// ACL user; `None` = the default user.
+    pub username: Option<String>,
+    /// Password (`requirepass` or the ACL user's); `None` = no `AUTH`.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for MasterAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MasterAuth")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// Why `serve` cannot start with the flags given: flags that contradict each
+/// other or that another flag needs, an unreadable CA file, a Redis address
+/// that does not parse. Each message names the flag.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// More than one Redis topology was given.
+    #[error("give only one of --redis-url, --redis-sentinel and --redis-cluster")]
+    ManyTopologies,
+    /// Master credentials without Sentinel, where nothing would read them.
+    #[error("--redis-master-username and --redis-master-password apply only with --redis-sentinel")]
+    MasterAuthWithoutSentinel,
+    /// `--redis-sentinel` without `--redis-master-name`.
+    #[error("--redis-sentinel needs --redis-master-name")]
+    MissingMasterName,
+    /// A CA file for the memory backend, where nothing would read it.
+    #[error(
+        "--redis-tls-ca-file needs a Redis backend (--redis-url, --redis-sentinel or --redis-cluster)"
+    )]
+    TlsCaWithoutRedis,
+    /// The CA file cannot be read.
+    #[error("reading --redis-tls-ca-file {}", path.display())]
+    TlsCaRead {
+        /// The file given.
+        path: PathBuf,
+        /// Why it cannot be read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CA file holds no `-----BEGIN CERTIFICATE-----` block.
+    #[error(
+        "--redis-tls-ca-file {}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+        path.display()
+    )]
+    TlsCaNoCertificate {
+        /// The file given.
+        path: PathBuf,
+    },
+    /// The Redis backend refused its addresses (the message names them,
+    /// passwords redacted).
+    #[error(transparent)]
+    Redis(#[from] crate::storage::redis::RedisSetupError),
+}

@@ -47,10 +47,10 @@ struct Down;
 #[async_trait]
 impl Storage for Down {
     async fn apply(&self, _: &[Charge]) -> Result<RequestResult, StorageError> {
-        Err(StorageError::Unreachable("connection refused".into()))
+        Err(StorageError::unreachable("connection refused"))
     }
     async fn ping(&self) -> Result<(), StorageError> {
-        Err(StorageError::Unreachable("connection refused".into()))
+        Err(StorageError::unreachable("connection refused"))
     }
     fn name(&self) -> &'static str {
         "down"

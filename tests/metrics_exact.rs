@@ -249,8 +249,8 @@ impl bucket_rls::storage::Storage for Down {
         &self,
         _: &[bucket_rls::storage::Charge],
     ) -> Result<bucket_rls::storage::RequestResult, bucket_rls::storage::StorageError> {
-        Err(bucket_rls::storage::StorageError::Unreachable(
-            "connection refused".into(),
+        Err(bucket_rls::storage::StorageError::unreachable(
+            "connection refused",
         ))
     }
     async fn ping(&self) -> Result<(), bucket_rls::storage::StorageError> {

@@ -298,7 +298,7 @@ fn charge(key: &str, cost: u64) -> bucket_rls::storage::Charge {
         spec: bucket_rls::storage::ChargeSpec {
             limit: bucket_rls::storage::Limit {
                 requests_per_unit: 10,
-                unit_secs: 60,
+                unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                 burst: 10,
             },
             cost,
@@ -326,10 +326,16 @@ async fn error_replies_are_classified() {
     let _: () = primary.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1"));
     assert_eq!(kind(s.apply(&[charge("b", 1)]).await), "OOM");
     let _: () = primary.query(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"));
-    // A burst the script cannot compute exactly: refused before sending.
-    let mut big = charge("b", 1);
-    big.spec.limit.burst = u64::from(u32::MAX) + 1;
-    assert_eq!(kind(s.apply(&[big]).await), "argument");
+    // A time the script cannot compute with exactly (an explicit test
+    // clock above 2^53 us): refused before sending. (A burst above u32 and
+    // a unit of 0 s cannot be expressed at all.)
+    let clock = bucket_rls::storage::clock::ManualClock::new(1 << 53);
+    let late = RedisStorage::builder(primary.url())
+        .timeout(Duration::from_millis(1000))
+        .test_clock(Arc::new(clock))
+        .build()
+        .expect("valid URL");
+    assert_eq!(kind(late.apply(&[charge("b", 1)]).await), "argument");
     // A read-only replica (stale primary after a failover).
     let replica = RedisServer::start();
     let _: () = replica.query(redis::cmd("REPLICAOF").arg("127.0.0.1").arg(primary.port()));

@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::num::NonZeroU64;
 
 /// 2023-11-14 in microseconds: a realistic epoch time.
 const T0_US: u64 = 1_700_000_000_000_000;
@@ -35,8 +36,8 @@ fn limit() -> impl Strategy<Value = Limit> {
     ];
     (rate, prop::sample::select(UNITS.to_vec()), burst).prop_map(|(r, u, b)| Limit {
         requests_per_unit: r,
-        unit_secs: u,
-        burst: u64::from(b.unwrap_or(r)),
+        unit_secs: NonZeroU64::new(u).expect("a unit"),
+        burst: b.unwrap_or(r),
     })
 }
 
@@ -251,22 +252,22 @@ fn extremes_match_model() {
     let script = BucketScript::new();
     let max = Limit {
         requests_per_unit: u32::MAX,
-        unit_secs: 1,
-        burst: u64::from(u32::MAX),
+        unit_secs: NonZeroU64::new(1).expect("a unit"),
+        burst: u32::MAX,
     };
     let year = Limit {
         requests_per_unit: u32::MAX,
-        unit_secs: 31_536_000,
-        burst: u64::from(u32::MAX),
+        unit_secs: NonZeroU64::new(31_536_000).expect("a unit"),
+        burst: u32::MAX,
     };
     let minute = Limit {
         requests_per_unit: u32::MAX,
-        unit_secs: 60,
-        burst: u64::from(u32::MAX),
+        unit_secs: NonZeroU64::new(60).expect("a unit"),
+        burst: u32::MAX,
     };
     let zero = Limit {
         requests_per_unit: 0,
-        unit_secs: 60,
+        unit_secs: NonZeroU64::new(60).expect("a unit"),
         burst: 0,
     };
     let c = |l: Limit, cost: u64, kind: ChargeKind| ChargeSpec {
@@ -369,8 +370,8 @@ fn bucket_memory_usage() {
             spec: ChargeSpec {
                 limit: Limit {
                     requests_per_unit: burst,
-                    unit_secs: 60,
-                    burst: u64::from(burst),
+                    unit_secs: NonZeroU64::new(60).expect("a unit"),
+                    burst,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -405,7 +406,7 @@ fn test_mode_keeps_keys_alive() {
         spec: ChargeSpec {
             limit: Limit {
                 requests_per_unit: 6000,
-                unit_secs: 1,
+                unit_secs: NonZeroU64::new(1).expect("a unit"),
                 burst: 6000,
             },
             cost: 1,

@@ -53,6 +53,15 @@ impl Unit {
         }
     }
 
+    /// Length of the unit in seconds, as the non-zero type bucket limits take.
+    #[must_use]
+    pub const fn secs_nonzero(self) -> std::num::NonZeroU64 {
+        match std::num::NonZeroU64::new(self.secs()) {
+            Some(s) => s,
+            None => std::num::NonZeroU64::MIN,
+        }
+    }
+
     /// Parses a unit name, case-insensitively (`second` ... `year`).
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
@@ -231,7 +240,7 @@ impl Config {
                 requests_per_unit,
                 unit,
                 burst,
-            } if requests_per_unit > 0 => Some((requests_per_unit, unit.secs(), burst)),
+            } if requests_per_unit > 0 => Some((requests_per_unit, unit.secs_nonzero(), burst)),
             _ => None,
         };
         let mut loosened = false;
@@ -242,16 +251,19 @@ impl Config {
                 let Some((rpu, secs, burst)) = limited(&r.policy) else {
                     continue;
                 };
-                // burst tokens at rpu per secs: burst * secs / rpu seconds.
-                let ttf = u128::from(burst) * u128::from(secs) * 1_000_000 / u128::from(rpu);
-                hold = hold.max(ttf);
+                let empty = crate::storage::Limit {
+                    requests_per_unit: rpu,
+                    unit_secs: secs,
+                    burst,
+                };
+                hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, 0));
                 let prev = before
                     .and_then(|b| b.rules.iter().find(|o| o.path == r.path))
                     .and_then(|o| limited(&o.policy));
                 if let Some((o_rpu, o_secs, o_burst)) = prev {
                     // rpu/secs < o_rpu/o_secs, in integers.
-                    let slower =
-                        u128::from(rpu) * u128::from(o_secs) < u128::from(o_rpu) * u128::from(secs);
+                    let slower = u128::from(rpu) * u128::from(o_secs.get())
+                        < u128::from(o_rpu) * u128::from(secs.get());
                     loosened |= slower || burst > o_burst;
                 }
             }

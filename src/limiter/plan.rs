@@ -87,8 +87,8 @@ pub(super) fn plan(
                 };
                 let limit = Limit {
                     requests_per_unit: o.requests_per_unit,
-                    unit_secs: unit.secs(),
-                    burst: u64::from(o.requests_per_unit),
+                    unit_secs: unit.secs_nonzero(),
+                    burst: o.requests_per_unit,
                 };
                 let current = CurrentLimit {
                     name: rule.and_then(|r| r.name.clone()).unwrap_or_default(),
@@ -112,8 +112,8 @@ pub(super) fn plan(
                 } => (
                     Limit {
                         requests_per_unit: *requests_per_unit,
-                        unit_secs: unit.secs(),
-                        burst: u64::from(*burst),
+                        unit_secs: unit.secs_nonzero(),
+                        burst: *burst,
                     },
                     CurrentLimit {
                         name: r.name.clone().unwrap_or_default(),
@@ -280,7 +280,7 @@ descriptors:
         assert_eq!(charges.len(), 1);
         assert!(charges[0].key.starts_with("p:"));
         assert_eq!(charges[0].spec.cost, 3);
-        assert_eq!(charges[0].spec.limit.unit_secs, 60);
+        assert_eq!(charges[0].spec.limit.unit_secs.get(), 60);
         assert_eq!(charges[0].spec.limit.burst, 5);
         assert!(matches!(
             &plans[0],
@@ -319,7 +319,7 @@ descriptors:
         assert_eq!(
             (
                 spec.limit.requests_per_unit,
-                spec.limit.unit_secs,
+                spec.limit.unit_secs.get(),
                 spec.limit.burst
             ),
             (100, 3600, 100)

@@ -227,7 +227,7 @@ pub(super) fn respond(
         let spec = &charges[charge_idx].spec;
         // Shadow rules never deny and are not announced in headers.
         if !shadow {
-            limited.push((statuses.len(), spec.limit.unit_secs));
+            limited.push((statuses.len(), spec.limit.unit_secs.get()));
         }
         let r = result.charges[charge_idx];
         let limit = &spec.limit;

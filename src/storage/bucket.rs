@@ -10,20 +10,26 @@
 //! `R / U` micro-tokens per microsecond, up to `C`. A bucket that has never been
 //! seen (or whose state expired) is full.
 
+use std::num::NonZeroU64;
+
 /// Micro-tokens per token.
 pub const MICRO: u64 = 1_000_000;
 
 /// The limit a bucket is evaluated under; taken from the rule (or a per-request
 /// override) on every call, never stored with the bucket, so a config change
 /// applies at once and never refills a bucket (DESIGN 3).
+///
+/// The types exclude the limits no backend could evaluate: a unit of 0 s
+/// (`NonZeroU64`) and a capacity above `u32::MAX` tokens (which the Lua
+/// script could not compute exactly in micro-tokens).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Limit {
     /// `R`: tokens added per unit. 0 blocks everything (capacity is then 0).
     pub requests_per_unit: u32,
     /// `U`: length of the unit in seconds (second = 1 ... year = 31,536,000).
-    pub unit_secs: u64,
+    pub unit_secs: NonZeroU64,
     /// `C`: capacity in tokens (`burst`, default `R`).
-    pub burst: u64,
+    pub burst: u32,
 }
 
 impl Limit {
@@ -40,7 +46,8 @@ impl Limit {
     /// Micro-tokens gained in `elapsed_us` microseconds (floor), capped by nothing.
     #[must_use]
     pub fn refill_micro(&self, elapsed_us: u64) -> u128 {
-        u128::from(elapsed_us) * u128::from(self.requests_per_unit) / u128::from(self.unit_secs)
+        u128::from(elapsed_us) * u128::from(self.requests_per_unit)
+            / u128::from(self.unit_secs.get())
     }
 
     /// Microseconds until `deficit_micro` micro-tokens have been refilled (ceil).
@@ -51,7 +58,7 @@ impl Limit {
             return None;
         }
         let r = u128::from(self.requests_per_unit);
-        Some((deficit_micro * u128::from(self.unit_secs)).div_ceil(r))
+        Some((deficit_micro * u128::from(self.unit_secs.get())).div_ceil(r))
     }
 }
 
@@ -277,7 +284,7 @@ pub fn request_needs(charges: &[super::Charge]) -> Vec<u128> {
 #[must_use]
 pub fn wait_until_fits_us(limit: &Limit, tokens_micro: u64, need_micro: u128) -> u128 {
     let wait = if limit.requests_per_unit == 0 {
-        u128::from(limit.unit_secs) * 1_000_000
+        u128::from(limit.unit_secs.get()) * 1_000_000
     } else if need_micro > limit.capacity_micro() {
         time_to_full_us(limit, tokens_micro)
     } else {
@@ -325,10 +332,10 @@ mod tests {
         assert_eq!(wait_until_fits_us(&lim(0, 60, 0), 0, 1), 60_000_000);
     }
 
-    fn lim(r: u32, u: u64, c: u64) -> Limit {
+    fn lim(r: u32, u: u64, c: u32) -> Limit {
         Limit {
             requests_per_unit: r,
-            unit_secs: u,
+            unit_secs: NonZeroU64::new(u).expect("a unit of at least 1 s"),
             burst: c,
         }
     }
@@ -380,7 +387,7 @@ mod tests {
 
     #[test]
     fn extremes_do_not_overflow() {
-        let l = lim(u32::MAX, 1, u64::from(u32::MAX));
+        let l = lim(u32::MAX, 1, u32::MAX);
         let st = BucketState {
             tokens_micro: 0,
             updated_us: 0,
@@ -395,7 +402,7 @@ mod tests {
         let r = apply_request(&[(0, s)], &[None], 5, |_, _| panic!("no write"));
         assert!(!r.admitted);
         assert_eq!(
-            time_to_full_us(&lim(u32::MAX, 31_536_000, u64::from(u32::MAX)), 0),
+            time_to_full_us(&lim(u32::MAX, 31_536_000, u32::MAX), 0),
             31_536_000_000_000
         );
     }
@@ -504,8 +511,8 @@ mod tests {
             /// remaining <= C; admissions in any window <= C + r*T + 1 (+ refunds);
             /// a denied request writes nothing; a retry after the reported wait is admitted.
             #[test]
-            fn single_bucket_invariants(r in 0u32..20, unit in prop_oneof![Just(1u64), Just(60)], extra in 0u64..5, steps in steps()) {
-                let limit = Limit { requests_per_unit: r, unit_secs: unit, burst: u64::from(r) + extra };
+            fn single_bucket_invariants(r in 0u32..20, unit in prop_oneof![Just(1u64), Just(60)], extra in 0u32..5, steps in steps()) {
+                let limit = lim(r, unit, r + extra);
                 let cap = limit.capacity_micro();
                 let mut state: Option<BucketState> = None;
                 let mut now = 1_000_000u64;

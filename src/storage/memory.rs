@@ -236,8 +236,8 @@ mod tests {
             spec: ChargeSpec {
                 limit: Limit {
                     requests_per_unit: r,
-                    unit_secs: u,
-                    burst: u64::from(r),
+                    unit_secs: std::num::NonZeroU64::new(u).expect("a unit of at least 1 s"),
+                    burst: r,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -268,7 +268,7 @@ mod tests {
             spec: ChargeSpec {
                 limit: Limit {
                     requests_per_unit: 10,
-                    unit_secs: 31_536_000,
+                    unit_secs: std::num::NonZeroU64::new(31_536_000).expect("a year"),
                     burst: 10,
                 },
                 cost,

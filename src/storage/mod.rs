@@ -20,6 +20,11 @@ pub struct Charge {
     pub spec: ChargeSpec,
 }
 
+/// The error a storage failure was caused by, when there is one (a Redis
+/// client error). Its message has the URL's password redacted, as the
+/// [`StorageError`] message has.
+pub type ErrorSource = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a storage call failed. Classified once here; `service.rs` maps every
 /// variant to gRPC `UNAVAILABLE` (or the configured failure policy).
 #[derive(Debug, thiserror::Error)]
@@ -28,9 +33,16 @@ pub enum StorageError {
     /// or may not have been applied, so it is never replayed (BR-24).
     #[error("storage timed out after {0:?}")]
     Timeout(std::time::Duration),
-    /// The backend could not be reached (connection refused, reset, DNS, ...).
-    #[error("storage unreachable: {0}")]
-    Unreachable(String),
+    /// The backend could not be reached (connection refused, reset, DNS, no
+    /// connection yet, ...).
+    #[error("storage unreachable: {message}")]
+    Unreachable {
+        /// Detail for logs (passwords redacted).
+        message: String,
+        /// The client error, if one caused it.
+        #[source]
+        source: Option<ErrorSource>,
+    },
     /// The circuit breaker is open after repeated failures; no call was made.
     #[error("storage circuit open after repeated failures")]
     CircuitOpen,
@@ -38,23 +50,165 @@ pub enum StorageError {
     /// script error) or with a reply of the wrong shape.
     #[error("storage error ({kind}): {message}")]
     Backend {
-        /// Short stable label for metrics, e.g. `CLUSTERDOWN`, `READONLY`, `script`.
-        kind: String,
-        /// Detail for logs.
+        /// What kind of error; [`BackendKind::as_str`] is its metric label.
+        kind: BackendKind,
+        /// Detail for logs (passwords redacted).
         message: String,
+        /// The client error, if one caused it.
+        #[source]
+        source: Option<ErrorSource>,
     },
 }
 
 impl StorageError {
-    /// Stable label for the `storage_errors_total{kind}` metric.
+    /// [`StorageError::Unreachable`] without a source error.
     #[must_use]
-    pub fn kind(&self) -> &str {
+    pub fn unreachable(message: impl Into<String>) -> Self {
+        Self::Unreachable {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`StorageError::Backend`] of `kind` without a source error.
+    #[must_use]
+    pub fn backend(kind: BackendKind, message: impl Into<String>) -> Self {
+        Self::Backend {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Stable label for the `storage_errors_total{kind}` metric: `timeout`,
+    /// `unreachable`, `circuit_open`, or the [`BackendKind`] label.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
         match self {
             Self::Timeout(_) => "timeout",
-            Self::Unreachable(_) => "unreachable",
+            Self::Unreachable { .. } => "unreachable",
             Self::CircuitOpen => "circuit_open",
-            Self::Backend { kind, .. } => kind,
+            Self::Backend { kind, .. } => kind.as_str(),
         }
+    }
+
+    /// The [`BackendKind`] of a [`StorageError::Backend`].
+    #[must_use]
+    pub fn backend_kind(&self) -> Option<BackendKind> {
+        match self {
+            Self::Backend { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// Whether the error says the backend cannot serve now (connection
+    /// trouble, a timeout, failover, loading, cluster down, an open breaker),
+    /// as opposed to an answer that would be the same on a retry (a script,
+    /// argument or reply error). Transient failures count towards opening
+    /// the circuit breaker.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Timeout(_) | Self::Unreachable { .. } | Self::CircuitOpen => true,
+            Self::Backend { kind, .. } => kind.is_transient(),
+        }
+    }
+}
+
+/// The kind of a [`StorageError::Backend`]: a Redis error code, or what went
+/// wrong on our side of the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// `READONLY`: the node is a replica (a stale master after a failover).
+    ReadOnly,
+    /// `CLUSTERDOWN`, or a Cluster hash slot whose node cannot be reached.
+    ClusterDown,
+    /// `LOADING`: the node is loading its data set.
+    Loading,
+    /// `MASTERDOWN`: a replica that lost its master.
+    MasterDown,
+    /// `TRYAGAIN`: the keys of a slot are being migrated.
+    TryAgain,
+    /// `MOVED`: the slot lives on another node.
+    Moved,
+    /// `ASK`: the slot is being migrated to another node.
+    Ask,
+    /// `CROSSSLOT`: keys of several hash slots in one call.
+    CrossSlot,
+    /// `NOSCRIPT`: the node does not have the script.
+    NoScript,
+    /// `NOPERM`: the ACL user may not run the command.
+    NoPerm,
+    /// `BUSY`: a script is running too long.
+    Busy,
+    /// `OOM`: memory full with `noeviction`.
+    Oom,
+    /// `WRONGTYPE`: a foreign value under a bucket's name.
+    WrongType,
+    /// Authentication failed.
+    Auth,
+    /// A reply of the wrong shape.
+    Reply,
+    /// Any other error raised by the script.
+    Script,
+    /// A call the script could not compute exactly (an explicit `now_us`
+    /// above 2^53); never sent.
+    Argument,
+    /// A failure inside this service (a request task that died).
+    Internal,
+    /// Any other Redis error.
+    Redis,
+}
+
+impl BackendKind {
+    /// The `kind` label of `storage_errors_total`: the Redis error code in
+    /// capitals (`READONLY`, `CLUSTERDOWN`, ...), else lower case (`auth`,
+    /// `reply`, `script`, `argument`, `internal`, `redis`).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadOnly => "READONLY",
+            Self::ClusterDown => "CLUSTERDOWN",
+            Self::Loading => "LOADING",
+            Self::MasterDown => "MASTERDOWN",
+            Self::TryAgain => "TRYAGAIN",
+            Self::Moved => "MOVED",
+            Self::Ask => "ASK",
+            Self::CrossSlot => "CROSSSLOT",
+            Self::NoScript => "NOSCRIPT",
+            Self::NoPerm => "NOPERM",
+            Self::Busy => "BUSY",
+            Self::Oom => "OOM",
+            Self::WrongType => "WRONGTYPE",
+            Self::Auth => "auth",
+            Self::Reply => "reply",
+            Self::Script => "script",
+            Self::Argument => "argument",
+            Self::Internal => "internal",
+            Self::Redis => "redis",
+        }
+    }
+
+    /// Whether an error of this kind says the node cannot serve now; script,
+    /// argument, reply, `NOSCRIPT`, `CROSSSLOT` and `WRONGTYPE` errors would
+    /// come back on a healthy node and do not count towards the breaker.
+    #[must_use]
+    pub const fn is_transient(self) -> bool {
+        !matches!(
+            self,
+            Self::Script
+                | Self::Argument
+                | Self::Reply
+                | Self::NoScript
+                | Self::CrossSlot
+                | Self::WrongType
+        )
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -116,4 +270,81 @@ pub fn group_by_key(charges: &[Charge]) -> (Vec<&str>, Vec<(usize, ChargeSpec)>)
         indexed.push((idx, c.spec));
     }
     (keys, indexed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `kind` labels of `storage_errors_total` stay what dashboards and
+    /// alerts match on, and transience follows the kind.
+    #[test]
+    fn error_kinds_keep_their_metric_labels() {
+        let labels: Vec<(&str, bool)> = [
+            BackendKind::ReadOnly,
+            BackendKind::ClusterDown,
+            BackendKind::Loading,
+            BackendKind::MasterDown,
+            BackendKind::TryAgain,
+            BackendKind::Moved,
+            BackendKind::Ask,
+            BackendKind::CrossSlot,
+            BackendKind::NoScript,
+            BackendKind::NoPerm,
+            BackendKind::Busy,
+            BackendKind::Oom,
+            BackendKind::WrongType,
+            BackendKind::Auth,
+            BackendKind::Reply,
+            BackendKind::Script,
+            BackendKind::Argument,
+            BackendKind::Internal,
+            BackendKind::Redis,
+        ]
+        .into_iter()
+        .map(|k| {
+            let e = StorageError::backend(k, "detail");
+            assert_eq!(
+                e.to_string(),
+                format!("storage error ({}): detail", e.kind())
+            );
+            (e.kind(), e.is_transient())
+        })
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                ("READONLY", true),
+                ("CLUSTERDOWN", true),
+                ("LOADING", true),
+                ("MASTERDOWN", true),
+                ("TRYAGAIN", true),
+                ("MOVED", true),
+                ("ASK", true),
+                ("CROSSSLOT", false),
+                ("NOSCRIPT", false),
+                ("NOPERM", true),
+                ("BUSY", true),
+                ("OOM", true),
+                ("WRONGTYPE", false),
+                ("auth", true),
+                ("reply", false),
+                ("script", false),
+                ("argument", false),
+                ("internal", true),
+                ("redis", true),
+            ]
+        );
+        for (e, label) in [
+            (
+                StorageError::Timeout(std::time::Duration::from_millis(50)),
+                "timeout",
+            ),
+            (StorageError::unreachable("refused"), "unreachable"),
+            (StorageError::CircuitOpen, "circuit_open"),
+        ] {
+            assert_eq!(e.kind(), label);
+            assert!(e.is_transient(), "{label}");
+        }
+    }
 }

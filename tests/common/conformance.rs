@@ -747,8 +747,8 @@ pub async fn br_15b(b: &dyn Backend) {
             let c = Case::new(b, &yaml).await;
             let limit = Limit {
                 requests_per_unit: u32::try_from(cap).unwrap_or(u32::MAX),
-                unit_secs,
-                burst: cap,
+                unit_secs: std::num::NonZeroU64::new(unit_secs).expect("a unit"),
+                burst: u32::try_from(cap).unwrap_or(u32::MAX),
             };
             let mut model: Option<BucketState> = None;
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (ci as u64 * 31 + unit_secs));

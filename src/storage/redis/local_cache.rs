@@ -127,6 +127,7 @@ impl LocalCache {
 
     /// [`LocalCache::record_between`] with the reply taken as received at
     /// `sent_us` (exact with a test clock, where time does not move).
+    #[cfg(test)]
     pub fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64) {
         self.record_between(charges, result, sent_us, sent_us);
     }
@@ -170,6 +171,7 @@ impl LocalCache {
     }
 
     /// True when nothing is remembered.
+    #[cfg(test)]
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
@@ -187,7 +189,7 @@ mod tests {
             spec: ChargeSpec {
                 limit: Limit {
                     requests_per_unit: 10,
-                    unit_secs: 60,
+                    unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                     burst: 10,
                 },
                 cost,

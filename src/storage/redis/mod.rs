@@ -1,10 +1,13 @@
-//! The `redis` backend (single node): token buckets shared by every replica of
-//! bucket-rls through one Redis.
+//! The `redis` backends: token buckets shared by every replica of bucket-rls
+//! through one Redis node ([`RedisStorage`]), a master watched by Sentinel
+//! ([`sentinel::RedisSentinelStorage`]) or a Redis Cluster
+//! ([`cluster::RedisClusterStorage`]).
 //!
 //! Design:
-//! - **One script call per request.** [`script`] wraps `lua/token_bucket.lua`,
-//!   which reads, decides and writes every bucket of a request atomically
-//!   (all-or-nothing, DESIGN 3) with exactly the semantics of
+//! - **One script call per request** (per hash slot on a Cluster).
+//!   [`script`] wraps `lua/token_bucket.lua`, which reads, decides and writes
+//!   every bucket of a request atomically (all-or-nothing, DESIGN 3) with
+//!   exactly the semantics of
 //!   [`bucket::apply_request`](crate::storage::bucket::apply_request). Time
 //!   comes from Redis `TIME`, so replicas never disagree about a bucket and a
 //!   skewed service clock cannot mint tokens (BR-27). The script is called with
@@ -12,124 +15,52 @@
 //!   retries once (BR-23). Nothing else is ever retried: after a timeout the
 //!   script may have run, so the call fails with
 //!   [`StorageError::Timeout`] and is not replayed (BR-24).
-//! - **Connection.** A `redis::aio::ConnectionManager`: one multiplexed
-//!   connection (concurrent requests are pipelined on it) that reconnects by
-//!   itself. It is created lazily, so startup never waits for or fails on
-//!   Redis; `/healthcheck` reports 503 through [`Storage::ping`] meanwhile.
-//!   A background `PING` every second ([`HEALTH_INTERVAL`]) replaces a dead
-//!   connection before a request finds it (e.g. Redis restarted while idle)
-//!   and closes the circuit breaker once Redis answers again.
-//!   `rediss://` uses rustls with the `ring` provider; ACL user and password
-//!   come from the URL and are never logged ([`redact_url`]).
-//! - **Bounded latency.** Every call is bounded by `--redis-timeout`
-//!   ([`RedisStorageBuilder::timeout`]). Errors are classified once in
-//!   [`script::classify`]; `service.rs` maps them to gRPC `UNAVAILABLE` or the
+//! - **One call pipeline for every topology.** Each call goes through the
+//!   same steps, written once here (`Pipeline`): the local over-limit
+//!   cache, the argument encoding, the circuit breaker, the response timeout,
+//!   the script call over a connection source (`ConnSource`: a
+//!   `ConnectionManager`, the master Sentinel names, or the node of one hash
+//!   slot), error classification, reply parsing and the cache record. The
+//!   topologies differ only in where the connection comes from and what they
+//!   do after a failure (ask Sentinel again, refresh the slot map).
+//! - **Options** ([`RedisOptions`]) are shared by the three builders
+//!   ([`RedisBuilder`]): the response timeout (`--redis-timeout`), the local
+//!   cache size (`--local-cache-size`), the circuit breaker and a private TLS
+//!   CA (`--redis-tls-ca-file`). `rediss://` uses rustls with the `ring`
+//!   provider; ACL user and password come from the URL and are never logged
+//!   ([`redact_url`]).
+//! - **Errors** are classified once (`errors::classify`) into typed
+//!   [`StorageError`]s; `service.rs` maps them to gRPC `UNAVAILABLE` or the
 //!   `--on-storage-error` policy.
-//! - **Circuit breaker** ([`breaker`]): after consecutive failures, requests
+//! - **Circuit breaker** (`breaker`): after consecutive failures, requests
 //!   fail at once with [`StorageError::CircuitOpen`] until a probe (one request
 //!   per interval, or a health-check ping) succeeds (BR-25).
-//! - **Local over-limit cache** ([`local_cache`]): buckets Redis reported as
+//! - **Local over-limit cache** (`local_cache`): buckets Redis reported as
 //!   lacking tokens answer certain denials from memory; cleared on every config
 //!   swap (BR-21).
 //! - **Keys** are built by the service ([`key`](crate::storage::key)); each
 //!   stores 7 to 14 bytes and expires when its bucket would be full again.
-//!
-//! Cluster and Sentinel backends reuse [`script::BucketScript`],
-//! [`script::ScriptCall`], [`script::classify`], [`breaker::CircuitBreaker`]
-//! and [`local_cache::LocalCache`].
 
-/// The options every Redis topology's builder shares (timeout, local cache,
-/// circuit breaker, test clock), written once. The builder must have the
-/// fields `timeout`, `local_cache_size`, `breaker_threshold`,
-/// `probe_interval` and `test_clock`.
-macro_rules! common_builder_options {
-    () => {
-        /// Response timeout of every call (default 50 ms, `--redis-timeout`).
-        /// On a Cluster, a request spanning several slots takes one timeout for
-        /// the parallel reservation and, when denied, one more to compensate.
-        #[must_use]
-        pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
-            self.timeout = timeout;
-            self
-        }
-
-        /// Entries of the local over-limit cache; 0 disables it (default 100,000).
-        #[must_use]
-        pub fn local_cache_size(mut self, entries: usize) -> Self {
-            self.local_cache_size = entries;
-            self
-        }
-
-        /// Consecutive failures that open the circuit breaker (per slot on a
-        /// Cluster), and the time between probes while it is open (defaults 5
-        /// and 500 ms).
-        #[must_use]
-        pub fn breaker(mut self, threshold: u32, probe_interval: std::time::Duration) -> Self {
-            self.breaker_threshold = threshold;
-            self.probe_interval = probe_interval;
-            self
-        }
-
-        /// PEM certificate(s) of the CA that signs the server certificates
-        /// behind `rediss://` addresses (a private CA), instead of the public
-        /// web PKI roots (`--redis-tls-ca-file`).
-        #[must_use]
-        pub fn tls_root_ca_pem(mut self, pem: Vec<u8>) -> Self {
-            self.tls_root_ca_pem = Some(pem);
-            self
-        }
-
-        /// **Tests only.** Sends `clock`'s time to the script as an explicit
-        /// `now_us` instead of letting the script read Redis `TIME`, so tests
-        /// can move time with a `ManualClock`. Production never sets this: the
-        /// service clock must not decide bucket time (BR-27).
-        #[must_use]
-        pub fn test_clock(
-            mut self,
-            clock: std::sync::Arc<dyn crate::storage::clock::Clock>,
-        ) -> Self {
-            self.test_clock = Some(clock);
-            self
-        }
-    };
-}
-
-/// Node addresses (`host:port` or URLs) as URLs, the same list with passwords
-/// masked (for logs and errors), and the first password (to redact it from
-/// error messages).
-pub(crate) fn node_urls(nodes: &[String]) -> (Vec<String>, String, Option<String>) {
-    let urls: Vec<String> = nodes
-        .iter()
-        .map(|n| {
-            if n.contains("://") {
-                n.clone()
-            } else {
-                format!("redis://{n}")
-            }
-        })
-        .collect();
-    let shown = urls
-        .iter()
-        .map(|u| redact_url(u))
-        .collect::<Vec<_>>()
-        .join(",");
-    let secret = urls.iter().find_map(|u| url_password(u));
-    (urls, shown, secret)
-}
-
-pub mod breaker;
+pub(crate) mod breaker;
 pub mod cluster;
-pub mod local_cache;
+pub(crate) mod errors;
+pub(crate) mod hold;
+pub(crate) mod local_cache;
 pub mod script;
 pub mod sentinel;
+mod single;
+pub(crate) mod url;
+
+pub use single::{RedisStorage, RedisStorageBuilder, SingleNode};
+pub use url::redact_url;
 
 use self::breaker::CircuitBreaker;
 use self::local_cache::LocalCache;
-use self::script::{BucketScript, ScriptCall, classify, is_transient, redact};
+use self::script::{BucketScript, ScriptCall};
 use super::clock::Clock;
-use super::{Charge, RequestResult, Storage, StorageError};
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use async_trait::async_trait;
+use super::{Charge, RequestResult, StorageError};
+use ::redis::{RedisError, Value};
+use std::future::Future;
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
@@ -141,419 +72,332 @@ pub const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// Default entries of the local over-limit cache (`--local-cache-size`).
 pub const DEFAULT_LOCAL_CACHE_SIZE: usize = 100_000;
-/// Shortest connect timeout (a TLS handshake may take longer than a reply).
-const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Period of the background health `PING`.
+/// Shortest connect timeout, to a node or a Sentinel (a TLS handshake may
+/// take longer than a reply).
+pub(crate) const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Period of the background health `PING` of the single-node backend.
 pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Why the Redis backend cannot be built (the URL itself is wrong; Redis
-/// being down is not an error at this point).
+/// Why a Redis backend cannot be built (the addresses themselves are wrong;
+/// Redis being down is not an error at this point).
 #[derive(Debug, thiserror::Error)]
 pub enum RedisSetupError {
-    /// The URL does not parse (message with the password redacted).
+    /// The URL does not parse, or the addresses contradict each other
+    /// (message with the password redacted).
     #[error("invalid Redis URL {url}: {message}")]
     InvalidUrl {
-        /// The URL with its password replaced by `***`.
+        /// The URL(s) with the password replaced by `***`.
         url: String,
         /// Why it does not parse.
         message: String,
     },
 }
 
-/// Options of the Redis backend; see [`RedisStorage::builder`].
-#[derive(Debug, Clone)]
-pub struct RedisStorageBuilder {
-    url: String,
-    timeout: Duration,
-    local_cache_size: usize,
-    breaker_threshold: u32,
-    probe_interval: Duration,
-    test_clock: Option<Arc<dyn Clock>>,
-    tls_root_ca_pem: Option<Vec<u8>>,
+/// The options every Redis topology shares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Response timeout of every call (default 50 ms, `--redis-timeout`).
+    /// On a Cluster, a request spanning several slots takes one timeout for
+    /// the parallel reservation and, when denied, one more to compensate.
+    pub timeout: Duration,
+    /// Entries of the local over-limit cache; 0 disables it (default
+    /// 100,000, `--local-cache-size`).
+    pub local_cache_size: usize,
+    /// Consecutive failures that open the circuit breaker (per slot on a
+    /// Cluster; default 5).
+    pub breaker_threshold: u32,
+    /// Time between probes while the breaker is open (default 500 ms).
+    pub probe_interval: Duration,
+    /// PEM certificate(s) of the CA that signs the server certificates
+    /// behind `rediss://` addresses (a private CA), instead of the public
+    /// web PKI roots (`--redis-tls-ca-file`).
+    pub tls_root_ca_pem: Option<Vec<u8>>,
 }
 
-impl RedisStorageBuilder {
-    common_builder_options!();
-
-    /// Builds the backend without waiting for Redis: the connection is made in
-    /// the background and remade after failures. Spawns a health task that
-    /// pings Redis every second, loads the script and warns about an
-    /// `allkeys-*` eviction policy once Redis answers (BR-26). Must be called
-    /// inside a Tokio runtime.
-    ///
-    /// # Errors
-    /// [`RedisSetupError::InvalidUrl`] when the URL does not parse.
-    pub fn build(self) -> Result<RedisStorage, RedisSetupError> {
-        install_crypto_provider();
-        let secret = url_password(&self.url);
-        let invalid = |e: &::redis::RedisError| RedisSetupError::InvalidUrl {
-            url: redact_url(&self.url),
-            message: redact(&e.to_string(), secret.as_deref()),
-        };
-        if (self.url.starts_with("redis://") || self.url.starts_with("rediss://"))
-            && self.url.split_once('?').is_some_and(|(_, q)| {
-                q.split('&')
-                    .any(|p| p.split_once('=').is_some_and(|(n, _)| is_secret_param(n)))
-            })
-        {
-            // The crate ignores it on TCP URLs: every call would get NOAUTH.
-            return Err(RedisSetupError::InvalidUrl {
-                url: redact_url(&self.url),
-                message: "a password in the query is not used on redis:// URLs; \
-                          give it as redis://[user]:PASSWORD@host:port"
-                    .into(),
-            });
-        }
-        let client = match &self.tls_root_ca_pem {
-            Some(pem) => ::redis::Client::build_with_tls(
-                self.url.as_str(),
-                ::redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
-            None => ::redis::Client::open(self.url.as_str()),
-        }
-        .map_err(|e| invalid(&e))?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.timeout))
-            .set_connection_timeout(Some(self.timeout.max(MIN_CONNECT_TIMEOUT)))
-            // One attempt per reconnect: requests waiting on a reconnect fail
-            // at once when Redis refuses, instead of waiting out a backoff;
-            // the next request (or the health PING) tries again.
-            .set_number_of_retries(0);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| invalid(&e))?;
-        let storage = RedisStorage {
-            inner: Arc::new(Inner {
-                conn,
-                script: BucketScript::new(),
-                timeout: self.timeout,
-                breaker: CircuitBreaker::new(self.breaker_threshold, self.probe_interval),
-                cache: (self.local_cache_size > 0).then(|| LocalCache::new(self.local_cache_size)),
-                test_clock: self.test_clock,
-                secret,
-                url: redact_url(&self.url),
-                epoch: Instant::now(),
-            }),
-        };
-        storage.spawn_health_task();
-        Ok(storage)
-    }
-}
-
-#[derive(Debug)]
-struct Inner {
-    conn: ConnectionManager,
-    script: BucketScript,
-    timeout: Duration,
-    breaker: CircuitBreaker,
-    cache: Option<LocalCache>,
-    test_clock: Option<Arc<dyn Clock>>,
-    /// The URL's password, removed from every error message.
-    secret: Option<String>,
-    /// The URL with its password redacted, for logs.
-    url: String,
-    /// Origin of the local cache's monotonic time line.
-    epoch: Instant,
-}
-
-/// Token buckets in one Redis node. Cheap to clone (shared state).
-#[derive(Debug, Clone)]
-pub struct RedisStorage {
-    inner: Arc<Inner>,
-}
-
-impl RedisStorage {
-    /// Options for a backend on `url` (`redis://[user:password@]host:port/db`
-    /// or `rediss://...` for TLS).
-    #[must_use]
-    pub fn builder(url: impl Into<String>) -> RedisStorageBuilder {
-        RedisStorageBuilder {
-            url: url.into(),
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
             timeout: DEFAULT_TIMEOUT,
             local_cache_size: DEFAULT_LOCAL_CACHE_SIZE,
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             probe_interval: DEFAULT_PROBE_INTERVAL,
-            test_clock: None,
             tls_root_ca_pem: None,
         }
     }
+}
 
-    /// The URL with its password redacted.
-    #[must_use]
-    pub fn url(&self) -> &str {
-        &self.inner.url
-    }
-
-    /// Whether the circuit breaker is open now.
-    #[must_use]
-    pub fn circuit_open(&self) -> bool {
-        self.inner.breaker.is_open()
-    }
-
-    /// Buckets in the local over-limit cache (0 when disabled).
-    #[must_use]
-    pub fn local_cache_len(&self) -> usize {
-        self.inner.cache.as_ref().map_or(0, LocalCache::len)
-    }
-
-    /// Time on the local cache's line: the test clock when set (the same time
-    /// the script is given), else microseconds since this backend was built.
-    fn local_now_us(&self) -> u64 {
-        match &self.inner.test_clock {
-            Some(c) => c.now_us(),
-            None => u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX),
-        }
-    }
-
-    /// Spawns the background health task: every [`HEALTH_INTERVAL`] a `PING`
-    /// (bounded by the timeout). It makes the connection manager notice a dead
-    /// connection and reconnect before a request would (Redis restarted while
-    /// idle), closes the circuit breaker as soon as Redis answers again, and on
-    /// the first answer loads the script and checks the eviction policy. Ends
-    /// when the storage is dropped.
-    fn spawn_health_task(&self) {
-        let weak = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut ready = false;
-            let mut warned = false;
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let mut conn = inner.conn.clone();
-                let pong = tokio::time::timeout(
-                    inner.timeout.max(MIN_CONNECT_TIMEOUT),
-                    ::redis::cmd("PING").query_async::<String>(&mut conn),
-                )
-                .await;
-                match pong {
-                    Ok(Ok(_)) => {
-                        inner.breaker.success();
-                        warned = false;
-                        if !ready {
-                            match inner.script.load(&mut conn).await {
-                                Ok(()) => {
-                                    tracing::info!(url = %inner.url, sha = inner.script.sha(), "Redis answers; token bucket script loaded");
-                                    check_eviction_policy(&mut conn, inner.timeout).await;
-                                    ready = true;
-                                }
-                                Err(e) => {
-                                    let e = classify(&e, inner.timeout, inner.secret.as_deref());
-                                    tracing::warn!(url = %inner.url, error = %e, "cannot load the token bucket script");
-                                }
-                            }
-                        }
-                    }
-                    failed => {
-                        if !warned {
-                            let e = match failed {
-                                Ok(Err(e)) => classify(&e, inner.timeout, inner.secret.as_deref()),
-                                _ => StorageError::Timeout(inner.timeout.max(MIN_CONNECT_TIMEOUT)),
-                            };
-                            tracing::warn!(url = %inner.url, error = %e, "Redis does not answer; requests that need it fail until it does");
-                            warned = true;
-                        }
-                    }
-                }
-                drop(inner);
-                tokio::time::sleep(HEALTH_INTERVAL).await;
-            }
-        });
+impl RedisOptions {
+    /// A closed circuit breaker with these options.
+    pub(crate) fn breaker(&self) -> CircuitBreaker {
+        CircuitBreaker::new(self.breaker_threshold, self.probe_interval)
     }
 }
 
-/// Warns when keys may be evicted before they expire (BR-26): an evicted
-/// bucket is a free full bucket, a silent fail-open.
-async fn check_eviction_policy(conn: &mut ConnectionManager, timeout: Duration) {
-    let got = tokio::time::timeout(
-        timeout.max(MIN_CONNECT_TIMEOUT),
-        ::redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("maxmemory-policy")
-            .query_async::<Vec<String>>(conn),
-    )
-    .await;
-    match got {
-        Ok(Ok(v)) => {
-            if let Some(policy) = v.get(1) {
-                if policy.starts_with("allkeys-") {
-                    tracing::warn!(
-                        maxmemory_policy = %policy,
-                        "Redis may evict live rate limit buckets (maxmemory-policy allkeys-*): an evicted bucket is a free full bucket; use volatile-ttl, volatile-lru or noeviction"
-                    );
-                } else {
-                    tracing::debug!(maxmemory_policy = %policy, "Redis eviction policy");
-                }
-            }
+/// The builder of a Redis backend: the topology `T` (what to connect to:
+/// [`SingleNode`], [`sentinel::SentinelMaster`] or [`cluster::ClusterNodes`])
+/// and the shared [`RedisOptions`]. Made by [`RedisStorage::builder`],
+/// [`sentinel::RedisSentinelStorage::builder`] or
+/// [`cluster::RedisClusterStorage::builder`]; each topology adds its own
+/// `build`.
+#[derive(Debug, Clone)]
+pub struct RedisBuilder<T> {
+    target: T,
+    options: RedisOptions,
+    test_clock: Option<Arc<dyn Clock>>,
+}
+
+impl<T> RedisBuilder<T> {
+    fn new(target: T) -> Self {
+        Self {
+            target,
+            options: RedisOptions::default(),
+            test_clock: None,
         }
-        _ => tracing::debug!("cannot read Redis maxmemory-policy (CONFIG GET not allowed?)"),
+    }
+
+    /// Sets every shared option at once.
+    #[must_use]
+    pub fn options(mut self, options: RedisOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Response timeout of every call ([`RedisOptions::timeout`]).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.options.timeout = timeout;
+        self
+    }
+
+    /// Entries of the local over-limit cache; 0 disables it
+    /// ([`RedisOptions::local_cache_size`]).
+    #[must_use]
+    pub fn local_cache_size(mut self, entries: usize) -> Self {
+        self.options.local_cache_size = entries;
+        self
+    }
+
+    /// Consecutive failures that open the circuit breaker (per slot on a
+    /// Cluster), and the time between probes while it is open (defaults 5
+    /// and 500 ms).
+    #[must_use]
+    pub fn breaker(mut self, threshold: u32, probe_interval: Duration) -> Self {
+        self.options.breaker_threshold = threshold;
+        self.options.probe_interval = probe_interval;
+        self
+    }
+
+    /// PEM certificate(s) of a private CA for `rediss://` addresses
+    /// ([`RedisOptions::tls_root_ca_pem`]).
+    #[must_use]
+    pub fn tls_root_ca_pem(mut self, pem: Vec<u8>) -> Self {
+        self.options.tls_root_ca_pem = Some(pem);
+        self
+    }
+
+    /// **Tests only** (cargo feature `test-util`). Sends `clock`'s time to
+    /// the script as an explicit `now_us` instead of letting the script read
+    /// Redis `TIME`, so tests can move time with a `ManualClock`. Production
+    /// never sets this: the service clock must not decide bucket time (BR-27).
+    #[cfg(any(test, feature = "test-util"))]
+    #[must_use]
+    pub fn test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.test_clock = Some(clock);
+        self
+    }
+
+    /// The pipeline of a backend built with these options, removing `secret`
+    /// from error messages.
+    fn pipeline(&self, secret: Option<String>) -> Pipeline {
+        Pipeline {
+            script: BucketScript::new(),
+            timeout: self.options.timeout,
+            cache: (self.options.local_cache_size > 0)
+                .then(|| LocalCache::new(self.options.local_cache_size)),
+            test_clock: self.test_clock.clone(),
+            secret,
+            epoch: Instant::now(),
+        }
     }
 }
 
-#[async_trait]
-impl Storage for RedisStorage {
-    async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
-        let inner = &self.inner;
-        if let Some(r) =
-            local_cache::answer_or_note(inner.cache.as_ref(), charges, self.local_now_us())
-        {
+/// Where the connection of one script call comes from, and what the
+/// topology does after the call: the only part of a call that differs
+/// between a single node, Sentinel and a Cluster slot.
+pub(crate) trait ConnSource: Sync {
+    /// The connection one call runs on.
+    type Conn: Send;
+    /// What [`ConnSource::after`] needs to know about the connection used
+    /// (Sentinel: which master it was).
+    type Tag: Copy + Send;
+
+    /// The connection for the next call, waiting for one if needed (within
+    /// the call's timeout; see [`ConnSource::no_connection`]).
+    ///
+    /// # Errors
+    /// A [`StorageError`] that fails the call at once, before anything is
+    /// sent; the circuit breaker does not count it.
+    fn connection(
+        &self,
+    ) -> impl Future<Output = Result<(Self::Tag, Self::Conn), StorageError>> + Send;
+
+    /// Runs `call` on `conn` (with the script reloaded on `NOSCRIPT`).
+    fn eval<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        script: &'a BucketScript,
+        call: &'a ScriptCall,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a;
+
+    /// The error when the timeout ran out while waiting for a connection.
+    fn no_connection(&self, timeout: Duration) -> StorageError {
+        StorageError::Timeout(timeout)
+    }
+
+    /// Classifies an error of [`ConnSource::eval`].
+    fn classify(&self, pipeline: &Pipeline, e: &RedisError) -> StorageError {
+        pipeline.classify(e)
+    }
+
+    /// Reacts to the outcome of a call that got a connection (`tag`) or
+    /// timed out waiting for one (`None`). Default: nothing.
+    fn after(
+        &self,
+        tag: Option<Self::Tag>,
+        result: &Result<RequestResult, StorageError>,
+        breaker: &CircuitBreaker,
+    ) {
+        let _ = (tag, result, breaker);
+    }
+}
+
+/// What every call of one backend shares: the script, the response timeout,
+/// the local over-limit cache, the clock of the cache (and the test-only
+/// explicit script clock), and the password removed from error messages.
+#[derive(Debug)]
+pub(crate) struct Pipeline {
+    pub(crate) script: BucketScript,
+    pub(crate) timeout: Duration,
+    cache: Option<LocalCache>,
+    test_clock: Option<Arc<dyn Clock>>,
+    /// The password removed from every error message.
+    pub(crate) secret: Option<String>,
+    /// Origin of the local cache's monotonic time line.
+    epoch: Instant,
+}
+
+impl Pipeline {
+    /// One request on one node: answered from the local cache when certain,
+    /// else one script call ([`Pipeline::call`]) behind the circuit breaker,
+    /// whose answer the cache then learns (with the times the call was sent
+    /// and its reply received).
+    ///
+    /// # Errors
+    /// [`StorageError::CircuitOpen`] without a call while `breaker` is open;
+    /// the call's error otherwise.
+    pub(crate) async fn apply<S: ConnSource>(
+        &self,
+        source: &S,
+        breaker: &CircuitBreaker,
+        charges: &[Charge],
+    ) -> Result<RequestResult, StorageError> {
+        if let Some(r) = self.cached_answer(charges) {
             return Ok(r);
         }
-        let now_us = inner.test_clock.as_ref().map(|c| c.now_us());
-        let call = ScriptCall::new(charges, now_us)?;
-        if !inner.breaker.allow() {
+        let call = ScriptCall::new(charges, self.explicit_now_us())?;
+        if !breaker.allow() {
             return Err(StorageError::CircuitOpen);
         }
         let sent_us = self.local_now_us();
-        let started = Instant::now();
-        let mut conn = inner.conn.clone();
-        let result =
-            match tokio::time::timeout(inner.timeout, inner.script.eval(&mut conn, &call)).await {
-                Err(_) => Err(StorageError::Timeout(inner.timeout)),
-                Ok(Err(e)) => Err(classify(&e, inner.timeout, inner.secret.as_deref())),
-                Ok(Ok(v)) => call.parse_reply(&v),
-            };
-        match &result {
-            Ok(r) => {
-                inner.breaker.success();
-                if let Some(cache) = &inner.cache {
-                    cache.record_between(charges, r, sent_us, self.local_now_us());
-                }
-            }
-            Err(e) if is_transient(e) => inner.breaker.failure_of_call_started(started),
-            Err(_) => {}
+        let result = self.call(source, breaker, &call).await;
+        if let Ok(r) = &result {
+            self.record(charges, r, sent_us);
         }
         result
     }
 
-    async fn ping(&self) -> Result<(), StorageError> {
-        let inner = &self.inner;
-        let mut conn = inner.conn.clone();
-        let pong = tokio::time::timeout(
-            inner.timeout,
-            ::redis::cmd("PING").query_async::<String>(&mut conn),
-        )
-        .await;
-        match pong {
-            Ok(Ok(_)) => {
-                inner.breaker.success();
-                Ok(())
-            }
-            Ok(Err(e)) => Err(classify(&e, inner.timeout, inner.secret.as_deref())),
-            Err(_) => Err(StorageError::Timeout(inner.timeout)),
+    /// One script call over `source`, bounded by the timeout: classifies the
+    /// error or parses the reply, records the outcome in `breaker` (a
+    /// success closes it; a transient failure counts) and lets the source
+    /// react ([`ConnSource::after`]). Does not ask `breaker` whether the
+    /// call may go (the caller did).
+    ///
+    /// # Errors
+    /// [`StorageError::Timeout`] when no reply came within the timeout (the
+    /// call may have run, and is not replayed), else the classified error.
+    pub(crate) async fn call<S: ConnSource>(
+        &self,
+        source: &S,
+        breaker: &CircuitBreaker,
+        call: &ScriptCall,
+    ) -> Result<RequestResult, StorageError> {
+        let started = Instant::now();
+        let mut tag = None;
+        let attempt = async {
+            let (t, mut conn) = source.connection().await?;
+            tag = Some(t);
+            Ok(source.eval(&mut conn, &self.script, call).await)
+        };
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
+            Err(_) if tag.is_none() => Err(source.no_connection(self.timeout)),
+            Err(_) => Err(StorageError::Timeout(self.timeout)),
+            Ok(Err(not_connected)) => return Err(not_connected),
+            Ok(Ok(Err(e))) => Err(source.classify(self, &e)),
+            Ok(Ok(Ok(v))) => call.parse_reply(&v),
+        };
+        match &result {
+            Ok(_) => breaker.success(),
+            Err(e) if e.is_transient() => breaker.failure_of_call_started(started),
+            Err(_) => {}
+        }
+        source.after(tag, &result, breaker);
+        result
+    }
+
+    /// [`errors::classify`] with this backend's timeout and password.
+    pub(crate) fn classify(&self, e: &RedisError) -> StorageError {
+        errors::classify(e, self.timeout, self.secret.as_deref())
+    }
+
+    /// The first step of a request: the answer from the local cache when it
+    /// is certain (see [`local_cache::answer_or_note`]).
+    pub(crate) fn cached_answer(&self, charges: &[Charge]) -> Option<RequestResult> {
+        local_cache::answer_or_note(self.cache.as_ref(), charges, self.local_now_us())
+    }
+
+    /// Teaches the local cache Redis's answer to `charges`, sent at
+    /// `sent_us` and received now.
+    pub(crate) fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64) {
+        if let Some(cache) = &self.cache {
+            cache.record_between(charges, result, sent_us, self.local_now_us());
         }
     }
 
-    fn name(&self) -> &'static str {
-        "redis"
+    /// The local over-limit cache, if enabled.
+    pub(crate) fn cache(&self) -> Option<&LocalCache> {
+        self.cache.as_ref()
     }
 
-    fn invalidate_local_cache(&self) {
-        if let Some(cache) = &self.inner.cache {
+    /// Forgets everything the local cache knows.
+    pub(crate) fn clear_cache(&self) {
+        if let Some(cache) = &self.cache {
             cache.clear();
         }
     }
 
-    fn hold_existing(&self, prefix: &str, hold_us: u64) {
-        spawn_hold(
-            self.inner.conn.clone(),
-            prefix,
-            hold_us,
-            self.inner.secret.clone(),
-        );
+    /// The explicit `now_us` sent to the script: the test clock's, or `None`
+    /// (the script reads Redis `TIME`).
+    pub(crate) fn explicit_now_us(&self) -> Option<u64> {
+        self.test_clock.as_ref().map(|c| c.now_us())
     }
-}
 
-/// Keeps each key of `KEYS` at least `ARGV[1]` ms: `PEXPIRE` only where the
-/// key's TTL is shorter (a key already gone, or without a TTL, is left
-/// alone). Returns how many keys it extended.
-const HOLD_SCRIPT: &str = "local n = 0 \
-    for _, k in ipairs(KEYS) do \
-      local t = redis.call('PTTL', k) \
-      if t >= 0 and t < tonumber(ARGV[1]) then redis.call('PEXPIRE', k, ARGV[1]); n = n + 1 end \
-    end return n";
-
-/// `prefix` as a `SCAN MATCH` pattern for every key under it (`*?[]\`
-/// escaped).
-fn prefix_pattern(prefix: &str) -> String {
-    let mut p = String::with_capacity(prefix.len() + 2);
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            p.push('\\');
+    /// Time on the local cache's line: the test clock when set (the same time
+    /// the script is given), else microseconds since this backend was built.
+    pub(crate) fn local_now_us(&self) -> u64 {
+        match &self.test_clock {
+            Some(c) => c.now_us(),
+            None => u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX),
         }
-        p.push(c);
-    }
-    p.push('*');
-    p
-}
-
-/// `SCAN`s the keys under `prefix` on the node behind `conn` and keeps each
-/// at least `hold_ms` (`Storage::hold_existing`): 500 keys per step, one
-/// script call per step. Returns how many keys were extended.
-///
-/// # Errors
-/// The first failing `SCAN` or script call.
-pub(crate) async fn hold_keys<C: ::redis::aio::ConnectionLike>(
-    conn: &mut C,
-    prefix: &str,
-    hold_ms: u64,
-) -> ::redis::RedisResult<u64> {
-    let pattern = prefix_pattern(prefix);
-    let mut cursor: u64 = 0;
-    let mut extended = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(500)
-            .query_async(conn)
-            .await?;
-        if !keys.is_empty() {
-            // Plain EVAL: rare and small, no script cache to keep loaded.
-            let n: u64 = ::redis::cmd("EVAL")
-                .arg(HOLD_SCRIPT)
-                .arg(keys.len())
-                .arg(keys)
-                .arg(hold_ms)
-                .query_async(conn)
-                .await?;
-            extended += n;
-        }
-        if next == 0 {
-            return Ok(extended);
-        }
-        cursor = next;
-    }
-}
-
-/// Runs [`hold_keys`] in the background and logs the outcome.
-pub(crate) fn spawn_hold<C>(mut conn: C, prefix: &str, hold_us: u64, secret: Option<String>)
-where
-    C: ::redis::aio::ConnectionLike + Send + 'static,
-{
-    let prefix = prefix.to_owned();
-    let hold_ms = hold_us.div_ceil(1000);
-    tokio::spawn(async move {
-        let result = hold_keys(&mut conn, &prefix, hold_ms).await;
-        log_hold(&result, hold_ms, secret.as_deref());
-    });
-}
-
-/// Logs the outcome of a background key hold (single node, Sentinel or
-/// Cluster): the keys extended, or the error with the password redacted.
-pub(crate) fn log_hold(result: &::redis::RedisResult<u64>, hold_ms: u64, secret: Option<&str>) {
-    match result {
-        Ok(n) => tracing::info!(
-            extended = n,
-            hold_secs = hold_ms / 1000,
-            "kept existing Redis buckets until they are full under the new limits"
-        ),
-        Err(e) => tracing::warn!(
-            error = %redact(&e.to_string(), secret),
-            "could not extend existing Redis buckets after a reload; some may expire before they are full under the new limits"
-        ),
     }
 }
 
@@ -567,112 +411,55 @@ pub fn install_crypto_provider() {
     });
 }
 
-/// Splits `url` into (prefix up to and including `://`, user info, the rest
-/// from the last `@` on). The user info runs to the **last** `@`, so a password
-/// holding `/`, `#`, `?` or `@` (common in generated passwords), or a URL
-/// without a scheme, still never leaks.
-fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    let at = url.rfind('@').filter(|&at| at >= start)?;
-    Some((&url[..start], &url[start..at], &url[at..]))
-}
-
-/// Whether a query parameter name carries a password: `pass` is how the
-/// `redis` crate reads one from `redis+unix://` and `unix://` URLs;
-/// `password` is a common guess (the crate ignores it on TCP URLs, but it
-/// must not be logged either).
-fn is_secret_param(name: &str) -> bool {
-    name.eq_ignore_ascii_case("pass") || name.eq_ignore_ascii_case("password")
-}
-
-fn url_password(url: &str) -> Option<String> {
-    if let Some((_, userinfo, _)) = split_userinfo(url)
-        && let Some((_, password)) = userinfo.split_once(':')
-        && !password.is_empty()
-    {
-        return Some(password.to_owned());
-    }
-    let (_, query) = url.split_once('?')?;
-    query
-        .split('&')
-        .filter_map(|p| p.split_once('='))
-        .find(|(name, value)| is_secret_param(name) && !value.is_empty())
-        .map(|(_, value)| value.to_owned())
-}
-
-/// `url` with the password of its user info and the value of any `pass=` or
-/// `password=` query parameter replaced by `***`, for logs and errors
-/// (`redis://user:***@host:6379/0`, `redis+unix:///run/redis.sock?pass=***`).
-/// Works on URLs that do not parse.
-#[must_use]
-pub fn redact_url(url: &str) -> String {
-    let url = match split_userinfo(url) {
-        Some((scheme, userinfo, host)) => {
-            let masked = match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***"),
-                // `redis://password@host` is read as a password by some clients.
-                None => "***".to_owned(),
-            };
-            format!("{scheme}{masked}{host}")
-        }
-        None => url.to_owned(),
-    };
-    match url.split_once('?') {
-        Some((base, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|p| match p.split_once('=') {
-                    Some((name, _)) if is_secret_param(name) => format!("{name}=***"),
-                    _ => p.to_owned(),
-                })
-                .collect();
-            format!("{base}?{}", query.join("&"))
-        }
-        None => url,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, Limit, MICRO};
+    use crate::storage::clock::ManualClock;
+    use std::num::NonZeroU64;
 
+    /// The cache learns a reply with the time it was received, not only the
+    /// time the call was sent: the tokens it reports later are the lower
+    /// bound (refilled since the reply), so a reported wait is never short.
     #[test]
-    fn urls_are_redacted() {
-        assert_eq!(
-            redact_url("redis://app:s3cret@db:6379/2"),
-            "redis://app:***@db:6379/2"
-        );
-        assert_eq!(redact_url("rediss://:s3cret@db"), "rediss://:***@db");
-        assert_eq!(redact_url("redis://db:6379"), "redis://db:6379");
-        assert_eq!(
-            url_password("redis://app:s3cret@db:6379/2").as_deref(),
-            Some("s3cret")
-        );
-        assert_eq!(url_password("redis://db:6379"), None);
-        // Passwords with URL delimiters, and URLs without a scheme.
-        for (url, want) in [
-            (
-                "redis://:S3CRET/PW@127.0.0.1:6379/0",
-                "redis://:***@127.0.0.1:6379/0",
-            ),
-            ("redis://u:a#b?c@d@h:1", "redis://u:***@h:1"),
-            ("app:S3CRETPW@127.0.0.1:6379/0", "app:***@127.0.0.1:6379/0"),
-            (
-                "redis+unix:///tmp/x.sock?db=1&pass=S3CRETPW",
-                "redis+unix:///tmp/x.sock?db=1&pass=***",
-            ),
-            (
-                "unix:///tmp/x.sock?user=app&PASS=S3CRETPW",
-                "unix:///tmp/x.sock?user=app&PASS=***",
-            ),
-            (
-                "redis://host/0?password=S3CRETPW",
-                "redis://host/0?password=***",
-            ),
-        ] {
-            assert_eq!(redact_url(url), want);
-            let pw = url_password(url).expect("password");
-            assert!(!redact(&format!("parse error near {pw}"), Some(&pw)).contains(&pw));
-        }
+    fn the_cache_records_the_time_a_reply_was_received() {
+        let clock = ManualClock::new(1_000_000);
+        let pipeline = RedisBuilder::new(())
+            .test_clock(Arc::new(clock.clone()))
+            .pipeline(None);
+        let charge = Charge {
+            key: "k".into(),
+            spec: ChargeSpec {
+                limit: Limit {
+                    requests_per_unit: 10,
+                    unit_secs: NonZeroU64::new(60).expect("a minute"),
+                    burst: 10,
+                },
+                cost: 1,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+        };
+        let denied = RequestResult {
+            admitted: false,
+            charges: vec![ChargeResult {
+                enough: false,
+                tokens_micro: 0,
+            }],
+        };
+        let sent_us = pipeline.local_now_us();
+        // The reply comes 1 s after the call was sent.
+        clock.advance(Duration::from_secs(1));
+        pipeline.record(std::slice::from_ref(&charge), &denied, sent_us);
+        // 4 s after sending: at most 4/6 token (since sending, so the denial
+        // is certain), at least 3/6 (since the reply): the answer reports
+        // the lower bound. Recorded with the send time alone it would say
+        // 666,666.
+        let r = pipeline
+            .cache()
+            .expect("enabled")
+            .lookup(std::slice::from_ref(&charge), sent_us + 4_000_000)
+            .expect("certain");
+        assert_eq!(r.charges[0].tokens_micro, MICRO / 2);
     }
 }

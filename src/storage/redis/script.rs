@@ -1,11 +1,12 @@
 //! The one Rust wrapper of `lua/token_bucket.lua`: argument encoding, the
-//! `EVALSHA` call with one reload-and-retry on `NOSCRIPT`, reply parsing and
-//! error classification. Everything here is topology-independent, so a
-//! Cluster or Sentinel backend calls the same functions per node or per slot.
+//! only builder of its `EVALSHA`, `EVAL` and `SCRIPT LOAD` commands, the
+//! `EVALSHA` call with one reload-and-retry on `NOSCRIPT`, and reply parsing.
+//! Everything here is topology-independent, so a Cluster or Sentinel backend
+//! calls the same functions per node or per slot.
 
 use crate::metrics as m;
 use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
-use crate::storage::{Charge, StorageError, group_by_key};
+use crate::storage::{BackendKind, Charge, StorageError, group_by_key};
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
@@ -72,11 +73,7 @@ impl BucketScript {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
                 tracing::info!("Redis lost the token bucket script (NOSCRIPT); loading it again");
-                let _: String = ::redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(SOURCE)
-                    .query_async(conn)
-                    .await?;
+                let _: String = Self::load_cmd().query_async(conn).await?;
                 self.evalsha_cmd(call).query_async::<Value>(conn).await
             }
             other => other,
@@ -88,12 +85,17 @@ impl BucketScript {
     /// # Errors
     /// The Redis error.
     pub async fn load<C: ConnectionLike + Send>(&self, conn: &mut C) -> Result<(), RedisError> {
-        let _: String = ::redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(SOURCE)
-            .query_async(conn)
-            .await?;
+        let _: String = Self::load_cmd().query_async(conn).await?;
         Ok(())
+    }
+
+    /// `SCRIPT LOAD` of the source (on a Cluster connection, routed to every
+    /// master).
+    #[must_use]
+    pub fn load_cmd() -> Cmd {
+        let mut cmd = ::redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(SOURCE);
+        cmd
     }
 
     /// The `EVALSHA` command of one call (for pipelines or a synchronous
@@ -101,13 +103,19 @@ impl BucketScript {
     #[must_use]
     pub fn evalsha_cmd(&self, call: &ScriptCall) -> Cmd {
         let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(call.keys.len());
-        for k in &call.keys {
-            cmd.arg(k.as_bytes());
-        }
-        for a in &call.args {
-            cmd.arg(a.as_bytes());
-        }
+        cmd.arg(&self.sha);
+        call.push_keys_and_args(&mut cmd);
+        cmd
+    }
+
+    /// The `EVAL` command of one call, with the full source: runs the call
+    /// and loads the script on that node (the answer to `NOSCRIPT` where a
+    /// separate `SCRIPT LOAD` could reach another node).
+    #[must_use]
+    pub fn eval_cmd(call: &ScriptCall) -> Cmd {
+        let mut cmd = ::redis::cmd("EVAL");
+        cmd.arg(SOURCE);
+        call.push_keys_and_args(&mut cmd);
         cmd
     }
 }
@@ -127,16 +135,17 @@ pub struct ScriptCall {
 impl ScriptCall {
     /// Encodes `charges` for the script. `now_us` is the explicit test clock
     /// (`None` in production: the script reads Redis `TIME`); with it, keys
-    /// live at least [`TEST_MIN_TTL_MS`] (see [`ScriptCall::with_min_ttl_ms`]).
+    /// live at least [`TEST_MIN_TTL_MS`] (see `ScriptCall::with_min_ttl_ms`, cargo feature `test-util`).
     ///
     /// Costs are clamped to capacity + 1 token for consumes and to capacity for
     /// refunds, which changes no outcome (see [`ChargeSpec::need_micro`]) and
-    /// keeps every micro-token amount below 2^53 inside Lua.
+    /// keeps every micro-token amount below 2^53 inside Lua (a capacity is at
+    /// most `u32::MAX` tokens and a unit at least 1 s, by their types).
     ///
     /// # Errors
-    /// [`StorageError::Backend`] (`argument`) for a burst above `u32::MAX`, a
-    /// unit of 0 s, or an explicit `now_us` above [`MAX_EXPLICIT_NOW_US`]:
-    /// the script could not compute those exactly.
+    /// [`StorageError::Backend`] ([`BackendKind::Argument`]) for an explicit
+    /// `now_us` above [`MAX_EXPLICIT_NOW_US`]: the script could not compute
+    /// with it exactly.
     pub fn new(charges: &[Charge], now_us: Option<u64>) -> Result<Self, StorageError> {
         let (keys, indexed) = group_by_key(charges);
         let mut args = Vec::with_capacity(2 + 6 * indexed.len());
@@ -154,7 +163,7 @@ impl ScriptCall {
             }
         }
         for (key_idx, spec) in &indexed {
-            push_charge(&mut args, key_idx + 1, spec)?;
+            push_charge(&mut args, key_idx + 1, spec);
         }
         Ok(Self {
             keys: keys.into_iter().map(str::to_owned).collect(),
@@ -164,7 +173,9 @@ impl ScriptCall {
     }
 
     /// Sets the shortest expiry the script writes, in ms (0: none, exactly the
-    /// time to full). **Tests only**: production calls never carry one.
+    /// time to full). **Tests only** (cargo feature `test-util`): production
+    /// calls never carry one.
+    #[cfg(any(test, feature = "test-util"))]
     #[must_use]
     pub fn with_min_ttl_ms(mut self, ms: u64) -> Self {
         self.args[1] = if ms == 0 {
@@ -183,26 +194,26 @@ impl ScriptCall {
     pub fn parse_reply(&self, reply: &Value) -> Result<RequestResult, StorageError> {
         parse_reply(reply, self.charges)
     }
+
+    /// Appends `numkeys`, KEYS and ARGV to an `EVALSHA` or `EVAL` command.
+    fn push_keys_and_args(&self, cmd: &mut Cmd) {
+        cmd.arg(self.keys.len());
+        for k in &self.keys {
+            cmd.arg(k.as_bytes());
+        }
+        for a in &self.args {
+            cmd.arg(a.as_bytes());
+        }
+    }
 }
 
 fn argument(message: String) -> StorageError {
-    StorageError::Backend {
-        kind: "argument".into(),
-        message,
-    }
+    StorageError::backend(BackendKind::Argument, message)
 }
 
-fn push_charge(
-    args: &mut Vec<String>,
-    key_no: usize,
-    spec: &ChargeSpec,
-) -> Result<(), StorageError> {
+fn push_charge(args: &mut Vec<String>, key_no: usize, spec: &ChargeSpec) {
     let l = &spec.limit;
-    let burst = u32::try_from(l.burst)
-        .map_err(|_| argument(format!("burst {} is above u32::MAX", l.burst)))?;
-    if l.unit_secs == 0 {
-        return Err(argument("unit of 0 seconds".into()));
-    }
+    let burst = l.burst;
     let cap_tokens = if l.requests_per_unit == 0 {
         0
     } else {
@@ -221,17 +232,18 @@ fn push_charge(
     args.push(burst.to_string());
     args.push(cost.to_string());
     args.push(flags.to_string());
-    Ok(())
 }
 
 /// Parses `{ admitted, enough_1, tokens_1, ... }` for `charges` charges.
 ///
 /// # Errors
 /// [`StorageError::Backend`] (`reply`) when the reply has another shape.
-pub fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult, StorageError> {
-    let bad = |what: &str| StorageError::Backend {
-        kind: "reply".into(),
-        message: format!("unexpected token bucket script reply ({what}): {reply:?}"),
+pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult, StorageError> {
+    let bad = |what: &str| {
+        StorageError::backend(
+            BackendKind::Reply,
+            format!("unexpected token bucket script reply ({what}): {reply:?}"),
+        )
     };
     let Value::Array(items) = reply else {
         return Err(bad("not an array"));
@@ -266,84 +278,6 @@ pub fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult, Stora
     })
 }
 
-/// Classifies a Redis error into a [`StorageError`] (one place, DESIGN 5):
-///
-/// - timeouts: [`StorageError::Timeout`] (outcome unknown, never replayed);
-/// - connection refused, reset or dropped, other I/O errors:
-///   [`StorageError::Unreachable`];
-/// - server errors by their code (`READONLY`, `CLUSTERDOWN`, `LOADING`,
-///   `MASTERDOWN`, `TRYAGAIN`, `MOVED`, `ASK`, `CROSSSLOT`, `NOSCRIPT`,
-///   `NOPERM`, `BUSY`, `OOM`, `WRONGTYPE`), other script errors as `script`,
-///   authentication as `auth`, malformed replies as `reply`, anything else as
-///   `redis`: [`StorageError::Backend`] with that kind.
-///
-/// `timeout` is the configured response timeout (reported in the error).
-/// `secret` (the password from the URL, if any) is removed from messages.
-#[must_use]
-pub fn classify(
-    e: &RedisError,
-    timeout: std::time::Duration,
-    secret: Option<&str>,
-) -> StorageError {
-    let message = redact(&e.to_string(), secret);
-    if e.is_timeout() {
-        return StorageError::Timeout(timeout);
-    }
-    if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
-        return StorageError::Unreachable(message);
-    }
-    let kind = match e.kind() {
-        ErrorKind::Server(ServerErrorKind::ReadOnly) => "READONLY",
-        ErrorKind::Server(ServerErrorKind::ClusterDown) => "CLUSTERDOWN",
-        ErrorKind::Server(ServerErrorKind::BusyLoading) => "LOADING",
-        ErrorKind::Server(ServerErrorKind::MasterDown) => "MASTERDOWN",
-        ErrorKind::Server(ServerErrorKind::TryAgain) => "TRYAGAIN",
-        ErrorKind::Server(ServerErrorKind::Moved) => "MOVED",
-        ErrorKind::Server(ServerErrorKind::Ask) => "ASK",
-        ErrorKind::Server(ServerErrorKind::CrossSlot) => "CROSSSLOT",
-        ErrorKind::Server(ServerErrorKind::NoScript) => "NOSCRIPT",
-        ErrorKind::Server(ServerErrorKind::NoPerm) => "NOPERM",
-        ErrorKind::AuthenticationFailed => "auth",
-        ErrorKind::UnexpectedReturnType | ErrorKind::Parse => "reply",
-        // Codes the client has no kind for: a script running too long
-        // (BUSY), memory full (OOM), a foreign value under a bucket's name.
-        _ => match e.code() {
-            Some("BUSY") => "BUSY",
-            Some("OOM") => "OOM",
-            Some("WRONGTYPE") => "WRONGTYPE",
-            _ if message.contains("script") => "script",
-            _ => "redis",
-        },
-    };
-    StorageError::Backend {
-        kind: kind.into(),
-        message,
-    }
-}
-
-/// Whether an error of this kind says the node cannot serve now (connection
-/// trouble, failover, loading, cluster down), so that it counts towards
-/// opening the circuit breaker; script, argument and reply errors do not.
-#[must_use]
-pub fn is_transient(e: &StorageError) -> bool {
-    match e {
-        StorageError::Timeout(_) | StorageError::Unreachable(_) | StorageError::CircuitOpen => true,
-        StorageError::Backend { kind, .. } => !matches!(
-            kind.as_str(),
-            "script" | "argument" | "reply" | "NOSCRIPT" | "CROSSSLOT" | "WRONGTYPE"
-        ),
-    }
-}
-
-/// Replaces every occurrence of `secret` in `s` with `***`.
-#[must_use]
-pub fn redact(s: &str, secret: Option<&str>) -> String {
-    match secret {
-        Some(p) if !p.is_empty() => s.replace(p, "***"),
-        _ => s.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,7 +289,7 @@ mod tests {
             spec: ChargeSpec {
                 limit: Limit {
                     requests_per_unit: 10,
-                    unit_secs: 60,
+                    unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                     burst: 20,
                 },
                 cost,
@@ -403,14 +337,5 @@ mod tests {
             .is_err()
         );
         assert!(parse_reply(&Value::Nil, 0).is_err());
-    }
-
-    #[test]
-    fn secrets_are_redacted() {
-        assert_eq!(
-            redact("auth s3cret failed", Some("s3cret")),
-            "auth *** failed"
-        );
-        assert_eq!(redact("x", None), "x");
     }
 }

@@ -3,7 +3,8 @@
 //! Sentinels, followed across failovers without a restart.
 //!
 //! Everything about a call is as on a single node
-//! ([`RedisStorage`](super::RedisStorage)): one atomic script call per request,
+//! ([`RedisStorage`](super::RedisStorage)), through the same
+//! `Pipeline`: one atomic script call per request,
 //! `EVALSHA` with one reload on `NOSCRIPT` (a promoted replica never saw
 //! `SCRIPT LOAD`, BR-23), no replay after a timeout (BR-24), the response
 //! timeout, the circuit breaker and the local over-limit cache. Only the
@@ -33,25 +34,23 @@
 //!   it within their own timeout.
 
 use super::breaker::CircuitBreaker;
-use super::local_cache::LocalCache;
-use super::script::{BucketScript, ScriptCall, classify, is_transient, redact};
+use super::errors::redact;
+use super::script::{BucketScript, ScriptCall};
 use super::{
-    DEFAULT_BREAKER_THRESHOLD, DEFAULT_LOCAL_CACHE_SIZE, DEFAULT_PROBE_INTERVAL, DEFAULT_TIMEOUT,
-    RedisSetupError, install_crypto_provider,
+    ConnSource, MIN_CONNECT_TIMEOUT, Pipeline, RedisBuilder, RedisSetupError, hold,
+    install_crypto_provider,
 };
-use crate::storage::clock::Clock;
-use crate::storage::{Charge, RequestResult, Storage, StorageError};
-use ::redis::AsyncConnectionConfig;
+use crate::storage::{BackendKind, Charge, RequestResult, Storage, StorageError};
 use ::redis::aio::MultiplexedConnection;
 use ::redis::sentinel::{SentinelClient, SentinelServerType};
+use ::redis::{AsyncConnectionConfig, RedisError, Value};
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
-/// Shortest connect timeout (to a Sentinel or to the master).
-const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Delay between discovery attempts while no master is found.
 const DISCOVERY_RETRY: Duration = Duration::from_millis(250);
 /// How often the Sentinels are asked again while a master is in use: after
@@ -59,24 +58,20 @@ const DISCOVERY_RETRY: Duration = Duration::from_millis(250);
 /// demotes it, so its answer alone does not reveal the switch.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Options of the Sentinel backend; see [`RedisSentinelStorage::builder`].
+/// The topology of [`RedisSentinelStorage`]: the Sentinels, the name of
+/// the master they watch, and the master's credentials.
 #[derive(Debug, Clone)]
-pub struct RedisSentinelStorageBuilder {
+pub struct SentinelMaster {
     sentinels: Vec<String>,
     master_name: String,
-    timeout: Duration,
-    local_cache_size: usize,
-    breaker_threshold: u32,
-    probe_interval: Duration,
-    test_clock: Option<Arc<dyn Clock>>,
-    tls_root_ca_pem: Option<Vec<u8>>,
     master_username: Option<String>,
     master_password: Option<String>,
 }
 
-impl RedisSentinelStorageBuilder {
-    common_builder_options!();
+/// Options of the Sentinel backend; see [`RedisSentinelStorage::builder`].
+pub type RedisSentinelStorageBuilder = RedisBuilder<SentinelMaster>;
 
+impl RedisBuilder<SentinelMaster> {
     /// ACL user and password for the **master** (`--redis-master-username`,
     /// `--redis-master-password`): the Sentinels name the master but do not
     /// hand out its credentials, and a master with `requirepass` refuses
@@ -84,8 +79,8 @@ impl RedisSentinelStorageBuilder {
     /// their addresses.
     #[must_use]
     pub fn master_auth(mut self, username: Option<String>, password: Option<String>) -> Self {
-        self.master_username = username.filter(|u| !u.is_empty());
-        self.master_password = password.filter(|p| !p.is_empty());
+        self.target.master_username = username.filter(|u| !u.is_empty());
+        self.target.master_password = password.filter(|p| !p.is_empty());
         self
     }
 
@@ -97,7 +92,7 @@ impl RedisSentinelStorageBuilder {
     /// name is empty, or a Sentinel address does not parse.
     pub fn build(self) -> Result<RedisSentinelStorage, RedisSetupError> {
         install_crypto_provider();
-        let (urls, shown, secret) = super::node_urls(&self.sentinels);
+        let (urls, shown, secret) = super::url::node_urls(&self.target.sentinels);
         let invalid = |message: String| RedisSetupError::InvalidUrl {
             url: shown.clone(),
             message,
@@ -105,7 +100,7 @@ impl RedisSentinelStorageBuilder {
         if urls.is_empty() {
             return Err(invalid("no Redis Sentinel address given".into()));
         }
-        if self.master_name.is_empty() {
+        if self.target.master_name.is_empty() {
             return Err(invalid("no master name given (--redis-master-name)".into()));
         }
         let client = self
@@ -117,16 +112,11 @@ impl RedisSentinelStorageBuilder {
                 master: Mutex::new(None),
                 wake: Notify::new(),
                 ready,
-                script: BucketScript::new(),
-                timeout: self.timeout,
-                breaker: CircuitBreaker::new(self.breaker_threshold, self.probe_interval),
-                cache: (self.local_cache_size > 0).then(|| LocalCache::new(self.local_cache_size)),
-                test_clock: self.test_clock,
-                secret: self.master_password,
+                breaker: self.options.breaker(),
+                pipeline: self.pipeline(self.target.master_password.clone()),
                 sentinel_secret: secret,
                 sentinels: shown,
-                master_name: self.master_name,
-                epoch: Instant::now(),
+                master_name: self.target.master_name,
             }),
         };
         storage.spawn_discovery(client);
@@ -170,14 +160,14 @@ impl RedisSentinelStorageBuilder {
                 "mix of redis:// and rediss:// Sentinel addresses; use one scheme".into(),
             ));
         }
-        if tls == 0 && self.tls_root_ca_pem.is_some() {
+        if tls == 0 && self.options.tls_root_ca_pem.is_some() {
             return Err(fail(
                 "a TLS CA file is given but the Sentinel addresses are not rediss://".into(),
             ));
         }
         let mut b = ::redis::sentinel::SentinelClientBuilder::new(
             addrs,
-            &self.master_name,
+            &self.target.master_name,
             SentinelServerType::Master,
         )
         .map_err(|e| e.to_string())?;
@@ -189,15 +179,15 @@ impl RedisSentinelStorageBuilder {
                 b = b.set_client_to_sentinel_password(p);
             }
         }
-        if let Some(u) = &self.master_username {
+        if let Some(u) = &self.target.master_username {
             b = b.set_client_to_redis_username(u);
         }
-        if let Some(p) = &self.master_password {
+        if let Some(p) = &self.target.master_password {
             b = b.set_client_to_redis_password(p);
         }
         if tls > 0 {
             b = b.set_client_to_redis_tls_mode(TlsMode::Secure);
-            if let Some(pem) = &self.tls_root_ca_pem {
+            if let Some(pem) = &self.options.tls_root_ca_pem {
                 let certs = || ::redis::TlsCertificates {
                     client_tls: None,
                     root_cert: Some(pem.clone()),
@@ -238,19 +228,14 @@ struct Inner {
     wake: Notify,
     /// The generation of the latest master found.
     ready: watch::Sender<u64>,
-    script: BucketScript,
-    timeout: Duration,
+    /// The calls (redacting the master's password from their errors).
+    pipeline: Pipeline,
     breaker: CircuitBreaker,
-    cache: Option<LocalCache>,
-    test_clock: Option<Arc<dyn Clock>>,
-    /// The master's password (redacted from errors of calls).
-    secret: Option<String>,
     /// The Sentinels' password (redacted from discovery errors).
     sentinel_secret: Option<String>,
     /// Sentinel addresses with passwords redacted, for logs.
     sentinels: String,
     master_name: String,
-    epoch: Instant,
 }
 
 /// Token buckets in the Redis master watched by Sentinel. Cheap to clone.
@@ -268,18 +253,12 @@ impl RedisSentinelStorage {
         sentinels: impl IntoIterator<Item = S>,
         master_name: impl Into<String>,
     ) -> RedisSentinelStorageBuilder {
-        RedisSentinelStorageBuilder {
+        RedisBuilder::new(SentinelMaster {
             sentinels: sentinels.into_iter().map(Into::into).collect(),
             master_name: master_name.into(),
-            timeout: DEFAULT_TIMEOUT,
-            local_cache_size: DEFAULT_LOCAL_CACHE_SIZE,
-            breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
-            probe_interval: DEFAULT_PROBE_INTERVAL,
-            test_clock: None,
-            tls_root_ca_pem: None,
             master_username: None,
             master_password: None,
-        }
+        })
     }
 
     /// The Sentinel addresses (passwords redacted), comma-separated.
@@ -307,13 +286,6 @@ impl RedisSentinelStorage {
         self.inner.breaker.is_open()
     }
 
-    fn local_now_us(&self) -> u64 {
-        match &self.inner.test_clock {
-            Some(c) => c.now_us(),
-            None => u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX),
-        }
-    }
-
     fn spawn_discovery(&self, mut client: SentinelClient) {
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -330,7 +302,7 @@ impl RedisSentinelStorage {
                     // A failure report: the loop sees the dropped master.
                     continue;
                 }
-                let budget = inner.timeout.max(MIN_CONNECT_TIMEOUT) * 2;
+                let budget = inner.pipeline.timeout.max(MIN_CONNECT_TIMEOUT) * 2;
                 let found =
                     tokio::time::timeout(budget, discover(&mut client, &inner, known.as_deref()))
                         .await;
@@ -358,7 +330,7 @@ impl RedisSentinelStorage {
                     _ if known.is_some() => {}
                     Ok(Err(e)) => {
                         if !failing {
-                            let e = classify(&e, inner.timeout, inner.secret.as_deref());
+                            let e = inner.pipeline.classify(&e);
                             let e = redact(&e.to_string(), inner.sentinel_secret.as_deref());
                             tracing::warn!(name = %inner.master_name, sentinels = %inner.sentinels, error = %e, "no Redis master through Sentinel yet; retrying");
                         }
@@ -392,16 +364,17 @@ async fn discover(
     if known == Some(addr.as_str()) {
         return Ok(None);
     }
+    let timeout = inner.pipeline.timeout;
     let config = AsyncConnectionConfig::new()
-        .set_response_timeout(Some(inner.timeout))
-        .set_connection_timeout(Some(inner.timeout.max(MIN_CONNECT_TIMEOUT)));
+        .set_response_timeout(Some(timeout))
+        .set_connection_timeout(Some(timeout.max(MIN_CONNECT_TIMEOUT)));
     let mut conn = master
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
     // Best effort: a promoted replica has an empty script cache; NOSCRIPT
     // would reload it anyway.
-    if let Err(e) = inner.script.load(&mut conn).await {
-        tracing::debug!(error = %redact(&e.to_string(), inner.secret.as_deref()), "SCRIPT LOAD on the new master failed; NOSCRIPT reloads it on first use");
+    if let Err(e) = inner.pipeline.script.load(&mut conn).await {
+        tracing::debug!(error = %redact(&e.to_string(), inner.pipeline.secret.as_deref()), "SCRIPT LOAD on the new master failed; NOSCRIPT reloads it on first use");
     }
     Ok(Some((addr, conn)))
 }
@@ -439,69 +412,67 @@ impl Inner {
 /// Whether an error means the node we talk to may no longer be the master.
 fn needs_rediscovery(e: &StorageError) -> bool {
     match e {
-        StorageError::Unreachable(_) => true,
-        StorageError::Backend { kind, .. } => {
-            matches!(kind.as_str(), "READONLY" | "MASTERDOWN" | "LOADING")
-        }
+        StorageError::Unreachable { .. } => true,
+        StorageError::Backend { kind, .. } => matches!(
+            kind,
+            BackendKind::ReadOnly | BackendKind::MasterDown | BackendKind::Loading
+        ),
         StorageError::Timeout(_) | StorageError::CircuitOpen => false,
+    }
+}
+
+/// The master Sentinel names: waited for while none is known; a failure
+/// that says it may no longer be the master (or repeated timeouts) makes the
+/// discovery task ask the Sentinels again.
+impl ConnSource for Inner {
+    type Conn = MultiplexedConnection;
+    /// The master's generation.
+    type Tag = u64;
+
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), StorageError> {
+        let master = self.master().await;
+        Ok((master.generation, master.conn))
+    }
+
+    fn eval<'a>(
+        &'a self,
+        conn: &'a mut MultiplexedConnection,
+        script: &'a BucketScript,
+        call: &'a ScriptCall,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        script.eval(conn, call)
+    }
+
+    fn no_connection(&self, _timeout: Duration) -> StorageError {
+        StorageError::unreachable(format!(
+            "no Redis master known for {} (Sentinel discovery in progress)",
+            self.master_name
+        ))
+    }
+
+    fn after(
+        &self,
+        generation: Option<u64>,
+        result: &Result<RequestResult, StorageError>,
+        breaker: &CircuitBreaker,
+    ) {
+        let (Some(g), Err(e)) = (generation, result) else {
+            return;
+        };
+        // Repeated timeouts may be a master cut off by a partition
+        // (Sentinel cannot disconnect us from it): ask again.
+        let stuck = matches!(e, StorageError::Timeout(_)) && breaker.is_open();
+        if needs_rediscovery(e) || stuck {
+            self.rediscover(g, e);
+        }
     }
 }
 
 #[async_trait]
 impl Storage for RedisSentinelStorage {
     async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
-        let inner = &self.inner;
-        if let Some(r) =
-            super::local_cache::answer_or_note(inner.cache.as_ref(), charges, self.local_now_us())
-        {
-            return Ok(r);
-        }
-        let now_us = inner.test_clock.as_ref().map(|c| c.now_us());
-        let call = ScriptCall::new(charges, now_us)?;
-        if !inner.breaker.allow() {
-            return Err(StorageError::CircuitOpen);
-        }
-        let started = Instant::now();
-        let sent_us = self.local_now_us();
-        let mut generation = None;
-        let attempt = async {
-            let master = inner.master().await;
-            generation = Some(master.generation);
-            let mut conn = master.conn;
-            inner.script.eval(&mut conn, &call).await
-        };
-        let out = tokio::time::timeout(inner.timeout, attempt).await;
-        let result = match out {
-            Err(_) if generation.is_none() => Err(StorageError::Unreachable(format!(
-                "no Redis master known for {} (Sentinel discovery in progress)",
-                inner.master_name
-            ))),
-            Err(_) => Err(StorageError::Timeout(inner.timeout)),
-            Ok(Err(e)) => Err(classify(&e, inner.timeout, inner.secret.as_deref())),
-            Ok(Ok(v)) => call.parse_reply(&v),
-        };
-        match &result {
-            Ok(r) => {
-                inner.breaker.success();
-                if let Some(cache) = &inner.cache {
-                    cache.record_between(charges, r, sent_us, self.local_now_us());
-                }
-            }
-            Err(e) => {
-                if is_transient(e) {
-                    inner.breaker.failure_of_call_started(started);
-                }
-                // Repeated timeouts may be a master cut off by a partition
-                // (Sentinel cannot disconnect us from it): ask again.
-                let stuck = matches!(e, StorageError::Timeout(_)) && inner.breaker.is_open();
-                if let Some(g) = generation
-                    && (needs_rediscovery(e) || stuck)
-                {
-                    inner.rediscover(g, e);
-                }
-            }
-        }
-        result
+        let inner = &*self.inner;
+        inner.pipeline.apply(inner, &inner.breaker, charges).await
     }
 
     async fn ping(&self) -> Result<(), StorageError> {
@@ -515,14 +486,15 @@ impl Storage for RedisSentinelStorage {
                 .query_async::<::redis::Value>(&mut conn)
                 .await
         };
-        let out = tokio::time::timeout(inner.timeout, attempt).await;
+        let timeout = inner.pipeline.timeout;
+        let out = tokio::time::timeout(timeout, attempt).await;
         let result = match out {
-            Err(_) if generation.is_none() => Err(StorageError::Unreachable(format!(
+            Err(_) if generation.is_none() => Err(StorageError::unreachable(format!(
                 "no Redis master known for {}",
                 inner.master_name
             ))),
-            Err(_) => Err(StorageError::Timeout(inner.timeout)),
-            Ok(Err(e)) => Err(classify(&e, inner.timeout, inner.secret.as_deref())),
+            Err(_) => Err(StorageError::Timeout(timeout)),
+            Ok(Err(e)) => Err(inner.pipeline.classify(&e)),
             Ok(Ok(v)) => {
                 // ROLE: ["master", offset, replicas] on a master.
                 let is_master = matches!(&v, ::redis::Value::Array(items)
@@ -530,10 +502,10 @@ impl Storage for RedisSentinelStorage {
                 if is_master {
                     Ok(())
                 } else {
-                    Err(StorageError::Backend {
-                        kind: "READONLY".into(),
-                        message: "the node Sentinel named is no longer a master".into(),
-                    })
+                    Err(StorageError::backend(
+                        BackendKind::ReadOnly,
+                        "the node Sentinel named is no longer a master",
+                    ))
                 }
             }
         };
@@ -555,9 +527,7 @@ impl Storage for RedisSentinelStorage {
     }
 
     fn invalidate_local_cache(&self) {
-        if let Some(cache) = &self.inner.cache {
-            cache.clear();
-        }
+        self.inner.pipeline.clear_cache();
     }
 
     fn hold_existing(&self, prefix: &str, hold_us: u64) {
@@ -566,7 +536,7 @@ impl Storage for RedisSentinelStorage {
         let conn = self.inner.master.lock().as_ref().map(|m| m.conn.clone());
         match conn {
             Some(conn) => {
-                super::spawn_hold(conn, prefix, hold_us, self.inner.secret.clone());
+                hold::spawn_hold(conn, prefix, hold_us, self.inner.pipeline.secret.clone());
             }
             None => tracing::warn!(
                 "no Redis master known during a reload; existing buckets were not extended"
@@ -581,17 +551,13 @@ mod tests {
 
     #[test]
     fn demoted_or_lost_masters_are_rediscovered() {
-        let backend = |kind: &str| StorageError::Backend {
-            kind: kind.into(),
-            message: String::new(),
-        };
-        assert!(needs_rediscovery(&StorageError::Unreachable(
-            "reset".into()
-        )));
-        assert!(needs_rediscovery(&backend("READONLY")));
-        assert!(needs_rediscovery(&backend("MASTERDOWN")));
-        assert!(!needs_rediscovery(&backend("script")));
-        assert!(!needs_rediscovery(&backend("NOSCRIPT")));
+        let backend = |kind| StorageError::backend(kind, "");
+        assert!(needs_rediscovery(&StorageError::unreachable("reset")));
+        assert!(needs_rediscovery(&backend(BackendKind::ReadOnly)));
+        assert!(needs_rediscovery(&backend(BackendKind::MasterDown)));
+        assert!(needs_rediscovery(&backend(BackendKind::Loading)));
+        assert!(!needs_rediscovery(&backend(BackendKind::Script)));
+        assert!(!needs_rediscovery(&backend(BackendKind::NoScript)));
         assert!(!needs_rediscovery(&StorageError::Timeout(
             Duration::from_millis(50)
         )));

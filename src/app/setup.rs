@@ -1,0 +1,347 @@
+//! Assembly for `serve`: the storage backend built from [`Backend`], the
+//! metric series that exist from startup, and the process signals.
+
+use super::{AppError, Listeners};
+use crate::config::Config;
+use crate::config::watcher::{ConfigWatcher, ReloadHandle, WatchOptions};
+use crate::limiter::Limiter;
+use crate::settings::{Backend, Settings, SetupError};
+use crate::storage::Storage;
+use crate::storage::clock::SystemClock;
+use crate::storage::memory::MemoryStorage;
+use crate::storage::redis::RedisStorage;
+use crate::storage::redis::cluster::RedisClusterStorage;
+use crate::storage::redis::sentinel::RedisSentinelStorage;
+use std::future::Future;
+use std::sync::Arc;
+
+/// A service ready to serve: the storage, the limiter on the loaded config,
+/// and the watcher that reloads it (with a SIGHUP task). Dropping it stops
+/// the watcher.
+#[derive(Debug)]
+pub struct App {
+    limiter: Arc<Limiter>,
+    watcher: ConfigWatcher,
+}
+
+impl App {
+    /// Builds the storage named by `settings`, a limiter serving `config`
+    /// (already loaded from `settings.config`), and a watcher of that
+    /// source. Binds nothing. Must be called inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`SetupError`] when the storage cannot be built.
+    pub fn build(settings: Settings, config: Config) -> Result<Self, SetupError> {
+        let storage = build_storage(settings.backend)?;
+        let limiter = Arc::new(Limiter::new(config, storage, settings.service));
+        let watcher = ConfigWatcher::spawn(
+            settings.config,
+            limiter.config_handle().clone(),
+            limiter.on_swap(),
+            WatchOptions {
+                load: settings.load,
+                ..WatchOptions::default()
+            },
+        );
+        tokio::spawn(reload_on_sighup(watcher.reload_handle()));
+        Ok(Self { limiter, watcher })
+    }
+
+    /// The limiter (config, storage, settings).
+    #[must_use]
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// Serves `listeners` until `shutdown` resolves, then drains
+    /// ([`super::run`]) and stops the watcher.
+    ///
+    /// # Errors
+    /// A server failed to run.
+    pub async fn run(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AppError> {
+        let out = super::run(listeners, self.limiter.clone(), shutdown).await;
+        drop(self.watcher);
+        out
+    }
+}
+
+/// Builds the storage `backend` names, logs which one it is, and registers
+/// the backend's unlabelled metric series at zero (so an alert on `== 0`
+/// has a series to match from startup; labelled series appear with their
+/// first event). A Redis backend connects in the background: Redis being
+/// down is not an error here. Must be called inside a Tokio runtime.
+///
+/// # Errors
+/// [`SetupError::Redis`] when the Redis addresses do not parse (or a CA file
+/// is given for a plain `redis://` Cluster seed).
+pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
+    let is_redis = backend.redis().is_some();
+    let storage: Arc<dyn Storage> = match backend {
+        Backend::Memory { max_buckets } => Arc::new(MemoryStorage::with_max_buckets(
+            Arc::new(SystemClock),
+            max_buckets,
+        )),
+        Backend::Redis { url, redis } => {
+            let mut builder = RedisStorage::builder(url)
+                .timeout(redis.timeout())
+                .local_cache_size(redis.local_cache_size);
+            if let Some(pem) = redis.tls_root_ca_pem {
+                builder = builder.tls_root_ca_pem(pem);
+            }
+            let storage = builder.build()?;
+            tracing::info!(
+                url = storage.url(),
+                timeout_ms = redis.timeout_ms,
+                "Redis backend (connecting in the background)"
+            );
+            Arc::new(storage)
+        }
+        Backend::Sentinel {
+            sentinels,
+            master_name,
+            master_auth,
+            redis,
+        } => {
+            let mut builder = RedisSentinelStorage::builder(sentinels, master_name)
+                .timeout(redis.timeout())
+                .local_cache_size(redis.local_cache_size)
+                .master_auth(master_auth.username, master_auth.password);
+            if let Some(pem) = redis.tls_root_ca_pem {
+                builder = builder.tls_root_ca_pem(pem);
+            }
+            let storage = builder.build()?;
+            tracing::info!(
+                sentinels = storage.sentinels(),
+                timeout_ms = redis.timeout_ms,
+                "Redis Sentinel backend (discovering the master in the background)"
+            );
+            Arc::new(storage)
+        }
+        Backend::Cluster { nodes, redis } => {
+            let mut builder = RedisClusterStorage::builder(nodes)
+                .timeout(redis.timeout())
+                .local_cache_size(redis.local_cache_size);
+            if let Some(pem) = redis.tls_root_ca_pem {
+                builder = builder.tls_root_ca_pem(pem);
+            }
+            let storage = builder.build()?;
+            tracing::info!(
+                nodes = storage.nodes(),
+                timeout_ms = redis.timeout_ms,
+                "Redis Cluster backend (connecting in the background)"
+            );
+            Arc::new(storage)
+        }
+    };
+    if is_redis {
+        metrics::gauge!(crate::metrics::REDIS_CIRCUIT_OPEN).increment(0.0);
+        metrics::counter!(crate::metrics::REDIS_SCRIPT_RELOAD).increment(0);
+        metrics::counter!(crate::metrics::LOCAL_CACHE_HITS).increment(0);
+    } else {
+        metrics::counter!(crate::storage::memory::EVICTIONS_METRIC).increment(0);
+    }
+    Ok(storage)
+}
+
+/// Asks `handle` for a reload on every SIGHUP, until the handle's watcher
+/// is gone. Logs and returns when SIGHUP cannot be listened for.
+pub async fn reload_on_sighup(handle: ReloadHandle) {
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGHUP; reloads come from file events and the rescan only");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the config");
+        handle.reload_now();
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT): the shutdown future `serve`
+/// passes to [`super::run`].
+pub async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the server");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::{MasterAuth, RedisSettings};
+
+    // Nothing listens on port 1: building never connects, and the background
+    // tasks only log their failed attempts until the test's runtime stops.
+    const NOBODY: &str = "127.0.0.1:1";
+
+    fn redis(tls_root_ca_pem: Option<Vec<u8>>) -> RedisSettings {
+        RedisSettings {
+            timeout_ms: 50,
+            local_cache_size: 10,
+            tls_root_ca_pem,
+        }
+    }
+
+    fn ca_pem() -> Vec<u8> {
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+            .expect("self-signed certificate")
+            .cert
+            .pem()
+            .into_bytes()
+    }
+
+    /// Builds `backend` with a Prometheus recorder of its own and returns
+    /// the storage's name and the rendered metrics.
+    fn build_and_render(backend: Backend) -> Result<(&'static str, String), SetupError> {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let storage = metrics::with_local_recorder(&recorder, || build_storage(backend))?;
+        Ok((storage.name(), handle.render()))
+    }
+
+    fn has_line(rendered: &str, line: &str) -> bool {
+        rendered.lines().any(|l| l == line)
+    }
+
+    #[tokio::test]
+    async fn memory_backend_registers_the_eviction_series_at_zero() {
+        let (name, rendered) =
+            build_and_render(Backend::Memory { max_buckets: 10 }).expect("memory");
+        assert_eq!(name, "memory");
+        assert!(
+            has_line(&rendered, "bucket_rls_memory_evictions_total 0"),
+            "{rendered}"
+        );
+        assert!(
+            !rendered.contains("bucket_rls_redis_circuit_open"),
+            "{rendered}"
+        );
+    }
+
+    #[tokio::test]
+    async fn every_redis_topology_builds_without_connecting_and_registers_its_series() {
+        for (backend, want) in [
+            (
+                Backend::Redis {
+                    url: format!("redis://{NOBODY}"),
+                    redis: redis(None),
+                },
+                "redis",
+            ),
+            (
+                Backend::Sentinel {
+                    sentinels: vec![NOBODY.into()],
+                    master_name: "mymaster".into(),
+                    master_auth: MasterAuth {
+                        username: Some("app".into()),
+                        password: Some("pw".into()),
+                    },
+                    redis: redis(None),
+                },
+                "redis-sentinel",
+            ),
+            (
+                Backend::Cluster {
+                    nodes: vec![NOBODY.into(), "127.0.0.1:2".into()],
+                    redis: redis(None),
+                },
+                "redis-cluster",
+            ),
+        ] {
+            let (name, rendered) = build_and_render(backend).expect(want);
+            assert_eq!(name, want);
+            for series in [
+                "bucket_rls_redis_circuit_open 0",
+                "bucket_rls_redis_script_reload_total 0",
+                "bucket_rls_local_cache_hits_total 0",
+            ] {
+                assert!(has_line(&rendered, series), "{want}: {series}:\n{rendered}");
+            }
+            assert!(
+                !rendered.contains("bucket_rls_memory_evictions_total"),
+                "{want}: {rendered}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_private_ca_is_accepted_for_tls_addresses() {
+        for backend in [
+            Backend::Redis {
+                url: format!("rediss://{NOBODY}"),
+                redis: redis(Some(ca_pem())),
+            },
+            Backend::Sentinel {
+                sentinels: vec![format!("rediss://{NOBODY}")],
+                master_name: "mymaster".into(),
+                master_auth: MasterAuth::default(),
+                redis: redis(Some(ca_pem())),
+            },
+            Backend::Cluster {
+                nodes: vec![format!("rediss://{NOBODY}")],
+                redis: redis(Some(ca_pem())),
+            },
+        ] {
+            let shown = format!("{backend:?}");
+            build_storage(backend).unwrap_or_else(|e| panic!("{shown}: {e}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn addresses_the_redis_backend_refuses_are_setup_errors_naming_them() {
+        for (backend, want) in [
+            (
+                Backend::Redis {
+                    url: "redis://:s3cret@127.0.0.1:1/?password=s3cret".into(),
+                    redis: redis(None),
+                },
+                "a password in the query is not used",
+            ),
+            (
+                Backend::Redis {
+                    url: "http://127.0.0.1:1".into(),
+                    redis: redis(None),
+                },
+                "invalid Redis URL http://127.0.0.1:1",
+            ),
+            (
+                Backend::Sentinel {
+                    sentinels: vec![NOBODY.into()],
+                    master_name: String::new(),
+                    master_auth: MasterAuth::default(),
+                    redis: redis(None),
+                },
+                "no master name given (--redis-master-name)",
+            ),
+            (
+                Backend::Cluster {
+                    nodes: vec![format!("redis://{NOBODY}")],
+                    redis: redis(Some(ca_pem())),
+                },
+                "is not rediss://",
+            ),
+        ] {
+            let shown = format!("{backend:?}");
+            let e = build_storage(backend).map(|_| ()).expect_err(&shown);
+            assert!(matches!(e, SetupError::Redis(_)), "{shown}: {e:?}");
+            let msg = e.to_string();
+            assert!(msg.contains(want), "{shown}: {msg}");
+            assert!(!msg.contains("s3cret"), "password in the message: {msg}");
+        }
+    }
+}

@@ -1,0 +1,622 @@
+//! The `redis` backend on a **Redis Cluster** (`--redis-cluster host:port,...`).
+//!
+//! # No `CROSSSLOT`, ever
+//! A script may only touch keys of one hash slot. Every bucket key's slot is
+//! computed here ([`key_slot`] in `slot`, CRC16 of the key as Redis does) from the
+//! injective key encoding of [`key`](crate::storage::key), which escapes `{`
+//! and `}`, so client text can never form a hash tag and move a bucket to
+//! another slot (BR-05, BR-28). The charges of one request are grouped by slot
+//! and each script call carries the keys of exactly one slot, all in `KEYS`.
+//!
+//! # All-or-nothing across slots: reservation and refund
+//! A request whose keys all share one slot is one script call, exactly as on a
+//! single node (through the same `Pipeline`, with the
+//! slot's node as the connection source). Otherwise (`reserve`, written over
+//! a "call one slot" trait and unit-tested with one memory backend per slot):
+//!
+//! 1. **Reserve.** Every slot that holds a consume charge gets one script call
+//!    with that slot's charges, **all slots in parallel** (latency is one round
+//!    trip whatever the number of slots, BR-29). Each call is atomic on its node
+//!    and charges only if every non-shadow charge of *its* slot fits. Refund
+//!    charges (`is_negative_hits`) are not applied in this phase; their buckets
+//!    are read with a cost-0 shadow check instead (which writes nothing).
+//! 2. **Admitted everywhere:** the request is admitted. Refund charges, if
+//!    any, are then applied (one call per slot, in parallel), and every charge
+//!    on a refunded bucket reports the tokens after the refund. If that call
+//!    fails, the request answers `UNAVAILABLE` although its consumes stand
+//!    (the refund is lost: under-admission only).
+//! 3. **Denied (or failed) somewhere:** every slot that did charge gets a
+//!    compensating call giving back exactly the tokens it took (the script's
+//!    refund kind, capped at capacity), in parallel; the answer (`OVER_LIMIT`,
+//!    or the error) is sent once the compensation is done, so the next request
+//!    of the same client already sees the buckets as they were. Statuses report
+//!    the tokens each bucket had before the reservation (tokens after the
+//!    reservation plus what it took), as a single node would.
+//!
+//! **Why it never over-admits:** a request is admitted only if every slot
+//! admitted its own charges atomically, with the tokens actually present; a
+//! reservation only ever *removes* tokens, so a concurrent request can only
+//! see fewer tokens than it would on a single node, never more. The
+//! compensating refund gives back no more than was taken and is capped at the
+//! capacity, so it can never create tokens either.
+//!
+//! **Window of inconsistency:** between a reservation and its compensating
+//! refund (one round trip, bounded by `--redis-timeout`), the reserved tokens
+//! are missing, so a concurrent request on the same bucket may be denied
+//! although a single node would have admitted it (under-admission only). If a
+//! slot's call times out, its outcome is unknown and it is never replayed nor
+//! compensated (BR-24): the request answers `UNAVAILABLE` and at most the one
+//! reservation of that slot is lost until its bucket refills. A lost
+//! compensating call (node down) likewise only under-admits; it is logged and
+//! counted as `bucket_rls_storage_errors_total{kind="cluster_refund_lost"}`.
+//!
+//! **Difference from a single node:** in a request that spans several slots,
+//! a refund and a consume of the *same* bucket are applied consumes first (a
+//! single node applies them in request order); the outcome differs only when
+//! the refund would have been capped at the capacity. And a compensated
+//! bucket has been written twice (reserved, given back), which, like any
+//! write, drops the refill remainder below one micro-token that a single
+//! node, writing nothing for a denied request, would keep: at most one
+//! micro-token less per compensation (under-admission only; none with a unit
+//! of one second, where refill is whole micro-tokens). Everything else,
+//! statuses included, is identical when no other traffic interleaves.
+//!
+//! # Redirects, failover and lost slots
+//! The `redis` crate's cluster client keeps the slot map and one multiplexed
+//! connection per node; it is built with **no automatic retries**, because it
+//! would otherwise resend a command after a dropped connection or a timeout,
+//! when the script may already have run (BR-24). Instead each slot call
+//! (`route`) follows `MOVED` (to the named node; the client refreshes its slot map) and
+//! `ASK` (`ASKING` then the call, on the named node), waits briefly and retries
+//! on `TRYAGAIN` (keys of a slot split by a migration), and answers `NOSCRIPT`
+//! with one `EVAL` of the full source (which also loads the script on that
+//! node, e.g. a replica promoted by a failover; BR-23): each of these replies
+//! proves the script did not run, so the retry is safe. `READONLY` fails the
+//! call. All of it is bounded by `--redis-timeout` per slot call.
+//!
+//! A slot whose node is unreachable (its master died, or master and replicas
+//! are lost, or the cluster reports `CLUSTERDOWN`) fails with
+//! [`StorageError::Backend`] of kind `CLUSTERDOWN`, for the whole request
+//! (`UNAVAILABLE`), and only for requests that touch it: other slots keep
+//! working. Such a failure (and `READONLY`) also makes the background task
+//! reconnect to the cluster, at most once a second, for a fresh slot map: that
+//! is how a replica promoted by a failover is found (the client alone keeps
+//! routing the slots to the vanished node); in the tests the slots answer again
+//! about 2 s after their master is killed (node timeout 1 s). For that the cluster must run with `cluster-require-full-coverage
+//! no`; with the default `yes`, Redis itself refuses every slot while any slot
+//! is uncovered. Each slot has its own circuit breaker
+//! (`breaker`), so a lost slot range never opens the breaker
+//! of the others.
+//!
+//! The local over-limit cache (`local_cache`) only
+//! learns from calls during which no compensation of this replica completed
+//! (a denial seen then may come from a reservation given back since), and a
+//! compensation forgets the buckets it refunded; compensations of *other*
+//! replicas are not seen, like their refunds. The
+//! timeout and the test-only explicit clock work as in the single-node
+//! [`RedisStorage`](super::RedisStorage).
+
+use self::reserve::{SlotCall, SlotOutcome};
+use super::breaker::CircuitBreaker;
+use super::errors::redact;
+use super::script::{BucketScript, ScriptCall};
+use super::{
+    ConnSource, MIN_CONNECT_TIMEOUT, Pipeline, RedisBuilder, RedisSetupError, hold,
+    install_crypto_provider,
+};
+use crate::storage::bucket::{ChargeKind, ChargeSpec, RequestResult};
+use crate::storage::{BackendKind, Charge, Storage, StorageError};
+use ::redis::cluster::ClusterClientBuilder;
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use ::redis::{ErrorKind, RedisError, Value};
+use async_trait::async_trait;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+mod reserve;
+mod route;
+pub(crate) mod slot;
+
+pub use slot::{SLOTS, key_slot};
+
+/// Delay between attempts of the first connection while the cluster is down.
+const CONNECT_RETRY: Duration = Duration::from_millis(500);
+/// Shortest time between two reconnections for a fresh slot map.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The topology of [`RedisClusterStorage`]: its seed nodes.
+#[derive(Debug, Clone)]
+pub struct ClusterNodes {
+    nodes: Vec<String>,
+}
+
+/// Options of the Cluster backend; see [`RedisClusterStorage::builder`].
+pub type RedisClusterStorageBuilder = RedisBuilder<ClusterNodes>;
+
+impl RedisBuilder<ClusterNodes> {
+    /// Builds the backend without waiting for the cluster: a background task
+    /// connects (retrying every 500 ms while no seed node answers) and loads
+    /// the script on every master; calls fail with
+    /// [`StorageError::Unreachable`] until then. Must be called inside a Tokio
+    /// runtime.
+    ///
+    /// # Errors
+    /// [`RedisSetupError::InvalidUrl`] when no seed node is given or one does
+    /// not parse.
+    pub fn build(self) -> Result<RedisClusterStorage, RedisSetupError> {
+        install_crypto_provider();
+        let (urls, shown, secret) = super::url::node_urls(&self.target.nodes);
+        if urls.is_empty() {
+            return Err(RedisSetupError::InvalidUrl {
+                url: String::new(),
+                message: "no Redis Cluster seed node given".into(),
+            });
+        }
+        let timeout = self.options.timeout;
+        let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+            // No automatic retry: the crate would resend after a dropped
+            // connection or a timeout (BR-24); redirects are followed here.
+            .retries(0)
+            .connection_timeout(timeout.max(MIN_CONNECT_TIMEOUT))
+            .response_timeout(timeout);
+        if let Some(pem) = &self.options.tls_root_ca_pem {
+            // The crate would switch plain `redis://` seeds to TLS silently.
+            if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://")) {
+                return Err(RedisSetupError::InvalidUrl {
+                    url: shown.clone(),
+                    message: format!(
+                        "a TLS CA file is given but seed node {} is not rediss://",
+                        super::redact_url(plain)
+                    ),
+                });
+            }
+            builder = builder.certs(::redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            });
+        }
+        let client = builder.build().map_err(|e| RedisSetupError::InvalidUrl {
+            url: shown.clone(),
+            message: redact(&e.to_string(), secret.as_deref()),
+        })?;
+        let storage = RedisClusterStorage {
+            inner: Arc::new(Inner {
+                conn: RwLock::new(None),
+                refresh: Notify::new(),
+                breakers: Mutex::new(HashMap::new()),
+                options: self.options.clone(),
+                pipeline: self.pipeline(secret),
+                compensations: AtomicU64::new(0),
+                nodes: shown,
+            }),
+        };
+        storage.spawn_connect(client);
+        Ok(storage)
+    }
+}
+
+/// The cluster client's connection (which has no `Debug`).
+#[derive(Clone)]
+struct Conn(ClusterConnection);
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterConnection")
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: RwLock<Option<Conn>>,
+    /// Wakes the connection task to reconnect (fresh slot map).
+    refresh: Notify,
+    /// One breaker per hash slot, made on first use (at most [`SLOTS`]).
+    breakers: Mutex<HashMap<u16, Arc<CircuitBreaker>>>,
+    /// The options the breakers are made with.
+    options: super::RedisOptions,
+    pipeline: Pipeline,
+    /// Compensations completed so far (see [`Inner::record`]).
+    compensations: AtomicU64,
+    /// Seed nodes with passwords redacted, for logs.
+    nodes: String,
+}
+
+/// Token buckets in a Redis Cluster. Cheap to clone (shared state).
+#[derive(Debug, Clone)]
+pub struct RedisClusterStorage {
+    inner: Arc<Inner>,
+}
+
+impl RedisClusterStorage {
+    /// Options for a backend on the cluster reached through `nodes` (seed
+    /// nodes as `host:port` or `redis[s]://[user:password@]host:port`; any
+    /// one answering is enough, the others are found through it; `rediss://`
+    /// seeds make every node connection TLS).
+    #[must_use]
+    pub fn builder<S: Into<String>>(
+        nodes: impl IntoIterator<Item = S>,
+    ) -> RedisClusterStorageBuilder {
+        RedisBuilder::new(ClusterNodes {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+        })
+    }
+    /// The seed nodes (passwords redacted), comma-separated.
+    #[must_use]
+    pub fn nodes(&self) -> &str {
+        &self.inner.nodes
+    }
+
+    /// Whether the first connection to the cluster has been made.
+    #[must_use]
+    pub fn connected(&self) -> bool {
+        self.inner.conn.read().is_some()
+    }
+
+    /// Whether the circuit breaker of hash slot `slot` is open now.
+    #[must_use]
+    pub fn circuit_open(&self, slot: u16) -> bool {
+        self.inner
+            .breakers
+            .lock()
+            .get(&slot)
+            .is_some_and(|b| b.is_open())
+    }
+
+    /// Connects in the background, and again whenever a slot call reports
+    /// its slot unreachable (at most once per [`REFRESH_INTERVAL`]): a fresh
+    /// connection reads the slot map anew from the seed nodes, which is how
+    /// a replica promoted by a failover is found (the client keeps a
+    /// vanished node's slots otherwise).
+    fn spawn_connect(&self, client: ::redis::cluster::ClusterClient) {
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut warned = false;
+            loop {
+                let Some(strong) = inner.upgrade() else {
+                    return;
+                };
+                let first = strong.conn.read().is_none();
+                if !first {
+                    // Wait for a report of an unreachable slot.
+                    let woken =
+                        tokio::time::timeout(Duration::from_secs(1), strong.refresh.notified())
+                            .await
+                            .is_ok();
+                    if !woken {
+                        continue;
+                    }
+                }
+                let wait = strong.pipeline.timeout.max(MIN_CONNECT_TIMEOUT) * 4;
+                match tokio::time::timeout(wait, client.get_async_connection()).await {
+                    Ok(Ok(mut conn)) => {
+                        let loaded = tokio::time::timeout(
+                            wait,
+                            BucketScript::load_cmd().query_async::<Value>(&mut conn),
+                        )
+                        .await;
+                        if !matches!(loaded, Ok(Ok(_))) {
+                            tracing::debug!(nodes = %strong.nodes, "could not load the token bucket script on every master; NOSCRIPT loads it on first use");
+                        }
+                        *strong.conn.write() = Some(Conn(conn));
+                        if first {
+                            tracing::info!(nodes = %strong.nodes, sha = strong.pipeline.script.sha(), "Redis Cluster answers");
+                        } else {
+                            tracing::info!(nodes = %strong.nodes, "reconnected to the Redis Cluster (fresh slot map)");
+                        }
+                        warned = false;
+                    }
+                    Ok(Err(e)) if !warned => {
+                        let e = strong.pipeline.classify(&e);
+                        tracing::warn!(nodes = %strong.nodes, error = %e, "Redis Cluster not reachable; serving anyway (storage errors until it answers)");
+                        warned = true;
+                    }
+                    Err(_) if !warned => {
+                        tracing::warn!(nodes = %strong.nodes, "Redis Cluster does not answer; serving anyway (storage errors until it answers)");
+                        warned = true;
+                    }
+                    _ => {}
+                }
+                if !first {
+                    // Rate limit: reconnect at most once per interval.
+                    drop(strong);
+                    tokio::time::sleep(REFRESH_INTERVAL).await;
+                    continue;
+                }
+                let connected = strong.conn.read().is_some();
+                drop(strong);
+                if !connected {
+                    tokio::time::sleep(CONNECT_RETRY).await;
+                }
+            }
+        });
+    }
+}
+
+impl Inner {
+    fn breaker(&self, slot: u16) -> Arc<CircuitBreaker> {
+        self.breakers
+            .lock()
+            .entry(slot)
+            .or_insert_with(|| Arc::new(self.options.breaker()))
+            .clone()
+    }
+
+    /// Teaches the local cache Redis's answer (with the times the request
+    /// was sent and answered, as on a single node), unless a compensation
+    /// of this replica completed since the request was sent (`epoch`): a
+    /// denial may then have been caused by a reservation that has since
+    /// been given back, so the request's buckets are forgotten instead of
+    /// cached as short. A compensation also forgets the buckets it refunded.
+    fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64, epoch: u64) {
+        let Some(cache) = self.pipeline.cache() else {
+            return;
+        };
+        if self.compensations.load(Ordering::SeqCst) == epoch {
+            self.pipeline.record(charges, result, sent_us);
+            // A compensation that completed while recording may have
+            // forgotten its buckets just before this insert: check again.
+            if self.compensations.load(Ordering::SeqCst) == epoch {
+                return;
+            }
+        }
+        let forget: Vec<Charge> = charges
+            .iter()
+            .map(|c| Charge {
+                key: c.key.clone(),
+                spec: ChargeSpec {
+                    kind: ChargeKind::Refund,
+                    ..c.spec
+                },
+            })
+            .collect();
+        cache.before_call(&forget);
+    }
+
+    fn connection(&self) -> Result<ClusterConnection, StorageError> {
+        self.conn
+            .read()
+            .as_ref()
+            .map(|c| c.0.clone())
+            .ok_or_else(|| StorageError::unreachable("not connected to the Redis Cluster yet"))
+    }
+
+    /// One atomic script call for `charges`, all in hash slot `slot`, through
+    /// the shared pipeline with the slot's own breaker (asked beforehand, by
+    /// the request).
+    async fn call_slot(&self, slot: u16, charges: &[Charge], now_us: Option<u64>) -> SlotOutcome {
+        let call = ScriptCall::new(charges, now_us)?;
+        let breaker = self.breaker(slot);
+        self.pipeline
+            .call(&SlotSource { inner: self, slot }, &breaker, &call)
+            .await
+    }
+
+    /// [`Pipeline::classify`], with an unreachable slot owner reported as
+    /// `CLUSTERDOWN` (the slot cannot be served) and the slot named in the
+    /// message.
+    fn classify(&self, slot: u16, e: &RedisError) -> StorageError {
+        let lost = e.kind() == ErrorKind::ClusterConnectionNotFound;
+        match self.pipeline.classify(e) {
+            StorageError::Unreachable { message, source } => StorageError::Backend {
+                kind: BackendKind::ClusterDown,
+                message: format!("hash slot {slot} unreachable: {message}"),
+                source,
+            },
+            StorageError::Backend {
+                message, source, ..
+            } if lost => StorageError::Backend {
+                kind: BackendKind::ClusterDown,
+                message: format!("hash slot {slot} not served: {message}"),
+                source,
+            },
+            StorageError::Backend {
+                kind,
+                message,
+                source,
+            } => StorageError::Backend {
+                kind,
+                message: format!("hash slot {slot}: {message}"),
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
+/// The master of one hash slot, as the client's slot map names it (and as
+/// `MOVED`/`ASK` redirect). A slot that cannot be served makes the
+/// connection task reconnect for a fresh slot map.
+struct SlotSource<'a> {
+    inner: &'a Inner,
+    slot: u16,
+}
+
+impl ConnSource for SlotSource<'_> {
+    type Conn = ClusterConnection;
+    type Tag = ();
+
+    fn connection(
+        &self,
+    ) -> impl Future<Output = Result<((), ClusterConnection), StorageError>> + Send {
+        std::future::ready(self.inner.connection().map(|c| ((), c)))
+    }
+
+    fn eval<'a>(
+        &'a self,
+        conn: &'a mut ClusterConnection,
+        script: &'a BucketScript,
+        call: &'a ScriptCall,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        route::eval_in_slot(conn, script, self.slot, call)
+    }
+
+    fn classify(&self, _pipeline: &Pipeline, e: &RedisError) -> StorageError {
+        self.inner.classify(self.slot, e)
+    }
+
+    fn after(
+        &self,
+        _tag: Option<()>,
+        result: &Result<RequestResult, StorageError>,
+        _breaker: &CircuitBreaker,
+    ) {
+        if let Err(e) = result
+            && matches!(
+                e.backend_kind(),
+                Some(BackendKind::ClusterDown | BackendKind::ReadOnly | BackendKind::MasterDown)
+            )
+        {
+            self.inner.refresh.notify_one();
+        }
+    }
+}
+
+/// The slots of one request on the cluster: one script call per slot, with
+/// the request's explicit time (tests only).
+struct Slots<'a> {
+    inner: &'a Inner,
+    now_us: Option<u64>,
+}
+
+impl SlotCall for Slots<'_> {
+    async fn call(&self, slot: u16, charges: &[Charge]) -> SlotOutcome {
+        self.inner.call_slot(slot, charges, self.now_us).await
+    }
+
+    fn compensated(&self, refunds: &[(u16, Vec<Charge>)]) {
+        self.inner.compensations.fetch_add(1, Ordering::SeqCst);
+        if let Some(cache) = self.inner.pipeline.cache() {
+            for (_, part) in refunds {
+                cache.before_call(part);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Storage for RedisClusterStorage {
+    async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
+        let inner = &self.inner;
+        let pipeline = &inner.pipeline;
+        if let Some(r) = pipeline.cached_answer(charges) {
+            return Ok(r);
+        }
+        let now_us = pipeline.explicit_now_us();
+        let slots = reserve::group_by_slot(charges, key_slot);
+        // Check the arguments once, before anything is reserved.
+        ScriptCall::new(charges, now_us)?;
+        for (slot, _) in &slots {
+            if !inner.breaker(*slot).allow() {
+                return Err(StorageError::CircuitOpen);
+            }
+        }
+        let sent_us = pipeline.local_now_us();
+        let epoch = inner.compensations.load(Ordering::SeqCst);
+        let result = match slots.as_slice() {
+            [] => Ok(RequestResult {
+                admitted: true,
+                charges: Vec::new(),
+            }),
+            [(slot, _)] => inner.call_slot(*slot, charges, now_us).await,
+            _ => {
+                // Own task: a caller that goes away (client cancelled) must
+                // not cut a reservation off from its compensation.
+                let task = tokio::spawn({
+                    let inner = inner.clone();
+                    let charges = charges.to_vec();
+                    async move {
+                        let slot_call = Slots {
+                            inner: &inner,
+                            now_us,
+                        };
+                        reserve::apply_slots(&slot_call, &charges, &slots).await
+                    }
+                });
+                task.await.unwrap_or_else(|e| {
+                    Err(StorageError::backend(
+                        BackendKind::Internal,
+                        format!("cluster request task failed: {e}"),
+                    ))
+                })
+            }
+        };
+        if let Ok(r) = &result {
+            inner.record(charges, r, sent_us, epoch);
+        }
+        result
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        let inner = &self.inner;
+        let mut conn = inner.connection()?;
+        // Healthy when any node answers: a lost slot range must not take the
+        // whole service out of rotation.
+        let timeout = inner.pipeline.timeout;
+        let mut last = StorageError::Timeout(timeout);
+        for _ in 0..10 {
+            let pong = tokio::time::timeout(
+                timeout,
+                conn.route_command(
+                    ::redis::cmd("PING"),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                ),
+            )
+            .await;
+            match pong {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) => last = inner.pipeline.classify(&e),
+                Err(_) => last = StorageError::Timeout(timeout),
+            }
+        }
+        Err(last)
+    }
+
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+
+    fn invalidate_local_cache(&self) {
+        self.inner.pipeline.clear_cache();
+    }
+
+    fn hold_existing(&self, prefix: &str, hold_us: u64) {
+        let Ok(conn) = self.inner.connection() else {
+            tracing::warn!(
+                "not connected to the Redis Cluster during a reload; existing buckets were not extended"
+            );
+            return;
+        };
+        let prefix = prefix.to_owned();
+        let secret = self.inner.pipeline.secret.clone();
+        let hold_ms = hold_us.div_ceil(1000);
+        tokio::spawn(async move {
+            let result = hold::hold_cluster(conn, &prefix, hold_ms).await;
+            hold::log_hold(&result, hold_ms, secret.as_deref());
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_ca_file_needs_tls_seeds() {
+        let pem = b"-----BEGIN CERTIFICATE-----".to_vec();
+        let e = RedisClusterStorage::builder(["rediss://127.0.0.1:1", "127.0.0.1:2"])
+            .tls_root_ca_pem(pem)
+            .build()
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("seed node redis://127.0.0.1:2 is not rediss://"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,111 @@
+//! One script call in one hash slot, routed as the cluster answers: `MOVED`
+//! and `ASK` are followed, `TRYAGAIN` waits and retries, `NOSCRIPT` is
+//! answered with one `EVAL` of the full source. Each of these replies proves
+//! the script did not run, so the retry is safe; nothing else is retried.
+
+use crate::metrics as m;
+use crate::storage::redis::script::{BucketScript, ScriptCall};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use std::time::Duration;
+
+/// Redirects (`MOVED`, `ASK`), `TRYAGAIN` waits and `NOSCRIPT` reloads one
+/// slot call may go through before it gives up (within its timeout anyway).
+const MAX_ATTEMPTS: usize = 6;
+/// Wait before retrying after `TRYAGAIN` (a slot being migrated).
+const TRYAGAIN_DELAY: Duration = Duration::from_millis(5);
+
+/// Where the next attempt of a slot call goes.
+enum Target {
+    /// The slot's master in the client's slot map.
+    Slot,
+    /// A node named by `MOVED`.
+    Moved(String, u16),
+    /// A node named by `ASK` (needs `ASKING` first).
+    Ask(String, u16),
+}
+
+fn redirect(e: &RedisError) -> Option<(String, u16)> {
+    let (addr, _slot) = e.redirect_node()?;
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+/// Runs one script call on the master of `slot`, following `MOVED` and
+/// `ASK`, waiting on `TRYAGAIN` and answering `NOSCRIPT` with one `EVAL`; each
+/// of these replies proves the script did not run. Any other error (a
+/// timeout, a dropped connection) is returned and never replayed.
+pub(crate) async fn eval_in_slot(
+    conn: &mut ClusterConnection,
+    script: &BucketScript,
+    slot: u16,
+    call: &ScriptCall,
+) -> Result<Value, RedisError> {
+    let mut target = Target::Slot;
+    let mut with_source = false;
+    let mut last = None;
+    for _ in 0..MAX_ATTEMPTS {
+        let cmd = if with_source {
+            BucketScript::eval_cmd(call)
+        } else {
+            script.evalsha_cmd(call)
+        };
+        let reply = match &target {
+            Target::Slot => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                conn.route_command(cmd, RoutingInfo::SingleNode(route))
+                    .await
+            }
+            Target::Moved(host, port) => {
+                let route = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                conn.route_command(cmd, RoutingInfo::SingleNode(route))
+                    .await
+            }
+            Target::Ask(host, port) => {
+                let route = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                let mut pipe = ::redis::pipe();
+                pipe.cmd("ASKING").add_command(cmd);
+                conn.route_pipeline(pipe, 1, 1, route)
+                    .await
+                    .and_then(|mut v| v.pop().unwrap_or(Value::Nil).extract_error())
+            }
+        };
+        // The cluster client returns most server errors as a value.
+        let e = match reply.and_then(Value::extract_error) {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        match e.kind() {
+            ErrorKind::Server(ServerErrorKind::NoScript) if !with_source => {
+                metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
+                tracing::info!(
+                    slot,
+                    "a Redis Cluster node lost the token bucket script (NOSCRIPT); sending it with EVAL"
+                );
+                with_source = true;
+            }
+            ErrorKind::Server(ServerErrorKind::Moved) => match redirect(&e) {
+                Some((h, p)) => target = Target::Moved(h, p),
+                None => return Err(e),
+            },
+            ErrorKind::Server(ServerErrorKind::Ask) => match redirect(&e) {
+                Some((h, p)) => target = Target::Ask(h, p),
+                None => return Err(e),
+            },
+            ErrorKind::Server(ServerErrorKind::TryAgain) => {
+                tokio::time::sleep(TRYAGAIN_DELAY).await;
+                target = Target::Slot;
+            }
+            _ => return Err(e),
+        }
+        last = Some(e);
+    }
+    Err(last.unwrap_or_else(|| RedisError::from((ErrorKind::Client, "no attempt made"))))
+}

@@ -1,0 +1,290 @@
+//! The `redis` backend on one node (`--redis-url`).
+//!
+//! The connection source is a `redis::aio::ConnectionManager`: one
+//! multiplexed connection (concurrent requests are pipelined on it) that
+//! reconnects by itself. It is created lazily, so startup never waits for or
+//! fails on Redis; `/healthcheck` reports 503 through [`Storage::ping`]
+//! meanwhile. A background `PING` every second ([`HEALTH_INTERVAL`])
+//! replaces a dead connection before a request finds it (e.g. Redis
+//! restarted while idle) and closes the circuit breaker once Redis answers
+//! again. Every call goes through the shared [`Pipeline`].
+
+use super::breaker::CircuitBreaker;
+use super::errors::redact;
+use super::script::{BucketScript, ScriptCall};
+use super::url::{is_secret_param, redact_url, url_password};
+use super::{
+    ConnSource, HEALTH_INTERVAL, MIN_CONNECT_TIMEOUT, Pipeline, RedisBuilder, RedisSetupError,
+    hold, install_crypto_provider,
+};
+use crate::storage::{Charge, RequestResult, Storage, StorageError};
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{RedisError, Value};
+use async_trait::async_trait;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The topology of [`RedisStorage`]: one node's URL.
+#[derive(Debug, Clone)]
+pub struct SingleNode {
+    url: String,
+}
+
+/// Options of the single-node backend; see [`RedisStorage::builder`].
+pub type RedisStorageBuilder = RedisBuilder<SingleNode>;
+
+impl RedisBuilder<SingleNode> {
+    /// Builds the backend without waiting for Redis: the connection is made in
+    /// the background and remade after failures. Spawns a health task that
+    /// pings Redis every second, loads the script and warns about an
+    /// `allkeys-*` eviction policy once Redis answers (BR-26). Must be called
+    /// inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`RedisSetupError::InvalidUrl`] when the URL does not parse.
+    pub fn build(self) -> Result<RedisStorage, RedisSetupError> {
+        install_crypto_provider();
+        let url = &self.target.url;
+        let secret = url_password(url);
+        let invalid = |e: &RedisError| RedisSetupError::InvalidUrl {
+            url: redact_url(url),
+            message: redact(&e.to_string(), secret.as_deref()),
+        };
+        if (url.starts_with("redis://") || url.starts_with("rediss://"))
+            && url.split_once('?').is_some_and(|(_, q)| {
+                q.split('&')
+                    .any(|p| p.split_once('=').is_some_and(|(n, _)| is_secret_param(n)))
+            })
+        {
+            // The crate ignores it on TCP URLs: every call would get NOAUTH.
+            return Err(RedisSetupError::InvalidUrl {
+                url: redact_url(url),
+                message: "a password in the query is not used on redis:// URLs; \
+                          give it as redis://[user]:PASSWORD@host:port"
+                    .into(),
+            });
+        }
+        let client = match &self.options.tls_root_ca_pem {
+            Some(pem) => ::redis::Client::build_with_tls(
+                url.as_str(),
+                ::redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => ::redis::Client::open(url.as_str()),
+        }
+        .map_err(|e| invalid(&e))?;
+        let timeout = self.options.timeout;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout.max(MIN_CONNECT_TIMEOUT)))
+            // One attempt per reconnect: requests waiting on a reconnect fail
+            // at once when Redis refuses, instead of waiting out a backoff;
+            // the next request (or the health PING) tries again.
+            .set_number_of_retries(0);
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| invalid(&e))?;
+        let storage = RedisStorage {
+            inner: Arc::new(Inner {
+                conn,
+                breaker: self.options.breaker(),
+                url: redact_url(url),
+                pipeline: self.pipeline(secret),
+            }),
+        };
+        storage.spawn_health_task();
+        Ok(storage)
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: ConnectionManager,
+    pipeline: Pipeline,
+    breaker: CircuitBreaker,
+    /// The URL with its password redacted, for logs.
+    url: String,
+}
+
+/// Token buckets in one Redis node. Cheap to clone (shared state).
+#[derive(Debug, Clone)]
+pub struct RedisStorage {
+    inner: Arc<Inner>,
+}
+
+impl RedisStorage {
+    /// Options for a backend on `url` (`redis://[user:password@]host:port/db`
+    /// or `rediss://...` for TLS).
+    #[must_use]
+    pub fn builder(url: impl Into<String>) -> RedisStorageBuilder {
+        RedisBuilder::new(SingleNode { url: url.into() })
+    }
+
+    /// The URL with its password redacted.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// Whether the circuit breaker is open now.
+    #[must_use]
+    pub fn circuit_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    /// Buckets in the local over-limit cache (0 when disabled).
+    #[must_use]
+    pub fn local_cache_len(&self) -> usize {
+        self.inner.pipeline.cache().map_or(0, |c| c.len())
+    }
+
+    /// Spawns the background health task: every [`HEALTH_INTERVAL`] a `PING`
+    /// (bounded by the timeout). It makes the connection manager notice a dead
+    /// connection and reconnect before a request would (Redis restarted while
+    /// idle), closes the circuit breaker as soon as Redis answers again, and on
+    /// the first answer loads the script and checks the eviction policy. Ends
+    /// when the storage is dropped.
+    fn spawn_health_task(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut ready = false;
+            let mut warned = false;
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let p = &inner.pipeline;
+                let mut conn = inner.conn.clone();
+                let pong = tokio::time::timeout(
+                    p.timeout.max(MIN_CONNECT_TIMEOUT),
+                    ::redis::cmd("PING").query_async::<String>(&mut conn),
+                )
+                .await;
+                match pong {
+                    Ok(Ok(_)) => {
+                        inner.breaker.success();
+                        warned = false;
+                        if !ready {
+                            match p.script.load(&mut conn).await {
+                                Ok(()) => {
+                                    tracing::info!(url = %inner.url, sha = p.script.sha(), "Redis answers; token bucket script loaded");
+                                    check_eviction_policy(&mut conn, p.timeout).await;
+                                    ready = true;
+                                }
+                                Err(e) => {
+                                    let e = p.classify(&e);
+                                    tracing::warn!(url = %inner.url, error = %e, "cannot load the token bucket script");
+                                }
+                            }
+                        }
+                    }
+                    failed => {
+                        if !warned {
+                            let e = match failed {
+                                Ok(Err(e)) => p.classify(&e),
+                                _ => StorageError::Timeout(p.timeout.max(MIN_CONNECT_TIMEOUT)),
+                            };
+                            tracing::warn!(url = %inner.url, error = %e, "Redis does not answer; requests that need it fail until it does");
+                            warned = true;
+                        }
+                    }
+                }
+                drop(inner);
+                tokio::time::sleep(HEALTH_INTERVAL).await;
+            }
+        });
+    }
+}
+
+/// Warns when keys may be evicted before they expire (BR-26): an evicted
+/// bucket is a free full bucket, a silent fail-open.
+async fn check_eviction_policy(conn: &mut ConnectionManager, timeout: Duration) {
+    let got = tokio::time::timeout(
+        timeout.max(MIN_CONNECT_TIMEOUT),
+        ::redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async::<Vec<String>>(conn),
+    )
+    .await;
+    match got {
+        Ok(Ok(v)) => {
+            if let Some(policy) = v.get(1) {
+                if policy.starts_with("allkeys-") {
+                    tracing::warn!(
+                        maxmemory_policy = %policy,
+                        "Redis may evict live rate limit buckets (maxmemory-policy allkeys-*): an evicted bucket is a free full bucket; use volatile-ttl, volatile-lru or noeviction"
+                    );
+                } else {
+                    tracing::debug!(maxmemory_policy = %policy, "Redis eviction policy");
+                }
+            }
+        }
+        _ => tracing::debug!("cannot read Redis maxmemory-policy (CONFIG GET not allowed?)"),
+    }
+}
+
+/// The connection manager: always at hand (it reconnects by itself).
+impl ConnSource for Inner {
+    type Conn = ConnectionManager;
+    type Tag = ();
+
+    fn connection(
+        &self,
+    ) -> impl Future<Output = Result<((), ConnectionManager), StorageError>> + Send {
+        std::future::ready(Ok(((), self.conn.clone())))
+    }
+
+    fn eval<'a>(
+        &'a self,
+        conn: &'a mut ConnectionManager,
+        script: &'a BucketScript,
+        call: &'a ScriptCall,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        script.eval(conn, call)
+    }
+}
+
+#[async_trait]
+impl Storage for RedisStorage {
+    async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
+        let inner = &*self.inner;
+        inner.pipeline.apply(inner, &inner.breaker, charges).await
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        let inner = &self.inner;
+        let p = &inner.pipeline;
+        let mut conn = inner.conn.clone();
+        let pong = tokio::time::timeout(
+            p.timeout,
+            ::redis::cmd("PING").query_async::<String>(&mut conn),
+        )
+        .await;
+        match pong {
+            Ok(Ok(_)) => {
+                inner.breaker.success();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(p.classify(&e)),
+            Err(_) => Err(StorageError::Timeout(p.timeout)),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn invalidate_local_cache(&self) {
+        self.inner.pipeline.clear_cache();
+    }
+
+    fn hold_existing(&self, prefix: &str, hold_us: u64) {
+        hold::spawn_hold(
+            self.inner.conn.clone(),
+            prefix,
+            hold_us,
+            self.inner.pipeline.secret.clone(),
+        );
+    }
+}
