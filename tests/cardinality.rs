@@ -7,10 +7,9 @@
 //!
 //! Its own test binary: the series count covers the whole process.
 
-mod admin_support;
 mod common;
 
-use admin_support::scrape;
+use common::metrics::scrape;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;

@@ -5,7 +5,8 @@
 mod common;
 
 use common::cluster::RedisCluster;
-use common::procs::{BucketRls, bucket_rls_bin, http_get};
+use common::http::get as http_get;
+use common::procs::{BucketRls, bucket_rls_bin};
 use common::sentinel::{MASTER_NAME, SentinelSetup};
 use common::{desc, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;

@@ -5,10 +5,9 @@
 //! only `br32_*` sends malformed requests, so values are exact even though the
 //! tests of this binary run in parallel.
 
-mod admin_support;
 mod common;
 
-use admin_support::{metric, scrape};
+use common::metrics::{metric, scrape};
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::metrics as m;

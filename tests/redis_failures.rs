@@ -67,6 +67,43 @@ async fn wait_ready(s: &RedisStorage) {
     }
 }
 
+/// The Redis timeout of the failure tests (`storage(url, 50)`).
+const TIMEOUT: Duration = Duration::from_millis(50);
+/// Consecutive failures that open the breaker (the default).
+const BREAKER_THRESHOLD: usize = bucket_rls::storage::redis::DEFAULT_BREAKER_THRESHOLD as usize;
+
+/// `n` sequential calls of `[[ten=v]]` that must all fail with
+/// `UNAVAILABLE`, with Redis down: how long each took, whether each was
+/// answered by the open circuit breaker (which makes no call to Redis), and
+/// how many probes the breaker may have let through since it could first
+/// have opened (one per whole probe interval after the call that reached the
+/// threshold began).
+async fn failing_calls(l: &Limiter, n: usize) -> (Vec<Duration>, Vec<bool>, usize) {
+    let mut took = Vec::new();
+    let mut by_breaker = Vec::new();
+    let mut opening = None;
+    for i in 0..n {
+        let t = Instant::now();
+        if i + 1 == BREAKER_THRESHOLD {
+            opening = Some(t);
+        }
+        let e = call(l, &[("ten", "v")]).await.expect_err("Redis is down");
+        took.push(t.elapsed());
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        by_breaker.push(e.message().contains("circuit open"));
+    }
+    let open_for = opening.expect("more calls than the threshold").elapsed();
+    let interval = bucket_rls::storage::redis::DEFAULT_PROBE_INTERVAL;
+    let probes = usize::try_from(open_for.as_nanos() / interval.as_nanos()).expect("small");
+    (took, by_breaker, probes)
+}
+
+fn median(took: &[Duration]) -> Duration {
+    let mut sorted = took.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
+}
+
 fn reload_counter() -> f64 {
     bucket_rls::metrics::install()
         .render()
@@ -185,22 +222,15 @@ async fn br25_redis_stopped_then_back() {
     wait_ready(&s).await;
     assert_eq!(ok_remaining(&l, &[("ten", "v")]).await, (OK, 9));
     server.stop();
-    let mut took = Vec::new();
-    for _ in 0..20 {
-        let t = Instant::now();
-        let e = call(&l, &[("ten", "v")]).await.expect_err("Redis is down");
-        took.push(t.elapsed());
-        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-    }
+    let (took, by_breaker, probes) = failing_calls(&l, 20).await;
     assert_bounded(&took);
     assert!(s.circuit_open(), "breaker open after 20 failures");
-    let fast = took[10..]
-        .iter()
-        .filter(|d| **d < Duration::from_millis(20))
-        .count();
+    // The last ten calls are answered by the open breaker, without a call to
+    // Redis (so without waiting for the timeout), except the probes it lets
+    // through, at most one per probe interval.
     assert!(
-        fast >= 9,
-        "breaker answers without waiting for the 50 ms timeout: {took:?}"
+        by_breaker[10..].iter().filter(|b| **b).count() >= 10_usize.saturating_sub(probes),
+        "the open breaker answers without calling Redis: {by_breaker:?} {took:?}"
     );
     for _ in 0..5 {
         let r = call(&l, &[("free", "x")])
@@ -258,18 +288,19 @@ async fn br25_blackholed_from_startup() {
     proxy.hold(true);
     let s = storage(&proxy.url(), 50);
     let l = limiter(YAML, s.clone(), &unique_prefix("br25b"));
-    let mut took = Vec::new();
-    for _ in 0..20 {
-        let t = Instant::now();
-        let e = call(&l, &[("ten", "v")]).await.expect_err("blackholed");
-        took.push(t.elapsed());
-        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-    }
+    let (took, by_breaker, probes) = failing_calls(&l, 20).await;
     assert_bounded(&took);
     assert!(s.circuit_open());
+    // Blackholed, a call sent to Redis waits for the whole 50 ms timeout; the
+    // open breaker answers without calling Redis. The last ten calls are the
+    // breaker's, except the probes (one per probe interval).
     assert!(
-        took[10..].iter().all(|d| *d < Duration::from_millis(25)),
-        "breaker answers at once: {took:?}"
+        by_breaker[10..].iter().filter(|b| **b).count() >= 10_usize.saturating_sub(probes),
+        "the open breaker answers without calling Redis: {by_breaker:?} {took:?}"
+    );
+    assert!(
+        median(&took[10..]) < TIMEOUT,
+        "the breaker answers faster than a call that waits for the timeout: {took:?}"
     );
     assert!(s.ping().await.is_err(), "not ready while blackholed");
     let r = call(&l, &[("free", "x")])

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::procs::{BucketRls, Proc, bucket_rls_bin, free_port, http_get};
+use common::free_port;
+use common::http::get as http_get;
+use common::procs::{BucketRls, Proc, bucket_rls_bin};
 use common::redis::RedisServer;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;

@@ -9,7 +9,8 @@ mod common;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::redis::sentinel::RedisSentinelStorage;
 use bucket_rls::service::Limiter;
-use common::sentinel::{MASTER_NAME, SentinelSetup, wait_for};
+use common::eventually::eventually_blocking;
+use common::sentinel::{MASTER_NAME, SentinelSetup};
 use common::{desc, desc_hits, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::sync::Arc;
@@ -78,7 +79,7 @@ async fn remaining(l: &Limiter, v: &str) -> u32 {
 /// Waits until the master has shipped everything to the replica.
 fn wait_replicated(s: &SentinelSetup, master: u16) {
     let replica = s.data.iter().find(|n| n.port != master).expect("replica");
-    wait_for("replica caught up", || {
+    eventually_blocking(Duration::from_secs(30), "replica caught up", || {
         let m: String = s
             .data_node(master)
             .query(redis::cmd("INFO").arg("replication"));

@@ -7,10 +7,10 @@
 //! of sleeping for fixed times, except where "nothing more happens" is the
 //! claim (a short quiet wait then checks that no second reload was counted).
 
-mod admin_support;
 mod common;
 
-use admin_support::{counter, poll};
+use common::eventually::eventually;
+use common::metrics::counter;
 use bucket_rls::config::loader;
 use bucket_rls::config::watcher::{ConfigWatcher, Outcome, Reloader, WatchOptions};
 use bucket_rls::storage::clock::ManualClock;
@@ -45,11 +45,30 @@ fn errors() -> f64 {
 /// A limiter over `source` with a memory backend on a paused clock, and a
 /// watcher with the production timings.
 fn start(source: &Path) -> (Arc<Limiter>, ConfigWatcher) {
-    let (limiter, watcher, _) = start_with_clock(source);
+    let (limiter, watcher, _) = start_with_clock(source, WatchOptions::default());
     (limiter, watcher)
 }
 
-fn start_with_clock(source: &Path) -> (Arc<Limiter>, ConfigWatcher, ManualClock) {
+/// Watcher timings for the in-place rewrite test: the production debounce
+/// with a settle time well above the 200 ms pause of the writer, so a
+/// stalled writer on a busy machine still finishes inside the settle window.
+/// A change still applies well within the 2 s reload target.
+fn slow_settle() -> WatchOptions {
+    WatchOptions {
+        settle: SLOW_SETTLE,
+        ..WatchOptions::default()
+    }
+}
+
+/// The settle time of [`slow_settle`].
+const SLOW_SETTLE: Duration = Duration::from_millis(700);
+/// [`QUIET`] for [`slow_settle`]: debounce and settle, twice.
+const SLOW_QUIET: Duration = Duration::from_millis(2 * (200 + 700));
+
+fn start_with_clock(
+    source: &Path,
+    options: WatchOptions,
+) -> (Arc<Limiter>, ConfigWatcher, ManualClock) {
     let config = loader::load_source(source).unwrap_or_else(|e| panic!("{e}"));
     let clock = ManualClock::new(1_000_000);
     let storage = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
@@ -57,7 +76,7 @@ fn start_with_clock(source: &Path) -> (Arc<Limiter>, ConfigWatcher, ManualClock)
     let watcher = ConfigWatcher::spawn(
         source.to_path_buf(),
         limiter.clone(),
-        WatchOptions::default(),
+        options,
     );
     assert!(watcher.is_watching());
     (limiter, watcher, clock)
@@ -65,7 +84,7 @@ fn start_with_clock(source: &Path) -> (Arc<Limiter>, ConfigWatcher, ManualClock)
 
 /// Waits until the config hash differs from `old`; returns the time it took.
 async fn applied(limiter: &Limiter, old: &str, what: &str) -> Duration {
-    let (_, took) = poll(SLO, what, || {
+    let (_, took) = eventually(SLO, what, || {
         let h = limiter.config().hash.clone();
         async move { (h != old).then_some(()) }
     })
@@ -168,7 +187,7 @@ async fn br20_plain_directory_rename_in_place_create_delete() {
     std::fs::create_dir(&cfg).unwrap();
     let file = cfg.join("rl.yaml");
     std::fs::write(&file, rule("br20b", 1000)).unwrap();
-    let (limiter, _w) = start(&cfg);
+    let (limiter, _w, _) = start_with_clock(&cfg, slow_settle());
 
     // Step 3: write-then-rename.
     let (ok0, err0) = (success(), errors());
@@ -179,12 +198,13 @@ async fn br20_plain_directory_rename_in_place_create_delete() {
         codes(&limiter, "br20b", "s3", 3).await,
         vec![(OK, 1, Some(2)), (OK, 0, Some(2)), (OVER, 0, Some(2))]
     );
-    tokio::time::sleep(QUIET).await;
+    tokio::time::sleep(SLOW_QUIET).await;
     assert_eq!(success() - ok0, 1.0);
     assert_eq!(errors() - err0, 0.0);
 
-    // Step 4: in-place rewrite in two write() calls 200 ms apart. The first
-    // half alone is a valid config (one rule less): it must never be applied.
+    // In-place rewrite in two write() calls 200 ms apart (longer than the
+    // debounce, shorter than the settle). The first half alone is a valid
+    // config (one rule less): it must never be applied.
     let (ok0, err0) = (success(), errors());
     let old = limiter.config().hash.clone();
     let half = rule("br20b", 3);
@@ -221,7 +241,7 @@ async fn br20_plain_directory_rename_in_place_create_delete() {
             (OVER, 0, Some(3))
         ]
     );
-    tokio::time::sleep(QUIET).await;
+    tokio::time::sleep(SLOW_QUIET).await;
     sampler.abort();
     assert!(
         !seen.lock().contains(&half_hash),
@@ -251,7 +271,7 @@ async fn br20_plain_directory_rename_in_place_create_delete() {
     applied(&limiter, &old, "file delete").await;
     assert!(!limiter.config().domains.contains_key("br20b"));
     assert_eq!(codes(&limiter, "br20b", "s6", 1).await, vec![(OK, 0, None)]);
-    tokio::time::sleep(QUIET).await;
+    tokio::time::sleep(SLOW_QUIET).await;
     assert_eq!(success() - ok0, 2.0, "create and delete: one load each");
     assert_eq!(errors() - err0, 0.0);
 }
@@ -299,7 +319,7 @@ async fn br01_bad_reload_keeps_the_old_config() {
     let (ok0, err0) = (success(), errors());
     let v1_hash = limiter.config().hash.clone();
     write_atomically(&file, EDGE_TYPO);
-    let (err, _) = poll(SLO, "the reload error", || {
+    let (err, _) = eventually(SLO, "the reload error", || {
         let e = limiter.last_reload_error();
         async move { e }
     })
@@ -318,7 +338,7 @@ async fn br01_bad_reload_keeps_the_old_config() {
 
     // SIGHUP reports the same failure again; the config still stays.
     watcher.reload_now();
-    poll(SLO, "the forced reload", || async {
+    eventually(SLO, "the forced reload", || async {
         (errors() - err0 >= 2.0).then_some(())
     })
     .await;
@@ -345,7 +365,7 @@ async fn br21_changed_limits_apply_to_existing_buckets() {
         )
     };
     std::fs::write(&file, yaml(100)).unwrap();
-    let (limiter, _w, clock) = start_with_clock(&file);
+    let (limiter, _w, clock) = start_with_clock(&file, WatchOptions::default());
     let call = |hits: u64| {
         let limiter = limiter.clone();
         async move {
