@@ -26,7 +26,8 @@ fn config_file() -> tempfile::NamedTempFile {
 }
 
 /// `[[user=a], [user=b], [route=r]]` three times: OK, OK, then OVER_LIMIT
-/// on both users with the route untouched (BR-28 step 1, through gRPC).
+/// on both users with the route untouched (docs/cases.md, "No CROSSSLOT on
+/// a cluster", step 1, through gRPC).
 async fn three_calls(svc: &BucketRls) {
     let mut client = RateLimitServiceClient::connect(format!("http://{}", svc.grpc))
         .await

@@ -311,7 +311,7 @@ async fn burst_then_steady_refill_rate() {
     assert_eq!(s.get_from([127, 0, 0, 3], "/other").await.status, 200);
 }
 
-/// BR-16 through Envoy: a request denied by the export rule charges neither
+/// docs/cases.md, "A denied request charges nothing", through Envoy: a request denied by the export rule charges neither
 /// the key's nor the IP's bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_descriptor_does_not_charge_the_others() {
@@ -761,7 +761,8 @@ async fn compose_topology_on_loopback_matches_the_readme() {
     );
 }
 
-/// BR-19 through Envoy: when one descriptor denies, the `X-RateLimit-*`
+/// docs/cases.md, "The denying status drives the headers", through Envoy:
+/// when one descriptor denies, the `X-RateLimit-*`
 /// headers and `Retry-After` describe that descriptor (remaining 0, its
 /// wait), not the one with tokens left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

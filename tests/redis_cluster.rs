@@ -1,8 +1,9 @@
 //! The Redis Cluster backend against a real six-node cluster (three masters,
-//! three replicas) on 127.0.0.1: BR-28 (no `CROSSSLOT`, keys on three
-//! masters, a slot migrated while traffic runs, a lost slot range), BR-16
-//! across slots under concurrency, `NOSCRIPT` on cluster nodes (BR-23), and
-//! the BR-29 latency shape as a printed measurement (no timed assertion).
+//! three replicas) on 127.0.0.1: no `CROSSSLOT`, keys on three masters, a
+//! slot migrated while traffic runs, a lost slot range (docs/cases.md, "No
+//! CROSSSLOT on a cluster"), all-or-nothing across slots under concurrency,
+//! `NOSCRIPT` on cluster nodes, an ambiguous timeout never replayed. The
+//! latency against slots touched is measured by `benches/cluster_latency.rs`.
 
 mod common;
 
@@ -91,7 +92,7 @@ fn crossslot_errors(c: &RedisCluster) -> u64 {
         .sum()
 }
 
-const BR28: &str = "
+const USER_AND_ROUTE: &str = "
 domain: c
 descriptors:
   - key: user
@@ -100,11 +101,11 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 ";
 
-/// BR-28 step 1: the three buckets of one request live on three different
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 1: the three buckets of one request live on three different
 /// masters; calls 1-2 OK, call 3 OVER_LIMIT on both users and OK on the
 /// route (not charged); no CROSSSLOT anywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br28_keys_on_three_masters() {
+async fn keys_of_one_request_on_three_masters() {
     let c = shared_async().await;
     let prefix = unique_prefix("br28");
     let shards = c.shards();
@@ -117,7 +118,7 @@ async fn br28_keys_on_three_masters() {
         .map(|s| c.command_calls(s.master, "evalsha"))
         .collect();
     let s = storage(c, Duration::from_secs(1)).await;
-    let l = limiter(BR28, Arc::new(s), &prefix);
+    let l = limiter(USER_AND_ROUTE, Arc::new(s), &prefix);
     let d = [
         ("user", a.as_str()),
         ("user", b.as_str()),
@@ -162,7 +163,7 @@ async fn br28_keys_on_three_masters() {
     assert_eq!(crossslot_errors(c), 0);
 }
 
-const BR16: &str = "
+const GROUP_AND_EXPORT: &str = "
 domain: api
 descriptors:
   - key: group
@@ -186,13 +187,14 @@ fn split_prefix(c: &RedisCluster, name: &str) -> String {
     }
 }
 
-/// BR-16 with the two buckets on different masters: exact sequential values.
+/// docs/cases.md, "A denied request charges nothing", with the two buckets on
+/// different masters: exact sequential values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br16_across_masters_sequential() {
+async fn denied_request_charges_nothing_across_masters() {
     let c = shared_async().await;
     let prefix = split_prefix(c, "br16s");
     let l = limiter(
-        BR16,
+        GROUP_AND_EXPORT,
         Arc::new(storage(c, Duration::from_secs(1)).await),
         &prefix,
     );
@@ -217,15 +219,16 @@ async fn br16_across_masters_sequential() {
     assert_eq!(r.overall_code, OVER);
 }
 
-/// BR-16 under concurrency across masters: 50 concurrent callers; at most 3
+/// docs/cases.md, "A denied request charges nothing", under concurrency
+/// across masters: 50 concurrent callers; at most 3
 /// admitted on `special`, and once the refunds have landed `group` has been
 /// charged exactly once per admitted request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br16_across_masters_concurrent() {
+async fn concurrent_callers_never_over_admit_across_masters() {
     let c = shared_async().await;
     let prefix = split_prefix(c, "br16c");
     let l = limiter(
-        BR16,
+        GROUP_AND_EXPORT,
         Arc::new(storage(c, Duration::from_secs(2)).await),
         &prefix,
     );
@@ -265,7 +268,7 @@ async fn br16_across_masters_concurrent() {
     }
 }
 
-/// BR-23 on a cluster: after `SCRIPT FLUSH` on every master, requests
+/// docs/cases.md, "NOSCRIPT is handled", on a cluster: after `SCRIPT FLUSH` on every master, requests
 /// spanning all masters still succeed (NOSCRIPT answered with EVAL), and
 /// exactly one token is consumed per bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -277,7 +280,7 @@ async fn noscript_on_cluster_nodes_is_transparent() {
     let b = value_in(&shards[1], &prefix, "c", "route", "b", &[]);
     let d = value_in(&shards[2], &prefix, "c", "route", "d", &[]);
     let l = limiter(
-        BR28,
+        USER_AND_ROUTE,
         Arc::new(storage(c, Duration::from_secs(1)).await),
         &prefix,
     );
@@ -302,12 +305,12 @@ async fn noscript_on_cluster_nodes_is_transparent() {
     );
 }
 
-/// BR-28 step 3: a master and its replica stopped. Requests touching the
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 3: a master and its replica stopped. Requests touching the
 /// lost slots answer UNAVAILABLE (kind CLUSTERDOWN) for the whole request;
 /// requests whose buckets all live elsewhere keep working, before and after
 /// the cluster marks the nodes failed; a mixed request charges nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br28_lost_slot_range() {
+async fn lost_slot_range_fails_only_its_requests() {
     let mut c = own_cluster().await;
     let prefix = unique_prefix("lost");
     let shards = c.shards();
@@ -325,7 +328,7 @@ async fn br28_lost_slot_range() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let s = Arc::new(s);
-    let l = limiter(BR28, s.clone(), &prefix);
+    let l = limiter(USER_AND_ROUTE, s.clone(), &prefix);
     let r = call(&l, "c", &[("route", &live_a), ("route", &dead)]).await;
     assert_eq!(r.overall_code, OK);
 
@@ -389,13 +392,13 @@ async fn br28_lost_slot_range() {
     );
 }
 
-/// BR-28 step 2: the slot holding `user=a` is migrated to another master
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 2: the slot holding `user=a` is migrated to another master
 /// (`CLUSTER SETSLOT ... IMPORTING/MIGRATING`, `MIGRATE`, `SETSLOT NODE`)
 /// while requests run at about 200/s. ASK and MOVED are followed; every
 /// answer is correct, at most a few transient UNAVAILABLE, and the bucket
 /// moves with its tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br28_slot_migration_under_traffic() {
+async fn slot_migration_under_traffic() {
     let c = Arc::new(own_cluster().await);
     let prefix = unique_prefix("reshard");
     let shards = c.shards();
@@ -595,12 +598,12 @@ descriptors:
     assert_eq!(st(&call(&l, "c", &[("route", &moved)]).await, 0), (OK, 995));
 }
 
-/// BR-24 on a cluster: a slot call whose reply arrives after the timeout
+/// docs/cases.md, "Ambiguous calls are never replayed", on a cluster: a slot call whose reply arrives after the timeout
 /// answers UNAVAILABLE in about the timeout and is never replayed (the
 /// client is built without automatic retries): the master ran the script
 /// exactly once and exactly one token is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br24_ambiguous_timeout_is_not_replayed() {
+async fn ambiguous_timeout_is_not_replayed() {
     let c = own_cluster().await;
     let prefix = unique_prefix("br24");
     let shards = c.shards();

@@ -1,9 +1,10 @@
 //! Redis failures through the service core, against real `redis-server`
 //! processes (production mode: time from Redis `TIME`):
-//! BR-23 (`NOSCRIPT` after `SCRIPT FLUSH` and restart), BR-24 (an ambiguous
-//! timeout is never replayed), BR-25 (Redis down or blackholed: fast
-//! `UNAVAILABLE`, circuit breaker, storage-free rules keep working, recovery
-//! without restart).
+//! `NOSCRIPT` after `SCRIPT FLUSH` and restart, an ambiguous timeout never
+//! replayed, Redis down or blackholed (fast `UNAVAILABLE`, circuit breaker,
+//! storage-free rules keep working, recovery without restart). The cases are
+//! in docs/cases.md, "NOSCRIPT is handled", "Ambiguous calls are never
+//! replayed" and "Redis down answers fast".
 
 mod common;
 
@@ -112,7 +113,7 @@ fn reload_counter() -> f64 {
         .map_or(0.0, |v| v.trim().parse().unwrap_or(0.0))
 }
 
-/// BR-25: with a 50 ms timeout every call ends with UNAVAILABLE long before a
+/// With a 50 ms timeout every call ends with UNAVAILABLE long before a
 /// client library's default timeout (seconds) would. This is a hang detector,
 /// not a speed target (speed is measured by benchmarks, never asserted): the
 /// bound is generous so a busy CI machine cannot make it flaky. The median is
@@ -131,10 +132,10 @@ fn assert_bounded(took: &[Duration]) {
     );
 }
 
-/// BR-23: `SCRIPT FLUSH` (a) and a restart without persistence (b) are
+/// `SCRIPT FLUSH` (a) and a restart without persistence (b) are
 /// handled transparently: the script is reloaded and the call retried once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br23_noscript_after_flush_and_restart() {
+async fn noscript_after_flush_and_restart() {
     let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start();
     let s = storage(&server.url(), 1000);
@@ -165,10 +166,10 @@ async fn br23_noscript_after_flush_and_restart() {
     );
 }
 
-/// BR-24: a reply delayed past the timeout gives `UNAVAILABLE` quickly, and
+/// A reply delayed past the timeout gives `UNAVAILABLE` quickly, and
 /// the call is not replayed: the next call sees exactly one more token gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br24_ambiguous_timeout_is_not_replayed() {
+async fn ambiguous_timeout_is_not_replayed() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port()).await;
@@ -209,12 +210,12 @@ async fn br24_ambiguous_timeout_is_not_replayed() {
     assert_eq!(server.command_calls("eval"), 0);
 }
 
-/// BR-25 (step 1 and 3): Redis stopped. Fast `UNAVAILABLE`, never
+/// Redis stopped (docs/cases.md, "Redis down answers fast", steps 1 and 3). Fast `UNAVAILABLE`, never
 /// `OVER_LIMIT`; the breaker answers at once after repeated failures;
 /// unlimited and unmatched descriptors still answer OK; a mixed request is
 /// `UNAVAILABLE`; the health check fails; recovery without restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br25_redis_stopped_then_back() {
+async fn redis_stopped_then_back() {
     let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start();
     let s = storage(&server.url(), 50);
@@ -276,12 +277,13 @@ async fn br25_redis_stopped_then_back() {
     assert!(!s.circuit_open());
 }
 
-/// BR-25 (step 1 and 2, blackhole): Redis unreachable without a reset, also
+/// Redis unreachable (docs/cases.md, "Redis down answers fast", steps 1 and
+/// 2): blackholed, without a reset, also
 /// from startup. Every call is `UNAVAILABLE` within timeout + 10 ms, the
 /// breaker then answers at once; when traffic flows again, answers are
 /// normal within 5 s without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br25_blackholed_from_startup() {
+async fn blackholed_from_startup() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port()).await;

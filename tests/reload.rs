@@ -1,6 +1,9 @@
-//! Hot reload through the real file watcher (BR-20, BR-01 reload part,
-//! BR-21, BR-22): every update pattern applies within 2 s and counts exactly
-//! once; failures keep the old config; reloads never refill buckets.
+//! Hot reload through the real file watcher (docs/design.md, "Hot reload";
+//! docs/cases.md, "Every file update pattern reloads once", "Misspelt keys
+//! fail loudly", "Changed limits apply to existing buckets" and "Rewriting
+//! the config never refills"): every update pattern applies within 2 s and
+//! counts exactly once; failures keep the old config; reloads never refill
+//! buckets.
 //!
 //! The tests of this binary run one at a time (they assert exact deltas of
 //! the process-wide `config_load` counter) and poll with a deadline instead
@@ -26,7 +29,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Reload SLO (DESIGN 6).
+/// The reload target: a change applies within 2 s (docs/design.md, "Hot
+/// reload").
 const SLO: Duration = Duration::from_secs(2);
 /// Long enough for duplicate events of one change to be processed (debounce
 /// 200 ms + settle 250 ms, twice), so a second count would show.
@@ -136,7 +140,7 @@ const OK: Code = Code::Ok;
 const OVER: Code = Code::OverLimit;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br20_configmap_symlink_swap_applies_once() {
+async fn configmap_symlink_swap_applies_once() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("cfg");
@@ -148,14 +152,14 @@ async fn br20_configmap_symlink_swap_applies_once() {
 
     let (ok0, err0) = (success(), errors());
     let (limiter, _w) = start(&cfg);
-    // Step 1: loaded once, hidden entries skipped (no duplicate domain).
+    // Loaded once, hidden entries skipped (no duplicate domain).
     assert_eq!(limiter.config().domains.len(), 1);
     assert_eq!(
         codes(&limiter, "br20", "s1", 1).await,
         vec![(OK, 999, Some(1000))]
     );
 
-    // Step 2: the kubelet's swap.
+    // The kubelet's swap.
     let old = limiter.config().hash.clone();
     let v2_dir = cfg.join("..2024_01_01_00_01_00.2");
     std::fs::create_dir(&v2_dir).unwrap();
@@ -180,7 +184,7 @@ async fn br20_configmap_symlink_swap_applies_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br20_plain_directory_rename_in_place_create_delete() {
+async fn plain_directory_rename_in_place_create_delete() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("cfg2");
@@ -189,7 +193,7 @@ async fn br20_plain_directory_rename_in_place_create_delete() {
     std::fs::write(&file, rule("br20b", 1000)).unwrap();
     let (limiter, _w, _) = start_with_clock(&cfg, slow_settle());
 
-    // Step 3: write-then-rename.
+    // Write-then-rename.
     let (ok0, err0) = (success(), errors());
     let old = limiter.config().hash.clone();
     write_atomically(&file, &rule("br20b", 2));
@@ -265,7 +269,7 @@ async fn br20_plain_directory_rename_in_place_create_delete() {
         vec![(OK, 0, Some(1)), (OVER, 0, Some(1))]
     );
 
-    // Step 5: delete: the domain disappears (no limit).
+    // Delete: the domain disappears (no limit).
     let old = limiter.config().hash.clone();
     std::fs::remove_file(&file).unwrap();
     applied(&limiter, &old, "file delete").await;
@@ -298,7 +302,7 @@ descriptors:
 ";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br01_bad_reload_keeps_the_old_config() {
+async fn bad_reload_keeps_the_old_config() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("edge.yaml");
@@ -355,7 +359,7 @@ async fn br01_bad_reload_keeps_the_old_config() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br21_changed_limits_apply_to_existing_buckets() {
+async fn changed_limits_apply_to_existing_buckets() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("t.yaml");
@@ -419,7 +423,7 @@ async fn br21_changed_limits_apply_to_existing_buckets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br22_rewriting_or_extending_the_config_never_refills() {
+async fn rewriting_or_extending_the_config_never_refills() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("r.yaml");
