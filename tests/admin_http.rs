@@ -3,8 +3,6 @@
 
 mod common;
 
-use common::http::request;
-use common::metrics::metric;
 use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -15,6 +13,8 @@ use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::storage::{Charge, RequestResult, Storage, StorageError};
 use bucket_rls::metrics as m;
 use bucket_rls::service::Limiter;
+use common::http::request;
+use common::metrics::metric;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -10,10 +10,10 @@
 
 mod common;
 
-use common::metrics::scrape;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
+use common::metrics::scrape;
 use common::{desc, limiter, req};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;

@@ -534,7 +534,8 @@ async fn two_replicas_on_redis_share_the_budget() {
 async fn redis_down_fails_open_fast_and_recovers() {
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let mut s = Stack::start_with(&edge_config(), 1, &["--redis-url", &url], long_rls_timeout).await;
+    let mut s =
+        Stack::start_with(&edge_config(), 1, &["--redis-url", &url], long_rls_timeout).await;
     for _ in 0..5 {
         assert_eq!(s.get("/x", &[KEY]).await.status, 200);
     }

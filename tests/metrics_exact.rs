@@ -3,16 +3,16 @@
 //! recorder.
 //!
 //! Metrics are process-global: every test here uses its own domain names, and
-//! only `unknown_domain_*` sends malformed requests, so values are exact even though the
-//! tests of this binary run in parallel.
+//! only `unknown_domain_*` sends malformed requests, so values are exact even
+//! though the tests of this binary run in parallel.
 
 mod common;
 
-use common::metrics::{metric, scrape};
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::metrics as m;
 use bucket_rls::service::{Limiter, MAX_DOMAIN_LABELS};
+use common::metrics::{metric, scrape};
 use common::{desc, desc_hits, limiter, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::io::Write;

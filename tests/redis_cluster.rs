@@ -508,12 +508,16 @@ descriptors:
     let (ok, unavailable, last) = traffic.await.expect("traffic");
     assert!(ok > 100, "{ok} calls answered");
     assert!(unavailable <= 5, "{unavailable} UNAVAILABLE");
-    common::eventually::eventually_blocking(SETUP_DEADLINE, "every node sees the slot moved", || {
-        c.nodes.iter().all(|n| {
-            n.try_query::<String>(redis::cmd("CLUSTER").arg("NODES"))
-                .is_ok_and(|_| c.shard_of(slot).master == dst.master)
-        })
-    });
+    common::eventually::eventually_blocking(
+        SETUP_DEADLINE,
+        "every node sees the slot moved",
+        || {
+            c.nodes.iter().all(|n| {
+                n.try_query::<String>(redis::cmd("CLUSTER").arg("NODES"))
+                    .is_ok_and(|_| c.shard_of(slot).master == dst.master)
+            })
+        },
+    );
     assert!(
         c.command_calls(dst.master, "asking") > 0,
         "ASK was followed (ASKING sent to the target)"
@@ -621,11 +625,15 @@ async fn ambiguous_timeout_is_not_replayed() {
             .arg(p),
     );
     tokio::task::block_in_place(|| {
-        common::eventually::eventually_blocking(SETUP_DEADLINE, "every node announces the proxy", || {
-            c.nodes
-                .iter()
-                .all(|n| c.shards_from(n.port).iter().any(|s| s.master == p))
-        });
+        common::eventually::eventually_blocking(
+            SETUP_DEADLINE,
+            "every node announces the proxy",
+            || {
+                c.nodes
+                    .iter()
+                    .all(|n| c.shards_from(n.port).iter().any(|s| s.master == p))
+            },
+        );
     });
     let s = RedisClusterStorage::builder([format!("127.0.0.1:{}", shards[1].master)])
         .timeout(Duration::from_millis(50))

@@ -183,12 +183,16 @@ async fn tls_cluster_with_private_ca() {
         tls_ports.push(tls_port);
     }
     common::cluster::create_cluster(&nodes, 0);
-    common::eventually::eventually_blocking(SETUP_DEADLINE, "cluster_state:ok on every node", || {
-        nodes.iter().all(|n| {
-            n.try_query::<String>(redis::cmd("CLUSTER").arg("INFO"))
-                .is_ok_and(|i| i.contains("cluster_state:ok"))
-        })
-    });
+    common::eventually::eventually_blocking(
+        SETUP_DEADLINE,
+        "cluster_state:ok on every node",
+        || {
+            nodes.iter().all(|n| {
+                n.try_query::<String>(redis::cmd("CLUSTER").arg("INFO"))
+                    .is_ok_and(|i| i.contains("cluster_state:ok"))
+            })
+        },
+    );
 
     let seeds: Vec<String> = tls_ports
         .iter()

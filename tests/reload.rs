@@ -12,8 +12,6 @@
 
 mod common;
 
-use common::eventually::eventually;
-use common::metrics::counter;
 use bucket_rls::config::loader;
 use bucket_rls::config::watcher::{ConfigWatcher, Outcome, Reloader, WatchOptions};
 use bucket_rls::storage::clock::ManualClock;
@@ -21,6 +19,8 @@ use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::metrics::CONFIG_LOAD;
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::ServiceSettings;
+use common::eventually::eventually;
+use common::metrics::counter;
 use common::{desc, desc_hits, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -77,11 +77,7 @@ fn start_with_clock(
     let clock = ManualClock::new(1_000_000);
     let storage = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
     let limiter = Arc::new(Limiter::new(config, storage, ServiceSettings::default()));
-    let watcher = ConfigWatcher::spawn(
-        source.to_path_buf(),
-        limiter.clone(),
-        options,
-    );
+    let watcher = ConfigWatcher::spawn(source.to_path_buf(), limiter.clone(), options);
     assert!(watcher.is_watching());
     (limiter, watcher, clock)
 }

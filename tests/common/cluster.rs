@@ -29,7 +29,6 @@ while kill -0 "$WATCH_PID" 2>/dev/null && kill -0 "$r" 2>/dev/null; do sleep 0.3
 kill -9 "$r" 2>/dev/null
 "#;
 
-
 /// One `redis-server` process (under its watchdog).
 #[derive(Debug)]
 pub struct Node {

@@ -39,7 +39,6 @@ pub fn bucket_rls_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_bucket-rls"))
 }
 
-
 /// A child process killed (SIGKILL) on drop, with its output in a log file.
 #[derive(Debug)]
 pub struct Proc {

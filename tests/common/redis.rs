@@ -19,7 +19,6 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
 }
 
-
 impl RedisServer {
     /// Starts `redis-server --port P --save "" --appendonly no` on a free port.
     pub fn start() -> Self {

@@ -173,15 +173,19 @@ impl SentinelSetup {
             sentinel_tls_ports,
             dir,
         };
-        eventually_blocking(SETUP_DEADLINE, "Sentinels know the replica and each other", || {
-            s.sentinels.iter().all(|n| {
-                let reps: redis::RedisResult<Vec<redis::Value>> =
-                    n.try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME));
-                let sens: redis::RedisResult<Vec<redis::Value>> =
-                    n.try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(MASTER_NAME));
-                reps.is_ok_and(|r| r.len() == 1) && sens.is_ok_and(|r| r.len() == 2)
-            })
-        });
+        eventually_blocking(
+            SETUP_DEADLINE,
+            "Sentinels know the replica and each other",
+            || {
+                s.sentinels.iter().all(|n| {
+                    let reps: redis::RedisResult<Vec<redis::Value>> =
+                        n.try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME));
+                    let sens: redis::RedisResult<Vec<redis::Value>> =
+                        n.try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(MASTER_NAME));
+                    reps.is_ok_and(|r| r.len() == 1) && sens.is_ok_and(|r| r.len() == 2)
+                })
+            },
+        );
         s
     }
 
