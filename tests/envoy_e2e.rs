@@ -311,8 +311,8 @@ async fn burst_then_steady_refill_rate() {
     assert_eq!(s.get_from([127, 0, 0, 3], "/other").await.status, 200);
 }
 
-/// docs/cases.md, "A denied request charges nothing", through Envoy: a request denied by the export rule charges neither
-/// the key's nor the IP's bucket.
+/// docs/cases.md, "A denied request charges nothing", through Envoy: a request
+/// denied by the export rule charges neither the key's nor the IP's bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_descriptor_does_not_charge_the_others() {
     let s = Stack::start(&edge_config(), |_| {}).await;

@@ -101,9 +101,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 ";
 
-/// docs/cases.md, "No CROSSSLOT on a cluster", step 1: the three buckets of one request live on three different
-/// masters; calls 1-2 OK, call 3 OVER_LIMIT on both users and OK on the
-/// route (not charged); no CROSSSLOT anywhere.
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 1: the three buckets of one
+/// request live on three different masters; calls 1-2 OK, call 3 OVER_LIMIT on
+/// both users and OK on the route (not charged); no CROSSSLOT anywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keys_of_one_request_on_three_masters() {
     let c = shared_async().await;
@@ -268,9 +268,9 @@ async fn concurrent_callers_never_over_admit_across_masters() {
     }
 }
 
-/// docs/cases.md, "NOSCRIPT is handled", on a cluster: after `SCRIPT FLUSH` on every master, requests
-/// spanning all masters still succeed (NOSCRIPT answered with EVAL), and
-/// exactly one token is consumed per bucket.
+/// docs/cases.md, "NOSCRIPT is handled", on a cluster: after `SCRIPT FLUSH` on
+/// every master, requests spanning all masters still succeed (NOSCRIPT answered
+/// with EVAL), and exactly one token is consumed per bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn noscript_on_cluster_nodes_is_transparent() {
     let c = shared_async().await;
@@ -305,10 +305,11 @@ async fn noscript_on_cluster_nodes_is_transparent() {
     );
 }
 
-/// docs/cases.md, "No CROSSSLOT on a cluster", step 3: a master and its replica stopped. Requests touching the
-/// lost slots answer UNAVAILABLE (kind CLUSTERDOWN) for the whole request;
-/// requests whose buckets all live elsewhere keep working, before and after
-/// the cluster marks the nodes failed; a mixed request charges nothing.
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 3: a master and its replica
+/// stopped. Requests touching the lost slots answer UNAVAILABLE (kind
+/// CLUSTERDOWN) for the whole request; requests whose buckets all live
+/// elsewhere keep working, before and after the cluster marks the nodes failed;
+/// a mixed request charges nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_slot_range_fails_only_its_requests() {
     let mut c = own_cluster().await;
@@ -392,11 +393,11 @@ async fn lost_slot_range_fails_only_its_requests() {
     );
 }
 
-/// docs/cases.md, "No CROSSSLOT on a cluster", step 2: the slot holding `user=a` is migrated to another master
-/// (`CLUSTER SETSLOT ... IMPORTING/MIGRATING`, `MIGRATE`, `SETSLOT NODE`)
-/// while requests run at about 200/s. ASK and MOVED are followed; every
-/// answer is correct, at most a few transient UNAVAILABLE, and the bucket
-/// moves with its tokens.
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 2: the slot holding
+/// `user=a` is migrated to another master (`CLUSTER SETSLOT ...
+/// IMPORTING/MIGRATING`, `MIGRATE`, `SETSLOT NODE`) while requests run at about
+/// 200/s. ASK and MOVED are followed; every answer is correct, at most a few
+/// transient UNAVAILABLE, and the bucket moves with its tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slot_migration_under_traffic() {
     let c = Arc::new(own_cluster().await);
@@ -602,10 +603,11 @@ descriptors:
     assert_eq!(st(&call(&l, "c", &[("route", &moved)]).await, 0), (OK, 995));
 }
 
-/// docs/cases.md, "Ambiguous calls are never replayed", on a cluster: a slot call whose reply arrives after the timeout
-/// answers UNAVAILABLE in about the timeout and is never replayed (the
-/// client is built without automatic retries): the master ran the script
-/// exactly once and exactly one token is gone.
+/// docs/cases.md, "Ambiguous calls are never replayed", on a cluster: a slot
+/// call whose reply arrives after the timeout answers UNAVAILABLE in about the
+/// timeout and is never replayed (the client is built without automatic
+/// retries): the master ran the script exactly once and exactly one token is
+/// gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ambiguous_timeout_is_not_replayed() {
     let c = own_cluster().await;

@@ -210,10 +210,11 @@ async fn ambiguous_timeout_is_not_replayed() {
     assert_eq!(server.command_calls("eval"), 0);
 }
 
-/// Redis stopped (docs/cases.md, "Redis down answers fast", steps 1 and 3). Fast `UNAVAILABLE`, never
-/// `OVER_LIMIT`; the breaker answers at once after repeated failures;
-/// unlimited and unmatched descriptors still answer OK; a mixed request is
-/// `UNAVAILABLE`; the health check fails; recovery without restart.
+/// Redis stopped (docs/cases.md, "Redis down answers fast", steps 1 and 3).
+/// Fast `UNAVAILABLE`, never `OVER_LIMIT`; the breaker answers at once after
+/// repeated failures; unlimited and unmatched descriptors still answer OK; a
+/// mixed request is `UNAVAILABLE`; the health check fails; recovery without
+/// restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_then_back() {
     let _serial = SERIAL.lock().await;
@@ -278,10 +279,10 @@ async fn redis_stopped_then_back() {
 }
 
 /// Redis unreachable (docs/cases.md, "Redis down answers fast", steps 1 and
-/// 2): blackholed, without a reset, also
-/// from startup. Every call is `UNAVAILABLE` within timeout + 10 ms, the
-/// breaker then answers at once; when traffic flows again, answers are
-/// normal within 5 s without a restart.
+/// 2): blackholed, without a reset, from startup. Every call is
+/// `UNAVAILABLE`, bounded by the timeout; then the breaker answers without
+/// calling Redis; when traffic flows again, answers are normal within 5 s
+/// without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blackholed_from_startup() {
     let _serial = SERIAL.lock().await;

@@ -1,8 +1,9 @@
 //! The Sentinel backend against a real setup (one master, one replica, three
-//! Sentinels on 127.0.0.1): discovery, a failover during traffic that ends
-//! with correct answers without restarting the storage, a killed master, and
-//! 50 concurrent requests after a failover to a node without the script are
-//! all OK (docs/cases.md, "NOSCRIPT is handled"); a master with a password (`--redis-master-password`).
+//! Sentinels on 127.0.0.1): discovery, a failover during traffic that ends with
+//! correct answers without restarting the storage, a killed master, and 50
+//! concurrent requests after a failover to a node without the script are all OK
+//! (docs/cases.md, "NOSCRIPT is handled"); a master with a password
+//! (`--redis-master-password`).
 
 mod common;
 
@@ -220,8 +221,9 @@ async fn master_killed() {
     );
 }
 
-/// docs/cases.md, "NOSCRIPT is handled": after a failover to a node whose script cache is empty, 50
-/// concurrent requests are all OK; no NOSCRIPT reaches a caller.
+/// docs/cases.md, "NOSCRIPT is handled": after a failover to a node whose
+/// script cache is empty, 50 concurrent requests are all OK; no NOSCRIPT
+/// reaches a caller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn noscript_after_failover_to_a_fresh_replica() {
     let s = setup().await;

@@ -90,9 +90,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 60}
 ";
 
-/// docs/cases.md, "Every key has a long enough TTL": every bucket key has a TTL covering its time to full, never more
-/// than one unit here, never none; a check (cost 0) writes nothing and
-/// refreshes no TTL; state survives until the bucket is full (OK(29) at t=30).
+/// docs/cases.md, "Every key has a long enough TTL": every bucket key has a TTL
+/// covering its time to full, never more than one unit here, never none; a
+/// check (cost 0) writes nothing and refreshes no TTL; state survives until the
+/// bucket is full (OK(29) at t=30).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_has_a_ttl_until_its_bucket_is_full() {
     let server = RedisServer::start();
@@ -166,10 +167,10 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10}
 ";
 
-/// docs/cases.md, "Time comes from Redis": in production the script reads Redis `TIME` (the stored timestamp
-/// is Redis's clock, whatever the service's); with explicit clocks that are
-/// skewed and step backwards (test-only mode), a stored timestamp never moves
-/// back and no tokens are minted.
+/// docs/cases.md, "Time comes from Redis": in production the script reads Redis
+/// `TIME` (the stored timestamp is Redis's clock, whatever the service's); with
+/// explicit clocks that are skewed and step backwards (test-only mode), a
+/// stored timestamp never moves back and no tokens are minted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_clocks_mint_no_tokens() {
     let server = RedisServer::start();
@@ -269,8 +270,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3}
 ";
 
-/// docs/cases.md, "A denied request charges nothing", under concurrency: 50 concurrent callers through two instances;
-/// at most 3 admitted on `special`, and `group` is charged only for those.
+/// docs/cases.md, "A denied request charges nothing", under concurrency: 50
+/// concurrent callers through two instances; at most 3 admitted on `special`,
+/// and `group` is charged only for those.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_instances_never_over_admit_across_buckets() {
     let server = RedisServer::start();
@@ -320,9 +322,10 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000}
 ";
 
-/// docs/cases.md, "High rates and large numbers", with Redis time: 64 concurrent streams send 12,000 hits at a
-/// 6000/s rule (admitted <= 6000 + 6000 T + 1, no errors); a 10^6/s bucket
-/// drained by one hit of 10^6 keeps its key (PTTL >= 1 ms) and denies the next.
+/// docs/cases.md, "High rates and large numbers", with Redis time: 64
+/// concurrent streams send 12,000 hits at a 6000/s rule (admitted <= 6000 +
+/// 6000 T + 1, no errors); a 10^6/s bucket drained by one hit of 10^6 keeps its
+/// key (PTTL >= 1 ms) and denies the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn high_rates_limit_exactly_under_concurrency() {
     let server = RedisServer::start();
@@ -381,9 +384,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 ";
 
-/// docs/cases.md, "Changed limits apply to existing buckets", with Redis time and the local cache: a denial is cached and answers
-/// the same as Redis without a call; a config change clears it and the new
-/// limit applies at once, with the tokens carried over.
+/// docs/cases.md, "Changed limits apply to existing buckets", with Redis time
+/// and the local cache: a denial is cached and answers the same as Redis
+/// without a call; a config change clears it and the new limit applies at once,
+/// with the tokens carried over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raising_reload_clears_cached_denials() {
     // The metrics recorder must exist before the hit to count it.
@@ -433,8 +437,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 0}
 ";
 
-/// docs/cases.md, "A zero rate blocks", with Redis: a 0-rate rule denies everything for one unit, without
-/// a script error, and leaves no key behind (hence no inf/nan anywhere).
+/// docs/cases.md, "A zero rate blocks", with Redis: a 0-rate rule denies
+/// everything for one unit, without a script error, and leaves no key behind
+/// (hence no inf/nan anywhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zero_rate_rule_denies_and_writes_nothing() {
     let server = RedisServer::start();
@@ -521,9 +526,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10}
 ";
 
-/// docs/cases.md, "Costs above the remaining tokens" and "Zero hits", on the stored bytes: a denied cost (even 10^6, above the
-/// capacity) and a check (cost 0) leave the bucket's value byte-identical
-/// and its TTL not re-armed; the TTL never exceeds the time to full (60 s).
+/// docs/cases.md, "Costs above the remaining tokens" and "Zero hits", on the
+/// stored bytes: a denied cost (even 10^6, above the capacity) and a check
+/// (cost 0) leave the bucket's value byte-identical and its TTL not re-armed;
+/// the TTL never exceeds the time to full (60 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_costs_and_checks_write_nothing() {
     let server = RedisServer::start();
@@ -569,8 +575,9 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 2}
 ";
 
-/// docs/cases.md, "Every key has a long enough TTL", step 4, scaled to a 1 s unit: once every bucket is full again, no
-/// key is left (unique values cannot grow Redis without bound).
+/// docs/cases.md, "Every key has a long enough TTL", step 4, scaled to a 1 s
+/// unit: once every bucket is full again, no key is left (unique values cannot
+/// grow Redis without bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_gone_once_full_again() {
     let server = RedisServer::start();

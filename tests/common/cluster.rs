@@ -465,8 +465,9 @@ pub fn value_in(
 }
 
 /// A TCP proxy on 127.0.0.1 that delays every byte from `upstream` to the
-/// client by `delay_ms` milliseconds, read at each chunk (pure latency: chunks keep their order and are not
-/// serialised behind each other's delay). Runs until the test ends.
+/// client by `delay_ms` milliseconds, read at each chunk (pure latency: chunks
+/// keep their order and are not serialised behind each other's delay). Runs
+/// until the test ends.
 pub async fn delay_proxy(upstream: u16, delay_ms: Arc<AtomicU64>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -195,7 +195,8 @@ fn retry_after(r: &RateLimitResponse) -> Option<String> {
         .map(|h| h.value.clone())
 }
 
-/// docs/cases.md, "Misspelt keys fail loudly": a misspelt key never loads; a rejected reload keeps the old config.
+/// docs/cases.md, "Misspelt keys fail loudly": a misspelt key never loads; a
+/// rejected reload keeps the old config.
 pub async fn misspelt_key_never_loads_and_a_bad_reload_keeps_the_old_config(b: &dyn Backend) {
     let v1 = "domain: edge\ndescriptors:\n  - key: remote_address\n    value: 10.0.0.7\n    descriptors:\n      - key: api_path\n        value: /api\n        rate_limit: {unit: minute, requests_per_unit: 1}\n";
     let typo = v1.replace(
@@ -236,7 +237,8 @@ pub async fn misspelt_key_never_loads_and_a_bad_reload_keeps_the_old_config(b: &
     );
 }
 
-/// docs/cases.md, "A zero rate blocks": `requests_per_unit: 0` blocks; duration one unit; nothing stored.
+/// docs/cases.md, "A zero rate blocks": `requests_per_unit: 0` blocks; duration
+/// one unit; nothing stored.
 pub async fn zero_rate_blocks_for_one_unit(b: &dyn Backend) {
     let c = Case::new(b, "domain: block\ndescriptors:\n  - key: user_agent\n    value: bad-scanner\n    rate_limit: {unit: minute, requests_per_unit: 0}\n").await;
     for hits in [1, 1, 1, 0] {
@@ -257,7 +259,8 @@ pub async fn zero_rate_blocks_for_one_unit(b: &dyn Backend) {
     assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
 }
 
-/// docs/cases.md, "Wildcards": wildcards at every level, one bucket per value, exact beats wildcard.
+/// docs/cases.md, "Wildcards": wildcards at every level, one bucket per value,
+/// exact beats wildcard.
 pub async fn wildcards_nest_and_bucket_per_value(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -323,7 +326,8 @@ pub async fn share_threshold(b: &dyn Backend) {
     assert_eq!(cr(&c.one("s", &[("path", "/api/c")], 1).await, 0).0, OVER);
 }
 
-/// docs/cases.md, "Depth must match": depth must match; key-only rules have one bucket per value.
+/// docs/cases.md, "Depth must match": depth must match; key-only rules have one
+/// bucket per value.
 pub async fn depth_must_match_and_key_only_buckets_per_value(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -358,7 +362,8 @@ pub async fn depth_must_match_and_key_only_buckets_per_value(b: &dyn Backend) {
     assert_eq!(c.storage_calls(), calls, "no storage access without a rule");
 }
 
-/// docs/cases.md, "Unlimited applies to its own tuple": `unlimited` applies only to its own tuple and never touches storage.
+/// docs/cases.md, "Unlimited applies to its own tuple": `unlimited` applies
+/// only to its own tuple and never touches storage.
 pub async fn unlimited_applies_to_its_own_tuple_only(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -438,7 +443,8 @@ descriptors:
     );
 }
 
-/// docs/cases.md, "Replaces": `replaces` drops the named limit for that request only.
+/// docs/cases.md, "Replaces": `replaces` drops the named limit for that request
+/// only.
 pub async fn replaces_drops_the_named_limit_for_that_request(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -510,7 +516,8 @@ descriptors:
     );
 }
 
-/// docs/cases.md, "Shadow mode": shadow mode keeps accounting, answers OK, never short-circuits.
+/// docs/cases.md, "Shadow mode": shadow mode keeps accounting, answers OK,
+/// never short-circuits.
 pub async fn shadow_mode_counts_but_never_denies(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -551,7 +558,8 @@ pub async fn shadow_mode_counts_but_never_denies(b: &dyn Backend) {
     );
 }
 
-/// docs/cases.md, "Costs above the remaining tokens": a cost above the remaining tokens is denied without consuming.
+/// docs/cases.md, "Costs above the remaining tokens": a cost above the
+/// remaining tokens is denied without consuming.
 pub async fn cost_above_remaining_is_denied_without_consuming(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -648,7 +656,8 @@ pub async fn loosening_reload_never_refills(b: &dyn Backend) {
     assert_eq!(cr(&c.call(spend("b", 0)).await, 0), (OVER, 0));
 }
 
-/// docs/cases.md, "Zero hits": request-level 0 means 1; a per-descriptor explicit 0 only checks.
+/// docs/cases.md, "Zero hits": request-level 0 means 1; a per-descriptor
+/// explicit 0 only checks.
 pub async fn zero_hits_means_one_and_descriptor_zero_only_checks(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -678,7 +687,8 @@ pub async fn zero_hits_means_one_and_descriptor_zero_only_checks(b: &dyn Backend
     assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 8), (OK, 5)));
 }
 
-/// docs/cases.md, "Admissions never exceed the refill", first part: 3/s polled every 100 ms for 3 s admits exactly 11; no impossible remaining.
+/// docs/cases.md, "Admissions never exceed the refill", first part: 3/s polled
+/// every 100 ms for 3 s admits exactly 11; no impossible remaining.
 pub async fn polling_admits_exactly_the_refill(b: &dyn Backend) {
     let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: second, requests_per_unit: 3}\n").await;
     let mut admitted = 0;
@@ -722,9 +732,10 @@ impl Rng {
     }
 }
 
-/// docs/cases.md, "Admissions never exceed the refill", second part: random costs and gaps; every answer equals the reference model,
-/// admissions never exceed `C + r*T + 1`, remaining never exceeds `C`, and
-/// every OVER_LIMIT duration is at least 1 s and honest (a retry after it is admitted).
+/// docs/cases.md, "Admissions never exceed the refill", second part: random
+/// costs and gaps; every answer equals the reference model, admissions never
+/// exceed `C + r*T + 1`, remaining never exceeds `C`, and every OVER_LIMIT
+/// duration is at least 1 s and honest (a retry after it is admitted).
 pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
     use bucket_rls::storage::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit, MICRO};
     for (ci, cap) in [1u64, 7, 100, 4_294_967_295].into_iter().enumerate() {
@@ -793,7 +804,8 @@ pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
     }
 }
 
-/// docs/cases.md, "Waits are rounded up", the property: a retry after the reported duration is admitted.
+/// docs/cases.md, "Waits are rounded up", the property: a retry after the
+/// reported duration is admitted.
 pub async fn retry_after_the_reported_wait_is_admitted(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -820,7 +832,8 @@ pub async fn retry_after_the_reported_wait_is_admitted(b: &dyn Backend) {
     assert_eq!(cr(&c.one("d", &bb, 1).await, 0).0, OK);
 }
 
-/// docs/cases.md, "A denied request charges nothing": a request denied by one descriptor consumes none of the others.
+/// docs/cases.md, "A denied request charges nothing": a request denied by one
+/// descriptor consumes none of the others.
 pub async fn denied_request_charges_no_other_bucket(b: &dyn Backend) {
     let yaml = "domain: api\ndescriptors:\n  - key: group\n    value: reports\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: special\n    value: export\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
     let c = Case::new(b, yaml).await;
@@ -897,7 +910,8 @@ pub async fn denied_request_charges_no_other_bucket(b: &dyn Backend) {
     );
 }
 
-/// docs/cases.md, "High rates and large numbers": very high rates and huge costs neither overflow nor disable limiting.
+/// docs/cases.md, "High rates and large numbers": very high rates and huge
+/// costs neither overflow nor disable limiting.
 pub async fn high_rates_and_huge_costs_do_not_overflow(b: &dyn Backend) {
     let c = Arc::new(
         Case::new(
@@ -972,7 +986,8 @@ pub async fn high_rates_and_huge_costs_do_not_overflow(b: &dyn Backend) {
     );
 }
 
-/// docs/cases.md, "The denying status drives the headers": durations are always set; the denying status has remaining 0.
+/// docs/cases.md, "The denying status drives the headers": durations are always
+/// set; the denying status has remaining 0.
 pub async fn durations_set_and_denial_has_zero_remaining(b: &dyn Backend) {
     let c = Case::new(
         b,
@@ -1010,7 +1025,8 @@ pub async fn durations_set_and_denial_has_zero_remaining(b: &dyn Backend) {
     assert_eq!(st(&r, 0), (OK, 60, Some(0)));
 }
 
-/// docs/cases.md, "Changed limits apply to existing buckets": a changed limit applies to existing buckets at once, both ways.
+/// docs/cases.md, "Changed limits apply to existing buckets": a changed limit
+/// applies to existing buckets at once, both ways.
 pub async fn changed_limit_applies_to_existing_buckets(b: &dyn Backend) {
     let cfg = |rate: u32| {
         format!(
@@ -1051,7 +1067,8 @@ pub async fn changed_limit_applies_to_existing_buckets(b: &dyn Backend) {
     assert_eq!(cr(&c.one("d", &t1, 1).await, 0).0, OK);
 }
 
-/// docs/cases.md, "Rewriting the config never refills": reloading an identical config never refills a bucket.
+/// docs/cases.md, "Rewriting the config never refills": reloading an identical
+/// config never refills a bucket.
 pub async fn identical_reload_never_refills(b: &dyn Backend) {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     let c = Case::new(b, yaml).await;
@@ -1104,7 +1121,8 @@ pub async fn overrides(b: &dyn Backend) {
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 }
 
-/// docs/cases.md, "Unknown and malformed domains": unknown domain is OK/no limit; empty domain or list is INVALID_ARGUMENT.
+/// docs/cases.md, "Unknown and malformed domains": unknown domain is OK/no
+/// limit; empty domain or list is INVALID_ARGUMENT.
 pub async fn unknown_domain_ok_and_empty_request_invalid(b: &dyn Backend) {
     let c = Case::new(b, "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 10}\n").await;
     for _ in 0..100 {
