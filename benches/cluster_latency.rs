@@ -142,11 +142,11 @@ async fn measure(l: &Limiter, values: &[String], rounds: Rounds, setup: &str) ->
 
 /// Waits until the cluster storage has its slot map.
 async fn connected(s: &RedisClusterStorage) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !s.connected() {
-        assert!(Instant::now() < deadline, "cluster storage did not connect");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::eventually::eventually(Duration::from_secs(10), "cluster storage connected", || {
+        let done = s.connected();
+        async move { done.then_some(()) }
+    })
+    .await;
 }
 
 /// Plain loopback: the cost of 8 parallel script calls and of merging them.

@@ -43,16 +43,21 @@ async fn own_cluster() -> RedisCluster {
         .expect("cluster")
 }
 
+/// Waits until the cluster storage has its slot map.
+async fn connected(s: &RedisClusterStorage) {
+    common::eventually::eventually(Duration::from_secs(10), "cluster storage connected", || {
+        let done = s.connected();
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
 async fn storage(c: &RedisCluster, timeout: Duration) -> RedisClusterStorage {
     let s = RedisClusterStorage::builder(c.seeds())
         .timeout(timeout)
         .build()
         .expect("valid seeds");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !s.connected() {
-        assert!(Instant::now() < deadline, "cluster storage did not connect");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    connected(&s).await;
     s
 }
 
@@ -642,11 +647,7 @@ async fn ambiguous_timeout_is_not_replayed() {
         .local_cache_size(0)
         .build()
         .expect("seeds");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !s.connected() {
-        assert!(Instant::now() < deadline, "no connection");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    connected(&s).await;
     let limit = Limit {
         requests_per_unit: 10,
         unit_secs: 3600,
@@ -735,11 +736,11 @@ async fn a_slowing_reload_keeps_drained_keys_on_every_master() {
         c.node(c.shard_of(c.keyslot(k)).master)
             .query(redis::cmd("PTTL").arg(k))
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while keys.iter().any(|k| pttl(k) < 250_000) {
-        assert!(Instant::now() < deadline, "TTLs not extended");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually::eventually(Duration::from_secs(5), "TTLs extended on every master", || {
+        let done = keys.iter().all(|k| pttl(k) >= 250_000);
+        async move { done.then_some(()) }
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     for v in values {
         let r = l

@@ -58,14 +58,10 @@ async fn ok_remaining(l: &Limiter, entries: &[(&str, &str)]) -> (i32, u32) {
 }
 
 async fn wait_ready(s: &RedisStorage) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while s.ping().await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "Redis backend not ready within 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually::eventually(Duration::from_secs(5), "the Redis backend ready", || async {
+        s.ping().await.ok()
+    })
+    .await;
 }
 
 /// The Redis timeout of the failure tests (`storage(url, 50)`).

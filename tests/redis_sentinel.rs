@@ -38,16 +38,21 @@ async fn setup() -> SentinelSetup {
         .expect("sentinel setup")
 }
 
+/// Waits up to `deadline` until the storage has discovered a master.
+async fn discovered(st: &RedisSentinelStorage, deadline: Duration) {
+    common::eventually::eventually(deadline, "a master discovered through the Sentinels", || {
+        let done = st.master_addr().is_some();
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
 async fn storage(s: &SentinelSetup) -> Arc<RedisSentinelStorage> {
     let st = RedisSentinelStorage::builder(s.sentinel_addrs(), MASTER_NAME)
         .timeout(Duration::from_millis(500))
         .build()
         .expect("valid sentinels");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while st.master_addr().is_none() {
-        assert!(Instant::now() < deadline, "no master discovered");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    discovered(&st, Duration::from_secs(10)).await;
     Arc::new(st)
 }
 
@@ -237,11 +242,12 @@ async fn noscript_after_failover_to_a_fresh_replica() {
     let new = tokio::task::block_in_place(|| s.failover());
     wait_answers(&l).await;
     // The storage re-asks the Sentinels every second.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while st.master_addr() != Some(format!("127.0.0.1:{new}")) {
-        assert!(Instant::now() < deadline, "storage still on the old master");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let want = Some(format!("127.0.0.1:{new}"));
+    common::eventually::eventually(Duration::from_secs(5), "the storage on the new master", || {
+        let done = st.master_addr() == want;
+        async move { done.then_some(()) }
+    })
+    .await;
     // The storage loads the script when it finds a new master; empty the
     // cache again so these requests meet a node that never saw SCRIPT LOAD.
     let _: () = s.data_node(new).query(redis::cmd("SCRIPT").arg("FLUSH"));
@@ -326,11 +332,7 @@ async fn tls_sentinels_and_master() {
         .tls_root_ca_pem(ca)
         .build()
         .expect("valid sentinels");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while st.master_addr().is_none() {
-        assert!(Instant::now() < deadline, "no master discovered over TLS");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    discovered(&st, Duration::from_secs(15)).await;
     let l = limiter(YAML, Arc::new(st), &prefix);
     wait_answers(&l).await;
     assert_eq!(one(&l, "a").await, Some(99));
