@@ -39,10 +39,14 @@ impl Backend for ClusterBackend {
             .test_clock(Arc::new(clock))
             .build()
             .expect("valid seeds");
-        common::eventually::eventually(Duration::from_secs(10), "cluster storage connected", || {
-            let done = s.connected();
-            async move { done.then_some(()) }
-        })
+        common::eventually::eventually(
+            Duration::from_secs(10),
+            "cluster storage connected",
+            || {
+                let done = s.connected();
+                async move { done.then_some(()) }
+            },
+        )
         .await;
         Arc::new(s)
     }

@@ -736,10 +736,14 @@ async fn a_slowing_reload_keeps_drained_keys_on_every_master() {
         c.node(c.shard_of(c.keyslot(k)).master)
             .query(redis::cmd("PTTL").arg(k))
     };
-    common::eventually::eventually(Duration::from_secs(5), "TTLs extended on every master", || {
-        let done = keys.iter().all(|k| pttl(k) >= 250_000);
-        async move { done.then_some(()) }
-    })
+    common::eventually::eventually(
+        Duration::from_secs(5),
+        "TTLs extended on every master",
+        || {
+            let done = keys.iter().all(|k| pttl(k) >= 250_000);
+            async move { done.then_some(()) }
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     for v in values {

@@ -58,9 +58,11 @@ async fn ok_remaining(l: &Limiter, entries: &[(&str, &str)]) -> (i32, u32) {
 }
 
 async fn wait_ready(s: &RedisStorage) {
-    common::eventually::eventually(Duration::from_secs(5), "the Redis backend ready", || async {
-        s.ping().await.ok()
-    })
+    common::eventually::eventually(
+        Duration::from_secs(5),
+        "the Redis backend ready",
+        || async { s.ping().await.ok() },
+    )
     .await;
 }
 

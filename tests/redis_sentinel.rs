@@ -40,10 +40,14 @@ async fn setup() -> SentinelSetup {
 
 /// Waits up to `deadline` until the storage has discovered a master.
 async fn discovered(st: &RedisSentinelStorage, deadline: Duration) {
-    common::eventually::eventually(deadline, "a master discovered through the Sentinels", || {
-        let done = st.master_addr().is_some();
-        async move { done.then_some(()) }
-    })
+    common::eventually::eventually(
+        deadline,
+        "a master discovered through the Sentinels",
+        || {
+            let done = st.master_addr().is_some();
+            async move { done.then_some(()) }
+        },
+    )
     .await;
 }
 
@@ -243,10 +247,14 @@ async fn noscript_after_failover_to_a_fresh_replica() {
     wait_answers(&l).await;
     // The storage re-asks the Sentinels every second.
     let want = Some(format!("127.0.0.1:{new}"));
-    common::eventually::eventually(Duration::from_secs(5), "the storage on the new master", || {
-        let done = st.master_addr() == want;
-        async move { done.then_some(()) }
-    })
+    common::eventually::eventually(
+        Duration::from_secs(5),
+        "the storage on the new master",
+        || {
+            let done = st.master_addr() == want;
+            async move { done.then_some(()) }
+        },
+    )
     .await;
     // The storage loads the script when it finds a new master; empty the
     // cache again so these requests meet a node that never saw SCRIPT LOAD.
