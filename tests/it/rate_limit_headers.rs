@@ -2,13 +2,11 @@
 //! restrictive status as Envoy does (docs/cases.md, "The denying status drives
 //! the headers").
 
-mod common;
-
+use crate::common::{config, desc, req};
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::service::Limiter;
 use bucket_rls::settings::{RateLimitHeaders, ServiceSettings};
-use common::{config, desc, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,8 +1,6 @@
 //! Connection caps: idle connections beyond the cap wait instead of exhausting
 //! file descriptors, and the port serves again as soon as one closes.
 
-mod common;
-
 use bucket_rls::conn_limit::{LimitedListener, per_port_limit};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -10,7 +8,7 @@ use tokio::net::TcpStream;
 
 /// The body of `GET /livez` (status 200) over a new connection.
 async fn get(addr: std::net::SocketAddr) -> String {
-    let r = common::http::get(addr, "/livez", &[])
+    let r = crate::common::http::get(addr, "/livez", &[])
         .await
         .expect("GET /livez");
     assert_eq!(r.status, 200, "{r:?}");
