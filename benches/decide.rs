@@ -3,8 +3,9 @@
 //! installed as in `serve`). Run with `cargo bench --bench decide`.
 //!
 //! "hot" is one key hit over and over with a limit it never reaches; "1M keys"
-//! cycles over 1,000,000 distinct keys at 10 per minute (the BR-31 shape: each
-//! bucket stays in memory for 6 s after its hit).
+//! cycles over 1,000,000 distinct keys at 10 per minute (the shape of
+//! docs/cases.md, "Unique client values": each bucket stays in memory for 6 s
+//! after its hit).
 
 use bucket_rls::config::loader;
 use bucket_rls::grpc::ShouldRateLimit as _;

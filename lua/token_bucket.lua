@@ -1,8 +1,8 @@
 --[[ token_bucket.lua: evaluate and charge every token bucket of one
 ShouldRateLimit request, atomically.
 
-Why a script: DESIGN 3 requires all-or-nothing per request (if any non-shadow
-descriptor lacks tokens, no bucket is charged) under concurrency, and DESIGN 5
+Why a script: the design (docs/design.md, "All-or-nothing requests") requires all-or-nothing per request (if any non-shadow
+descriptor lacks tokens, no bucket is charged) under concurrency, and docs/design.md, "Redis script",
 requires one round trip per request. A Lua script runs atomically inside Redis
 and reads every bucket, decides, and writes in one call. It implements exactly
 the reference model `src/limiter/bucket.rs` (`apply_request`); the Rust tests
@@ -15,7 +15,7 @@ every intermediate value is kept below 2^53 (see the refill formula below).
 KEYS[1..k]  distinct bucket keys of the request (one per bucket).
 ARGV[1]     explicit now in microseconds, TESTS ONLY; the service always sends
             "" and time comes from redis.call('TIME'), so service replicas with
-            skewed clocks can never mint tokens (BR-27).
+            skewed clocks can never mint tokens (docs/design.md, "Time").
 ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none): with an
             explicit (paused) now, Redis still expires keys in real time, so
             test runs keep buckets alive for longer than their time to full.

@@ -42,7 +42,7 @@ descriptors:
   - {key: d2, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
   - {key: d3, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
   - {key: d4, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  # Per client address, BR-31 shape: a bucket stays 6 s after one hit.
+  # Per client address, the unbounded-client-values shape of docs/design.md: a bucket stays 6 s after one hit.
   - {key: ip, rate_limit: {unit: minute, requests_per_unit: 10}}
   # RSS: one token per minute, so a bucket stays in memory 60 s after its hit
   # (all 1,000,000 are held at once at the end of the run).

@@ -5,7 +5,7 @@
 //!   a ping within [`HEALTH_PING_TIMEOUT`]; 503 with a short reason otherwise.
 //! - `GET /livez`: 200 `OK` whenever the process answers HTTP at all; it never
 //!   looks at storage, so a Kubernetes liveness probe on it does not restart
-//!   every replica during a Redis outage (BR-25). Use `/healthcheck` for readiness.
+//!   every replica during a Redis outage (docs/design.md, "Storage failures"). Use `/healthcheck` for readiness.
 //! - `GET /metrics`: Prometheus text exposition (names and labels in the
 //!   README and [`crate::metrics`]), plus the identity of the config in force
 //!   (`bucket_rls_config_info{hash}`, `bucket_rls_config_load_timestamp_seconds`).

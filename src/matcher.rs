@@ -1,4 +1,4 @@
-//! The compiled descriptor tree and the matching walk (DESIGN 2). Pure: no I/O.
+//! The compiled descriptor tree and the matching walk (docs/design.md, "Matching descriptors"). Pure: no I/O.
 //!
 //! At each level the walk tries, in order: the child with the exact key and
 //! value; the children whose value is a wildcard pattern, in config order; the

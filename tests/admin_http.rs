@@ -1,10 +1,8 @@
 //! The HTTP admin API through the router (no socket), then once over real
 //! sockets with `app::run`, including the gRPC health drain on shutdown.
 
-mod admin_support;
 mod common;
 
-use admin_support::{http, metric};
 use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -15,6 +13,8 @@ use bucket_rls::metrics as m;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
 use bucket_rls::storage::{Charge, RequestResult, Storage, StorageError};
+use common::http::request;
+use common::metrics::metric;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -399,18 +399,18 @@ async fn endpoints_over_sockets_and_health_not_serving_while_draining() {
         },
     ));
 
-    let r = http(http_addr, "GET", "/healthcheck", None).await;
+    let r = request(http_addr, "GET", "/healthcheck", None).await;
     assert_eq!((r.status, r.body.as_str()), (200, "OK\n"));
-    let r = http(http_addr, "GET", "/rlconfig", None).await;
+    let r = request(http_addr, "GET", "/rlconfig", None).await;
     assert_eq!(r.status, 200);
     let v: Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(v["hash"], json!(l.config().hash));
     let body = r#"{"domain":"adm","descriptors":[{"entries":[{"key":"user","value":"sock"}],"hitsAddend":3}]}"#;
-    let r = http(http_addr, "POST", "/json", Some(body)).await;
+    let r = request(http_addr, "POST", "/json", Some(body)).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let r = http(http_addr, "POST", "/json", Some(body)).await;
+    let r = request(http_addr, "POST", "/json", Some(body)).await;
     assert_eq!(r.status, 429, "{}", r.body);
-    let r = http(http_addr, "GET", "/metrics", None).await;
+    let r = request(http_addr, "GET", "/metrics", None).await;
     assert_eq!(r.status, 200);
     assert!(metric(&r.body, m::OVER_LIMIT, &[("rule", "adm.user")]).unwrap() >= 1.0);
 

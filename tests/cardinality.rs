@@ -1,29 +1,29 @@
-//! BR-31, bounded: 200,000 unique client values (half of them with a
+//! Unique client values (docs/cases.md, "Unique client values"), bounded:
+//! 200,000 unique client values (half of them with a
 //! per-request `limit` override) leave the number of exported metric series
 //! unchanged, the memory backend holds a bounded number of buckets while they
 //! arrive and none once they are full again.
-//! `BR31_VALUES=1000000 cargo test --release --test cardinality` runs the
+//! `CARDINALITY_VALUES=1000000 cargo test --release --test cardinality` runs the
 //! full million of the case.
 //!
 //! Its own test binary: the series count covers the whole process.
 
-mod admin_support;
 mod common;
 
-use admin_support::scrape;
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
+use common::metrics::scrape;
 use common::{desc, limiter, req};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Unique values sent: `BR31_VALUES`, default 200,000.
+/// Unique values sent: `CARDINALITY_VALUES`, default 200,000.
 fn unique() -> usize {
-    std::env::var("BR31_VALUES")
+    std::env::var("CARDINALITY_VALUES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000)
@@ -43,7 +43,7 @@ fn rss_bytes() -> u64 {
 }
 
 #[tokio::test]
-async fn br31_unique_values_grow_neither_series_nor_buckets() {
+async fn unique_values_grow_neither_series_nor_buckets() {
     bucket_rls::metrics::install();
     let clock = ManualClock::new(1_000_000);
     let memory = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
@@ -97,7 +97,7 @@ async fn br31_unique_values_grow_neither_series_nor_buckets() {
     assert!(held <= 100_000, "{held} buckets held after {unique} values");
     let grown = rss_bytes().saturating_sub(rss_before);
     eprintln!(
-        "BR-31: {unique} unique values, {before} series before and after, {held} buckets held, RSS +{} KiB",
+        "unique client values: {unique} unique values, {before} series before and after, {held} buckets held, RSS +{} KiB",
         grown >> 10
     );
     assert!(grown <= 64 << 20, "RSS grew by {} MiB", grown >> 20);

@@ -14,7 +14,7 @@ use bucket_rls::storage::redis::cluster::RedisClusterStorage;
 use common::cluster::RedisCluster;
 use common::conformance::Backend;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The cluster of this test binary (its processes die with the binary).
 fn shared() -> &'static RedisCluster {
@@ -39,11 +39,15 @@ impl Backend for ClusterBackend {
             .test_clock(Arc::new(clock))
             .build()
             .expect("valid seeds");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !s.connected() {
-            assert!(Instant::now() < deadline, "cluster storage did not connect");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::eventually::eventually(
+            Duration::from_secs(10),
+            "cluster storage connected",
+            || {
+                let done = s.connected();
+                async move { done.then_some(()) }
+            },
+        )
+        .await;
         Arc::new(s)
     }
 }

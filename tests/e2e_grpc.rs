@@ -126,7 +126,7 @@ async fn serves_ok_then_over_limit_with_honest_retry_after() {
 async fn unlabelled_series_exist_from_startup() {
     let cfg = config_file(YAML);
     let svc = BucketRls::start(cfg.path(), &[]).await;
-    let m = common::procs::http_get(svc.http, "/metrics", &[])
+    let m = common::http::get(svc.http, "/metrics", &[])
         .await
         .expect("metrics");
     assert!(
@@ -174,7 +174,7 @@ fn invalid_config_refuses_to_start() {
     let cfg = config_file(
         "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unlimied: true\n",
     );
-    let port = common::procs::free_port();
+    let port = common::free_port();
     let out = Command::new(bucket_rls_bin())
         .args(["serve", "--config"])
         .arg(cfg.path())
@@ -252,7 +252,8 @@ fn check_config_prints_every_problem_and_sets_the_exit_code() {
 /// and SIGTERM still exits 0.
 #[tokio::test]
 async fn a_closed_log_pipe_changes_nothing() {
-    use common::procs::{free_port, http_get};
+    use common::free_port;
+    use common::http::get as http_get;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("a.yaml"), YAML).expect("write");
     let grpc = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));

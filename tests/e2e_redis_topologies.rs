@@ -5,7 +5,8 @@
 mod common;
 
 use common::cluster::RedisCluster;
-use common::procs::{BucketRls, bucket_rls_bin, http_get};
+use common::http::get as http_get;
+use common::procs::{BucketRls, bucket_rls_bin};
 use common::sentinel::{MASTER_NAME, SentinelSetup};
 use common::{desc, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -25,7 +26,8 @@ fn config_file() -> tempfile::NamedTempFile {
 }
 
 /// `[[user=a], [user=b], [route=r]]` three times: OK, OK, then OVER_LIMIT
-/// on both users with the route untouched (BR-28 step 1, through gRPC).
+/// on both users with the route untouched (docs/cases.md, "No CROSSSLOT on
+/// a cluster", step 1, through gRPC).
 async fn three_calls(svc: &BucketRls) {
     let mut client = RateLimitServiceClient::connect(format!("http://{}", svc.grpc))
         .await

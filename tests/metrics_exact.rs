@@ -1,19 +1,19 @@
-//! Exact metric values (BR-11 shadow mode, BR-32 unknown domain and malformed
-//! requests), read from the Prometheus text of the process-wide recorder.
+//! Exact metric values (docs/cases.md, "Shadow mode" and "Unknown and
+//! malformed domains"), read from the Prometheus text of the process-wide
+//! recorder.
 //!
 //! Metrics are process-global: every test here uses its own domain names, and
-//! only `br32_*` sends malformed requests, so values are exact even though the
-//! tests of this binary run in parallel.
+//! only `unknown_domain_*` sends malformed requests, so values are exact even
+//! though the tests of this binary run in parallel.
 
-mod admin_support;
 mod common;
 
-use admin_support::{metric, scrape};
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::{Limiter, MAX_DOMAIN_LABELS};
 use bucket_rls::metrics as m;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
+use common::metrics::{metric, scrape};
 use common::{desc, desc_hits, limiter, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::io::Write;
@@ -58,7 +58,7 @@ descriptors:
 ";
 
 #[tokio::test]
-async fn br11_shadow_mode_counts_exactly() {
+async fn shadow_mode_counts_exactly() {
     let l = limiter(SM, paused_memory(), "br11:");
     let r = |rule: &str| vec![("rule", rule.to_owned())];
     let value = |name: &str, rule: &str| {
@@ -135,7 +135,7 @@ impl Write for Captured {
 }
 
 #[test]
-fn br32_unknown_domain_counted_warned_once_and_malformed_rejected() {
+fn unknown_domain_counted_warned_once_and_malformed_rejected() {
     let _serial = LOGGING.blocking_lock();
     let (logs, _guard) = capture_logs();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -199,7 +199,7 @@ fn br32_unknown_domain_counted_warned_once_and_malformed_rejected() {
 }
 
 #[tokio::test]
-async fn br32_domain_label_set_is_capped() {
+async fn unknown_domain_label_set_is_capped() {
     let _serial = LOGGING.lock().await;
     let l: Arc<Limiter> = limiter("domain: capped\ndescriptors: []\n", paused_memory(), "cap:");
     let extra = 50;

@@ -1,8 +1,9 @@
 //! The Redis Cluster backend against a real six-node cluster (three masters,
-//! three replicas) on 127.0.0.1: BR-28 (no `CROSSSLOT`, keys on three
-//! masters, a slot migrated while traffic runs, a lost slot range), BR-16
-//! across slots under concurrency, `NOSCRIPT` on cluster nodes (BR-23), and
-//! the BR-29 latency shape as a printed measurement (no timed assertion).
+//! three replicas) on 127.0.0.1: no `CROSSSLOT`, keys on three masters, a
+//! slot migrated while traffic runs, a lost slot range (docs/cases.md, "No
+//! CROSSSLOT on a cluster"), all-or-nothing across slots under concurrency,
+//! `NOSCRIPT` on cluster nodes, an ambiguous timeout never replayed. The
+//! latency against slots touched is measured by `benches/cluster_latency.rs`.
 
 mod common;
 
@@ -13,13 +14,16 @@ use bucket_rls::storage::bucket::{ChargeKind, ChargeSpec, Limit};
 use bucket_rls::storage::key::{KeyValue, encode};
 use bucket_rls::storage::redis::cluster::{RedisClusterStorage, key_slot};
 use bucket_rls::storage::{Charge, StorageError};
-use common::cluster::{RedisCluster, Shard};
+use common::cluster::{RedisCluster, bucket, delay_proxy, value_in};
 use common::{desc, desc_hits, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+/// How long cluster or replication setup may take to settle.
+const SETUP_DEADLINE: Duration = Duration::from_secs(30);
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -40,39 +44,22 @@ async fn own_cluster() -> RedisCluster {
         .expect("cluster")
 }
 
+/// Waits until the cluster storage has its slot map.
+async fn connected(s: &RedisClusterStorage) {
+    common::eventually::eventually(Duration::from_secs(10), "cluster storage connected", || {
+        let done = s.connected();
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
 async fn storage(c: &RedisCluster, timeout: Duration) -> RedisClusterStorage {
     let s = RedisClusterStorage::builder(c.seeds())
         .timeout(timeout)
         .build()
         .expect("valid seeds");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !s.connected() {
-        assert!(Instant::now() < deadline, "cluster storage did not connect");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    connected(&s).await;
     s
-}
-
-fn bucket(prefix: &str, domain: &str, k: &str, v: &str) -> String {
-    encode(prefix, domain, &[(k, KeyValue::Value(v))])
-}
-
-/// A value `<stem><n>` whose bucket key lands in `shard` (and not in `avoid`).
-fn value_in(
-    shard: &Shard,
-    prefix: &str,
-    domain: &str,
-    k: &str,
-    stem: &str,
-    avoid: &[u16],
-) -> String {
-    (0..10_000)
-        .map(|n| format!("{stem}{n}"))
-        .find(|v| {
-            let s = key_slot(&bucket(prefix, domain, k, v));
-            shard.serves(s) && !avoid.contains(&s)
-        })
-        .expect("a value in that shard")
 }
 
 fn st(r: &RateLimitResponse, i: usize) -> (i32, u32) {
@@ -111,7 +98,7 @@ fn crossslot_errors(c: &RedisCluster) -> u64 {
         .sum()
 }
 
-const BR28: &str = "
+const USER_AND_ROUTE: &str = "
 domain: c
 descriptors:
   - key: user
@@ -120,11 +107,11 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 ";
 
-/// BR-28 step 1: the three buckets of one request live on three different
-/// masters; calls 1-2 OK, call 3 OVER_LIMIT on both users and OK on the
-/// route (not charged); no CROSSSLOT anywhere.
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 1: the three buckets of one
+/// request live on three different masters; calls 1-2 OK, call 3 OVER_LIMIT on
+/// both users and OK on the route (not charged); no CROSSSLOT anywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br28_keys_on_three_masters() {
+async fn keys_of_one_request_on_three_masters() {
     let c = shared_async().await;
     let prefix = unique_prefix("br28");
     let shards = c.shards();
@@ -137,7 +124,7 @@ async fn br28_keys_on_three_masters() {
         .map(|s| c.command_calls(s.master, "evalsha"))
         .collect();
     let s = storage(c, Duration::from_secs(1)).await;
-    let l = limiter(BR28, Arc::new(s), &prefix);
+    let l = limiter(USER_AND_ROUTE, Arc::new(s), &prefix);
     let d = [
         ("user", a.as_str()),
         ("user", b.as_str()),
@@ -182,7 +169,7 @@ async fn br28_keys_on_three_masters() {
     assert_eq!(crossslot_errors(c), 0);
 }
 
-const BR16: &str = "
+const GROUP_AND_EXPORT: &str = "
 domain: api
 descriptors:
   - key: group
@@ -206,13 +193,14 @@ fn split_prefix(c: &RedisCluster, name: &str) -> String {
     }
 }
 
-/// BR-16 with the two buckets on different masters: exact sequential values.
+/// docs/cases.md, "A denied request charges nothing", with the two buckets on
+/// different masters: exact sequential values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br16_across_masters_sequential() {
+async fn denied_request_charges_nothing_across_masters() {
     let c = shared_async().await;
     let prefix = split_prefix(c, "br16s");
     let l = limiter(
-        BR16,
+        GROUP_AND_EXPORT,
         Arc::new(storage(c, Duration::from_secs(1)).await),
         &prefix,
     );
@@ -237,15 +225,16 @@ async fn br16_across_masters_sequential() {
     assert_eq!(r.overall_code, OVER);
 }
 
-/// BR-16 under concurrency across masters: 50 concurrent callers; at most 3
+/// docs/cases.md, "A denied request charges nothing", under concurrency
+/// across masters: 50 concurrent callers; at most 3
 /// admitted on `special`, and once the refunds have landed `group` has been
 /// charged exactly once per admitted request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br16_across_masters_concurrent() {
+async fn concurrent_callers_never_over_admit_across_masters() {
     let c = shared_async().await;
     let prefix = split_prefix(c, "br16c");
     let l = limiter(
-        BR16,
+        GROUP_AND_EXPORT,
         Arc::new(storage(c, Duration::from_secs(2)).await),
         &prefix,
     );
@@ -285,9 +274,9 @@ async fn br16_across_masters_concurrent() {
     }
 }
 
-/// BR-23 on a cluster: after `SCRIPT FLUSH` on every master, requests
-/// spanning all masters still succeed (NOSCRIPT answered with EVAL), and
-/// exactly one token is consumed per bucket.
+/// docs/cases.md, "NOSCRIPT is handled", on a cluster: after `SCRIPT FLUSH` on
+/// every master, requests spanning all masters still succeed (NOSCRIPT answered
+/// with EVAL), and exactly one token is consumed per bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn noscript_on_cluster_nodes_is_transparent() {
     let c = shared_async().await;
@@ -297,7 +286,7 @@ async fn noscript_on_cluster_nodes_is_transparent() {
     let b = value_in(&shards[1], &prefix, "c", "route", "b", &[]);
     let d = value_in(&shards[2], &prefix, "c", "route", "d", &[]);
     let l = limiter(
-        BR28,
+        USER_AND_ROUTE,
         Arc::new(storage(c, Duration::from_secs(1)).await),
         &prefix,
     );
@@ -322,12 +311,13 @@ async fn noscript_on_cluster_nodes_is_transparent() {
     );
 }
 
-/// BR-28 step 3: a master and its replica stopped. Requests touching the
-/// lost slots answer UNAVAILABLE (kind CLUSTERDOWN) for the whole request;
-/// requests whose buckets all live elsewhere keep working, before and after
-/// the cluster marks the nodes failed; a mixed request charges nothing.
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 3: a master and its replica
+/// stopped. Requests touching the lost slots answer UNAVAILABLE (kind
+/// CLUSTERDOWN) for the whole request; requests whose buckets all live
+/// elsewhere keep working, before and after the cluster marks the nodes failed;
+/// a mixed request charges nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br28_lost_slot_range() {
+async fn lost_slot_range_fails_only_its_requests() {
     let mut c = own_cluster().await;
     let prefix = unique_prefix("lost");
     let shards = c.shards();
@@ -345,7 +335,7 @@ async fn br28_lost_slot_range() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let s = Arc::new(s);
-    let l = limiter(BR28, s.clone(), &prefix);
+    let l = limiter(USER_AND_ROUTE, s.clone(), &prefix);
     let r = call(&l, "c", &[("route", &live_a), ("route", &dead)]).await;
     assert_eq!(r.overall_code, OK);
 
@@ -409,13 +399,13 @@ async fn br28_lost_slot_range() {
     );
 }
 
-/// BR-28 step 2: the slot holding `user=a` is migrated to another master
-/// (`CLUSTER SETSLOT ... IMPORTING/MIGRATING`, `MIGRATE`, `SETSLOT NODE`)
-/// while requests run at about 200/s. ASK and MOVED are followed; every
-/// answer is correct, at most a few transient UNAVAILABLE, and the bucket
-/// moves with its tokens.
+/// docs/cases.md, "No CROSSSLOT on a cluster", step 2: the slot holding
+/// `user=a` is migrated to another master (`CLUSTER SETSLOT ...
+/// IMPORTING/MIGRATING`, `MIGRATE`, `SETSLOT NODE`) while requests run at about
+/// 200/s. ASK and MOVED are followed; every answer is correct, at most a few
+/// transient UNAVAILABLE, and the bucket moves with its tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br28_slot_migration_under_traffic() {
+async fn slot_migration_under_traffic() {
     let c = Arc::new(own_cluster().await);
     let prefix = unique_prefix("reshard");
     let shards = c.shards();
@@ -525,12 +515,16 @@ descriptors:
     let (ok, unavailable, last) = traffic.await.expect("traffic");
     assert!(ok > 100, "{ok} calls answered");
     assert!(unavailable <= 5, "{unavailable} UNAVAILABLE");
-    common::sentinel::wait_for("every node sees the slot moved", || {
-        c.nodes.iter().all(|n| {
-            n.try_query::<String>(redis::cmd("CLUSTER").arg("NODES"))
-                .is_ok_and(|_| c.shard_of(slot).master == dst.master)
-        })
-    });
+    common::eventually::eventually_blocking(
+        SETUP_DEADLINE,
+        "every node sees the slot moved",
+        || {
+            c.nodes.iter().all(|n| {
+                n.try_query::<String>(redis::cmd("CLUSTER").arg("NODES"))
+                    .is_ok_and(|_| c.shard_of(slot).master == dst.master)
+            })
+        },
+    );
     assert!(
         c.command_calls(dst.master, "asking") > 0,
         "ASK was followed (ASKING sent to the target)"
@@ -542,193 +536,6 @@ descriptors:
     let r = call(&l, "c", &[("user", &user), ("route", &route)]).await;
     assert_eq!(st(&r, 0), (OK, last - 1));
     assert_eq!(crossslot_errors(&c), 0);
-}
-
-/// A `route` rule far too large to deny: the latency tests measure calls only.
-const ROUTE_YAML: &str = "
-domain: c
-descriptors:
-  - key: route
-    rate_limit: {unit: second, requests_per_unit: 1000000}
-";
-
-/// Eight `route` values whose buckets are in eight distinct slots, spread
-/// round-robin over the three shards.
-fn eight_values_on_three_masters(shards: &[Shard], prefix: &str) -> Vec<String> {
-    let mut values = Vec::new();
-    let mut used = Vec::new();
-    for i in 0..8 {
-        let v = value_in(
-            &shards[i % 3],
-            prefix,
-            "c",
-            "route",
-            &format!("v{i}_"),
-            &used,
-        );
-        used.push(key_slot(&bucket(prefix, "c", "route", &v)));
-        values.push(v);
-    }
-    values
-}
-
-/// BR-29 latency shape, printed for BENCHMARKS.md (no timed assertion):
-/// sequential requests with 1 descriptor and with 8 descriptors spread over
-/// the three masters.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br29_latency_shape() {
-    let c = shared_async().await;
-    let prefix = unique_prefix("br29");
-    let shards = c.shards();
-    let yaml = ROUTE_YAML;
-    let values = eight_values_on_three_masters(&shards, &prefix);
-    let l = limiter(
-        yaml,
-        Arc::new(storage(c, Duration::from_secs(1)).await),
-        &prefix,
-    );
-    let mut report = Vec::new();
-    for n in [1usize, 8] {
-        let descs: Vec<(&str, &str)> = values[..n].iter().map(|v| ("route", v.as_str())).collect();
-        for _ in 0..200 {
-            call(&l, "c", &descs).await;
-        }
-        let mut lat = Vec::new();
-        for _ in 0..2000 {
-            let t = Instant::now();
-            let r = call(&l, "c", &descs).await;
-            lat.push(t.elapsed());
-            assert_eq!(r.overall_code, OK);
-        }
-        lat.sort();
-        let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
-        report.push(format!(
-            "BR-29 cluster, {n} descriptor(s) on {} slot(s): p50 {:?} p90 {:?} p99 {:?}",
-            n,
-            p(0.5),
-            p(0.9),
-            p(0.99)
-        ));
-    }
-    for line in report {
-        eprintln!("{line}");
-    }
-}
-
-/// A TCP proxy on 127.0.0.1 that delays every byte from `upstream` to the
-/// client by `delay` (pure latency: chunks keep their order and are not
-/// serialised behind each other's delay). Runs until the test ends.
-async fn delay_proxy(upstream: u16, delay_ms: Arc<AtomicU64>) -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind proxy");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
-                continue;
-            };
-            let (mut cr, mut cw) = client.into_split();
-            let (mut sr, mut sw) = server.into_split();
-            tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut cr, &mut sw).await;
-            });
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-            let delay_ms = delay_ms.clone();
-            tokio::spawn(async move {
-                use tokio::io::AsyncReadExt;
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(n) = sr.read(&mut buf).await {
-                    let delay = Duration::from_millis(delay_ms.load(Ordering::SeqCst));
-                    if n == 0
-                        || tx
-                            .send((Instant::now() + delay, buf[..n].to_vec()))
-                            .is_err()
-                    {
-                        break;
-                    }
-                }
-            });
-            tokio::spawn(async move {
-                use tokio::io::AsyncWriteExt;
-                while let Some((at, bytes)) = rx.recv().await {
-                    tokio::time::sleep_until(at.into()).await;
-                    if cw.write_all(&bytes).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-/// BR-29 with 2 ms of latency added to every master's replies (a delaying
-/// proxy announced as the master's address): 1 descriptor against 8
-/// descriptors on 8 slots spread over the three masters. Printed for
-/// BENCHMARKS.md; the only assertion is on the answers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br29_latency_shape_with_2ms_per_master() {
-    let c = own_cluster().await;
-    let prefix = unique_prefix("br29d");
-    let shards = c.shards();
-    let mut proxied = Vec::new();
-    for s in &shards {
-        let p = delay_proxy(s.master, Arc::new(AtomicU64::new(2))).await;
-        let _: () = c.node(s.master).query(
-            redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("cluster-announce-port")
-                .arg(p),
-        );
-        proxied.push(p);
-    }
-    tokio::task::block_in_place(|| {
-        common::sentinel::wait_for("every node announces the proxies", || {
-            c.nodes.iter().all(|n| {
-                let masters: Vec<u16> = c.shards_from(n.port).iter().map(|s| s.master).collect();
-                proxied.iter().all(|p| masters.contains(p))
-            })
-        });
-    });
-    // Shards as seen through the proxies (same slot ranges).
-    let shards = c.shards();
-    let yaml = ROUTE_YAML;
-    let values = eight_values_on_three_masters(&shards, &prefix);
-    // Seeds through the proxies only, so every call pays the latency.
-    let s = RedisClusterStorage::builder(proxied.iter().map(|p| format!("127.0.0.1:{p}")))
-        .timeout(Duration::from_secs(1))
-        .build()
-        .expect("seeds");
-    while !s.connected() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let l = limiter(yaml, Arc::new(s), &prefix);
-    let mut report = Vec::new();
-    for n in [1usize, 8] {
-        let descs: Vec<(&str, &str)> = values[..n].iter().map(|v| ("route", v.as_str())).collect();
-        for _ in 0..50 {
-            call(&l, "c", &descs).await;
-        }
-        let mut lat = Vec::new();
-        for _ in 0..500 {
-            let t = Instant::now();
-            let r = call(&l, "c", &descs).await;
-            lat.push(t.elapsed());
-            assert_eq!(r.overall_code, OK);
-        }
-        lat.sort();
-        let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
-        report.push(format!(
-            "BR-29 cluster +2 ms per master, {n} descriptor(s) on {n} slot(s): p50 {:?} p90 {:?} p99 {:?}",
-            p(0.5),
-            p(0.9),
-            p(0.99)
-        ));
-    }
-    for line in report {
-        eprintln!("{line}");
-    }
 }
 
 /// A master dies and the cluster promotes its replica (node timeout 1 s):
@@ -795,26 +602,28 @@ descriptors:
     assert_eq!(rem, 996, "the promoted replica had the bucket");
     let slot = key_slot(&bucket(&prefix, "c", "route", &moved));
     tokio::task::block_in_place(|| {
-        common::sentinel::wait_for("the replica is master", || {
+        common::eventually::eventually_blocking(SETUP_DEADLINE, "the replica is master", || {
             victim.replicas.contains(&c.shard_of(slot).master)
         });
     });
     assert_eq!(st(&call(&l, "c", &[("route", &moved)]).await, 0), (OK, 995));
 }
 
-/// BR-24 on a cluster: a slot call whose reply arrives after the timeout
-/// answers UNAVAILABLE in about the timeout and is never replayed (the
-/// client is built without automatic retries): the master ran the script
-/// exactly once and exactly one token is gone.
+/// docs/cases.md, "Ambiguous calls are never replayed", on a cluster: a slot
+/// call whose reply arrives after the timeout answers UNAVAILABLE in about the
+/// timeout and is never replayed (the client is built without automatic
+/// retries): the master ran the script exactly once and exactly one token is
+/// gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br24_ambiguous_timeout_is_not_replayed() {
+async fn ambiguous_timeout_is_not_replayed() {
     let c = own_cluster().await;
     let prefix = unique_prefix("br24");
     let shards = c.shards();
     let slow = shards[0].clone();
     let v = value_in(&slow, &prefix, "c", "route", "s", &[]);
     let key = bucket(&prefix, "c", "route", &v);
-    // Replies of this master go through a proxy; made 200 ms late below.
+    // Replies of this master go through a proxy; made 1 s late below, so an
+    // answer well before that came from the 50 ms timeout, not the reply.
     let delay_ms = Arc::new(AtomicU64::new(0));
     let p = delay_proxy(slow.master, delay_ms.clone()).await;
     let _: () = c.node(slow.master).query(
@@ -824,22 +633,22 @@ async fn br24_ambiguous_timeout_is_not_replayed() {
             .arg(p),
     );
     tokio::task::block_in_place(|| {
-        common::sentinel::wait_for("every node announces the proxy", || {
-            c.nodes
-                .iter()
-                .all(|n| c.shards_from(n.port).iter().any(|s| s.master == p))
-        });
+        common::eventually::eventually_blocking(
+            SETUP_DEADLINE,
+            "every node announces the proxy",
+            || {
+                c.nodes
+                    .iter()
+                    .all(|n| c.shards_from(n.port).iter().any(|s| s.master == p))
+            },
+        );
     });
     let s = RedisClusterStorage::builder([format!("127.0.0.1:{}", shards[1].master)])
         .timeout(Duration::from_millis(50))
         .local_cache_size(0)
         .build()
         .expect("seeds");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !s.connected() {
-        assert!(Instant::now() < deadline, "no connection");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    connected(&s).await;
     let limit = Limit {
         requests_per_unit: 10,
         unit_secs: std::num::NonZeroU64::new(3600).expect("an hour"),
@@ -865,7 +674,7 @@ async fn br24_ambiguous_timeout_is_not_replayed() {
         spec: charge.spec,
     };
     assert!(s.apply(std::slice::from_ref(&warm)).await.is_ok());
-    delay_ms.store(200, Ordering::SeqCst);
+    delay_ms.store(1000, Ordering::SeqCst);
     let before = c.command_calls(slow.master, "evalsha") + c.command_calls(slow.master, "eval");
     let t = Instant::now();
     let e = s
@@ -874,9 +683,12 @@ async fn br24_ambiguous_timeout_is_not_replayed() {
         .expect_err("late reply");
     let took = t.elapsed();
     assert!(matches!(e, StorageError::Timeout(_)), "{e:?}");
-    assert!(took < Duration::from_millis(150), "answered after {took:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "answered after {took:?}, not before the late reply"
+    );
     // Let the late reply arrive and anything that would replay run.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1400)).await;
     let after = c.command_calls(slow.master, "evalsha") + c.command_calls(slow.master, "eval");
     assert_eq!(after - before, 1, "the script ran exactly once");
     let raw: Option<Vec<u8>> = c.node(slow.master).query(redis::cmd("GET").arg(&key));
@@ -925,11 +737,15 @@ async fn a_slowing_reload_keeps_drained_keys_on_every_master() {
         c.node(c.shard_of(c.keyslot(k)).master)
             .query(redis::cmd("PTTL").arg(k))
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while keys.iter().any(|k| pttl(k) < 250_000) {
-        assert!(Instant::now() < deadline, "TTLs not extended");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually::eventually(
+        Duration::from_secs(5),
+        "TTLs extended on every master",
+        || {
+            let done = keys.iter().all(|k| pttl(k) >= 250_000);
+            async move { done.then_some(()) }
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     for v in values {
         let r = l

@@ -7,12 +7,16 @@ mod common;
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::redis::RedisStorage;
-use common::redis::{RedisServer, free_port};
+use common::free_port;
+use common::redis::RedisServer;
 use common::tls::{tls_server_args, write_tls_files};
 use common::{desc, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long cluster or replication setup may take to settle.
+const SETUP_DEADLINE: Duration = Duration::from_secs(30);
 
 const YAML: &str = r"
 domain: c
@@ -180,12 +184,16 @@ async fn tls_cluster_with_private_ca() {
         tls_ports.push(tls_port);
     }
     common::cluster::create_cluster(&nodes, 0);
-    common::sentinel::wait_for("cluster_state:ok on every node", || {
-        nodes.iter().all(|n| {
-            n.try_query::<String>(redis::cmd("CLUSTER").arg("INFO"))
-                .is_ok_and(|i| i.contains("cluster_state:ok"))
-        })
-    });
+    common::eventually::eventually_blocking(
+        SETUP_DEADLINE,
+        "cluster_state:ok on every node",
+        || {
+            nodes.iter().all(|n| {
+                n.try_query::<String>(redis::cmd("CLUSTER").arg("INFO"))
+                    .is_ok_and(|i| i.contains("cluster_state:ok"))
+            })
+        },
+    );
 
     let seeds: Vec<String> = tls_ports
         .iter()

@@ -1,11 +1,14 @@
 //! The `bucket-rls serve` binary with `--redis-url`: it starts and stays up
-//! while Redis is down (`/healthcheck` 503, no crash loop, BR-25), becomes
-//! ready when Redis comes up, never logs the Redis password, and warns about
-//! an `allkeys-*` eviction policy (BR-26).
+//! while Redis is down (`/healthcheck` 503, no crash loop), becomes ready
+//! when Redis comes up, never logs the Redis password, and warns about an
+//! `allkeys-*` eviction policy (docs/cases.md, "Redis down answers fast" and
+//! "Every key has a long enough TTL").
 
 mod common;
 
-use common::procs::{BucketRls, Proc, bucket_rls_bin, free_port, http_get};
+use common::free_port;
+use common::http::get as http_get;
+use common::procs::{BucketRls, Proc, bucket_rls_bin};
 use common::redis::RedisServer;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
@@ -35,7 +38,8 @@ async fn health(http: SocketAddr) -> Option<u16> {
         .map(|r| r.status)
 }
 
-/// BR-25 step 2: started while Redis is down, the process stays up and
+/// Started while Redis is down (docs/cases.md, "Redis down answers fast",
+/// step 2), the process stays up and
 /// reports not ready; once Redis is up it becomes ready without a restart.
 /// The password of the URL never appears in its logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,7 +98,8 @@ async fn serves_while_redis_is_down_and_recovers() {
     assert!(!logs.contains("pw-Zq81x"), "password in the logs:\n{logs}");
 }
 
-/// BR-26: an `allkeys-*` eviction policy is reported at startup.
+/// An `allkeys-*` eviction policy is reported at startup (docs/design.md,
+/// "Key expiry").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warns_about_allkeys_eviction() {
     let redis = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);

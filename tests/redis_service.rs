@@ -1,9 +1,9 @@
 //! The service core over the Redis backend against real `redis-server`
-//! processes: TTLs (BR-26), Redis time and timestamps that never move back
-//! (BR-27), several service instances sharing buckets under concurrency
-//! (exact burst, BR-16), high rates (BR-17), config changes and the local
-//! over-limit cache (BR-21), block rules (BR-04), and one script call per
-//! request whatever the number of descriptors.
+//! processes: TTLs, Redis time and timestamps that never move back, several
+//! service instances sharing buckets under concurrency (exact burst), high
+//! rates, config changes and the local over-limit cache, block rules, and one
+//! script call per request whatever the number of descriptors. The cases and
+//! their values are in docs/cases.md.
 
 mod common;
 
@@ -91,11 +91,12 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 60}
 ";
 
-/// BR-26: every bucket key has a TTL covering its time to full, never more
-/// than one unit here, never none; a check (cost 0) writes nothing and
-/// refreshes no TTL; state survives until the bucket is full (OK(29) at t=30).
+/// docs/cases.md, "Every key has a long enough TTL": every bucket key has a TTL
+/// covering its time to full, never more than one unit here, never none; a
+/// check (cost 0) writes nothing and refreshes no TTL; state survives until the
+/// bucket is full (OK(29) at t=30).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br26_every_key_expires_when_full_again() {
+async fn every_key_has_a_ttl_until_its_bucket_is_full() {
     let server = RedisServer::start();
     let prefix = unique_prefix("br26");
     let l = limiter(PER_VALUE, storage(&server), &prefix);
@@ -167,12 +168,12 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10}
 ";
 
-/// BR-27: in production the script reads Redis `TIME` (the stored timestamp
-/// is Redis's clock, whatever the service's); with explicit clocks that are
-/// skewed and step backwards (test-only mode), a stored timestamp never moves
-/// back and no tokens are minted.
+/// docs/cases.md, "Time comes from Redis": in production the script reads Redis
+/// `TIME` (the stored timestamp is Redis's clock, whatever the service's); with
+/// explicit clocks that are skewed and step backwards (test-only mode), a
+/// stored timestamp never moves back and no tokens are minted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br27_skewed_clocks_mint_no_tokens() {
+async fn skewed_clocks_mint_no_tokens() {
     let server = RedisServer::start();
     // Production: the stored timestamp is Redis time.
     let prefix = unique_prefix("br27");
@@ -259,7 +260,7 @@ async fn two_instances_admit_exactly_the_burst() {
     assert_eq!(admitted.load(Ordering::SeqCst), 50);
 }
 
-const BR16: &str = r"
+const GROUP_AND_EXPORT: &str = r"
 domain: api
 descriptors:
   - key: group
@@ -270,15 +271,16 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3}
 ";
 
-/// BR-16 under concurrency: 50 concurrent callers through two instances;
-/// at most 3 admitted on `special`, and `group` is charged only for those.
+/// docs/cases.md, "A denied request charges nothing", under concurrency: 50
+/// concurrent callers through two instances; at most 3 admitted on `special`,
+/// and `group` is charged only for those.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br16_concurrent_all_or_nothing() {
+async fn concurrent_instances_never_over_admit_across_buckets() {
     let server = RedisServer::start();
     let prefix = unique_prefix("br16");
     let instances = [
-        limiter(BR16, storage(&server), &prefix),
-        limiter(BR16, storage(&server), &prefix),
+        limiter(GROUP_AND_EXPORT, storage(&server), &prefix),
+        limiter(GROUP_AND_EXPORT, storage(&server), &prefix),
     ];
     let mut tasks = Vec::new();
     for c in 0..50 {
@@ -321,11 +323,12 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000}
 ";
 
-/// BR-17 with Redis time: 64 concurrent streams send 12,000 hits at a
-/// 6000/s rule (admitted <= 6000 + 6000 T + 1, no errors); a 10^6/s bucket
-/// drained by one hit of 10^6 keeps its key (PTTL >= 1 ms) and denies the next.
+/// docs/cases.md, "High rates and large numbers", with Redis time: 64
+/// concurrent streams send 12,000 hits at a 6000/s rule (admitted <= 6000 +
+/// 6000 T + 1, no errors); a 10^6/s bucket drained by one hit of 10^6 keeps its
+/// key (PTTL >= 1 ms) and denies the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn br17_high_rates() {
+async fn high_rates_limit_exactly_under_concurrency() {
     let server = RedisServer::start();
     let prefix = unique_prefix("br17");
     let l = limiter(FAST, storage(&server), &prefix);
@@ -382,11 +385,12 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 ";
 
-/// BR-21 with Redis time and the local cache: a denial is cached and answers
-/// the same as Redis without a call; a config change clears it and the new
-/// limit applies at once, with the tokens carried over.
+/// docs/cases.md, "Changed limits apply to existing buckets", with Redis time
+/// and the local cache: a denial is cached and answers the same as Redis
+/// without a call; a config change clears it and the new limit applies at once,
+/// with the tokens carried over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br21_reload_clears_the_local_cache() {
+async fn a_raising_reload_clears_cached_denials() {
     // The metrics recorder must exist before the hit to count it.
     bucket_rls::metrics::install();
     let server = RedisServer::start();
@@ -434,10 +438,11 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 0}
 ";
 
-/// BR-04 with Redis: a 0-rate rule denies everything for one unit, without
-/// a script error, and leaves no key behind (hence no inf/nan anywhere).
+/// docs/cases.md, "A zero rate blocks", with Redis: a 0-rate rule denies
+/// everything for one unit, without a script error, and leaves no key behind
+/// (hence no inf/nan anywhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn br04_block_rule_writes_nothing() {
+async fn a_zero_rate_rule_denies_and_writes_nothing() {
     let server = RedisServer::start();
     let prefix = unique_prefix("br04");
     let l = limiter(BLOCK, storage(&server), &prefix);
@@ -522,9 +527,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10}
 ";
 
-/// BR-13 and BR-14 on the stored bytes: a denied cost (even 10^6, above the
-/// capacity) and a check (cost 0) leave the bucket's value byte-identical
-/// and its TTL not re-armed; the TTL never exceeds the time to full (60 s).
+/// docs/cases.md, "Costs above the remaining tokens" and "Zero hits", on the
+/// stored bytes: a denied cost (even 10^6, above the capacity) and a check
+/// (cost 0) leave the bucket's value byte-identical and its TTL not re-armed;
+/// the TTL never exceeds the time to full (60 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_costs_and_checks_write_nothing() {
     let server = RedisServer::start();
@@ -570,8 +576,9 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 2}
 ";
 
-/// BR-26 step 4, scaled to a 1 s unit: once every bucket is full again, no
-/// key is left (unique values cannot grow Redis without bound).
+/// docs/cases.md, "Every key has a long enough TTL", step 4, scaled to a 1 s
+/// unit: once every bucket is full again, no key is left (unique values cannot
+/// grow Redis without bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_are_gone_once_full_again() {
     let server = RedisServer::start();

@@ -2,10 +2,11 @@
 //! `/metrics`, SIGHUP forcing a reload, and `--log-format json` writing one
 //! JSON object per line.
 
-mod admin_support;
 mod common;
 
-use admin_support::{http, metric, poll};
+use common::eventually::eventually;
+use common::http::request;
+use common::metrics::metric;
 use common::procs::BucketRls;
 use serde_json::Value;
 use std::process::Command;
@@ -33,12 +34,12 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
     let svc = BucketRls::start(&file, &["--log-format", "json"]).await;
 
     let rlconfig = || async {
-        let r = http(svc.http, "GET", "/rlconfig", None).await;
+        let r = request(svc.http, "GET", "/rlconfig", None).await;
         assert_eq!(r.status, 200);
         serde_json::from_str::<Value>(&r.body).unwrap()
     };
     let v1 = rlconfig().await;
-    let metrics = http(svc.http, "GET", "/metrics", None).await.body;
+    let metrics = request(svc.http, "GET", "/metrics", None).await.body;
     let h1 = v1["hash"].as_str().unwrap().to_owned();
     assert_eq!(
         metric(&metrics, "bucket_rls_config_info", &[("hash", &h1)]),
@@ -58,7 +59,7 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
     let tmp = dir.path().join("srv.yaml.tmp");
     std::fs::write(&tmp, yaml(7)).unwrap();
     std::fs::rename(&tmp, &file).unwrap();
-    let (v2, _) = poll(
+    let (v2, _) = eventually(
         Duration::from_secs(2),
         "the new config on /rlconfig",
         || async {
@@ -68,7 +69,7 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
     )
     .await;
     assert_eq!(v2["domains"][0]["rules"][0]["requests_per_unit"], 7);
-    let metrics = http(svc.http, "GET", "/metrics", None).await.body;
+    let metrics = request(svc.http, "GET", "/metrics", None).await.body;
     let h2 = v2["hash"].as_str().unwrap();
     assert_eq!(
         metric(&metrics, "bucket_rls_config_info", &[("hash", h2)]),
@@ -86,7 +87,7 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
     )
     .unwrap();
     std::fs::rename(&tmp, &file).unwrap();
-    poll(Duration::from_secs(2), "the reload error", || async {
+    eventually(Duration::from_secs(2), "the reload error", || async {
         let v = rlconfig().await;
         v["last_reload_error"]["message"]
             .as_str()
@@ -99,7 +100,7 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
         .status()
         .unwrap();
     assert!(hup.success());
-    poll(Duration::from_secs(2), "the forced reload", || async {
+    eventually(Duration::from_secs(2), "the forced reload", || async {
         (log_lines(&svc, "config reload failed") == 2).then_some(())
     })
     .await;

@@ -1,7 +1,7 @@
 //! Raw YAML schema: what a config file says, before validation.
 //!
 //! Every scalar is read as its literal text (`value: 010` is the string `"010"`,
-//! DESIGN 1) with its source location. Mappings are read key by key so that
+//! docs/design.md, "Configuration files") with its source location. Mappings are read key by key so that
 //! every unknown, unsupported or misplaced key is *recorded* (with its line)
 //! rather than stopping the parse at the first one; [`super::loader`] turns the
 //! records into errors that name the file, line and descriptor path.

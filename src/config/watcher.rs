@@ -1,4 +1,4 @@
-//! Hot reload of the config source (DESIGN 6): file events, SIGHUP and a
+//! Hot reload of the config source (docs/design.md, "Hot reload"): file events, SIGHUP and a
 //! periodic rescan all lead to the same [`Reloader::apply`], which builds the
 //! new [`Config`] completely and swaps it in atomically, or keeps the old one.
 //!
@@ -27,7 +27,7 @@
 //!   [`WatchOptions::rescan`] the source is read and compared by hash anyway.
 //!
 //! Reloads never touch buckets: bucket identity does not include the rate
-//! (DESIGN 3), so tokens carry over, capped at the new capacity.
+//! (docs/design.md, "Reloads"), so tokens carry over, capped at the new capacity.
 
 use super::loader::{LoadOptions, compile_texts_with, hash_files};
 use super::{Config, ConfigError, ConfigErrors, ConfigHandle, OnSwap};

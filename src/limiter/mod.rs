@@ -3,7 +3,8 @@
 //! ([`crate::http::json`]) map their requests into a [`Request`] and a
 //! [`Decision`] or [`DecideError`] back, each in one place.
 //!
-//! One decision (docs/design.md, "Deciding a request"):
+//! One decision (docs/design.md, "Matching descriptors", "Token buckets" and
+//! "Responses"):
 //! 1. [`Request::validate`] checks the request's shape.
 //! 2. [`plan`] matches every descriptor against the domain's rules, drops
 //!    replaced rules and builds one bucket charge per limited descriptor.

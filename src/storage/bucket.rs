@@ -17,7 +17,7 @@ pub const MICRO: u64 = 1_000_000;
 
 /// The limit a bucket is evaluated under; taken from the rule (or a per-request
 /// override) on every call, never stored with the bucket, so a config change
-/// applies at once and never refills a bucket (DESIGN 3).
+/// applies at once and never refills a bucket (docs/design.md, "Reloads").
 ///
 /// The types exclude the limits no backend could evaluate: a unit of 0 s
 /// (`NonZeroU64`) and a capacity above `u32::MAX` tokens (which the Lua
@@ -111,7 +111,7 @@ pub struct ChargeSpec {
 
 impl ChargeSpec {
     /// Micro-tokens this charge needs to be admitted: `max(cost, 1)` (a check-only
-    /// call is answered as a 1-token request would be, BR-14), and anything above
+    /// call is answered as a 1-token request would be, docs/design.md, "Costs"), and anything above
     /// the capacity is clamped to capacity + 1 token (it can never be admitted).
     #[must_use]
     pub fn need_micro(&self) -> u128 {
@@ -140,7 +140,7 @@ pub struct RequestResult {
     pub charges: Vec<ChargeResult>,
 }
 
-/// Evaluates and applies all charges of one request atomically (DESIGN 3):
+/// Evaluates and applies all charges of one request atomically (docs/design.md, "All-or-nothing requests"):
 ///
 /// 1. Charges are simulated in order on working copies, so two charges on the
 ///    same bucket add up. A shadow charge that lacks tokens is skipped (not
@@ -247,7 +247,7 @@ pub fn time_to_full_us(limit: &Limit, tokens_micro: u64) -> u128 {
     limit.wait_us(deficit).unwrap_or(0)
 }
 
-/// Whole seconds, rounded up, for a wait in microseconds (DESIGN 4: Envoy reads
+/// Whole seconds, rounded up, for a wait in microseconds (docs/design.md, "Durations": Envoy reads
 /// only `seconds`, so 2.5 s must be sent as 3).
 #[must_use]
 pub fn ceil_secs(us: u128) -> u64 {

@@ -1,5 +1,5 @@
 //! Time source for the memory backend: injected so tests run on a paused clock.
-//! (The Redis backend never uses it: Redis takes time from `TIME`, DESIGN 3.)
+//! (The Redis backend never uses it: Redis takes time from `TIME`, docs/design.md, "Time".)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

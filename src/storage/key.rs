@@ -16,8 +16,8 @@
 //! Each component is length-prefixed, so the encoding is injective: `key a_b`
 //! and `key a, value b` can never share a bucket. `{`, `}` and `%` in client
 //! text are percent-escaped before measuring, so no client character can form a
-//! Redis Cluster hash tag and move a key to another slot (BR-05, BR-28). The rate
-//! is never part of the key: a config change must not reset a bucket (BR-21).
+//! Redis Cluster hash tag and move a key to another slot (docs/design.md, "Keys"). The rate
+//! is never part of the key: a config change must not reset a bucket (docs/design.md, "Reloads").
 
 use sha2::{Digest, Sha256};
 use std::fmt::Write;

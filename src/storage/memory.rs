@@ -6,7 +6,7 @@
 //! dropped once it would be full again (its state then equals "never seen"), by
 //! an amortised sweep on insert and by [`MemoryStorage::sweep`], which the
 //! service runs periodically; memory therefore shrinks back after a burst of
-//! unique values (BR-31).
+//! unique values (docs/design.md, "Unbounded client values").
 //!
 //! A hard cap bounds memory even when buckets take long to refill (a per-value
 //! rule per day or year under a flood of unique values): at most

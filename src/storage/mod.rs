@@ -1,6 +1,6 @@
 //! The storage seam: every backend takes all charges of one request at once, so
 //! that a backend can evaluate and apply them atomically (all-or-nothing,
-//! DESIGN 3) in a single call (one Redis script call on a single node).
+//! docs/design.md, "All-or-nothing requests") in a single call (one Redis script call on a single node).
 
 pub mod bucket;
 pub mod clock;
@@ -30,7 +30,7 @@ pub type ErrorSource = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// The backend did not answer within the configured timeout. The call may
-    /// or may not have been applied, so it is never replayed (BR-24).
+    /// or may not have been applied, so it is never replayed (docs/design.md, "Ambiguous failures are never replayed").
     #[error("storage timed out after {0:?}")]
     Timeout(std::time::Duration),
     /// The backend could not be reached (connection refused, reset, DNS, no
@@ -235,7 +235,7 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     fn name(&self) -> &'static str;
 
     /// Forgets any locally cached "over limit until T" knowledge (called when
-    /// a new config is applied, BR-21). Default: nothing cached.
+    /// a new config is applied, docs/design.md, "Reloads"). Default: nothing cached.
     fn invalidate_local_cache(&self) {}
 
     /// Periodic housekeeping (the memory backend drops full buckets). Default: nothing.
@@ -246,7 +246,7 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// state is dropped when it would be full under the limit of its last
     /// write (memory eviction, Redis `PX`); under the new limit it may still
     /// be far from full, and dropping it then would refill it for free
-    /// (DESIGN 3: a reload never refills a bucket). So every bucket stored
+    /// (docs/design.md, "Reloads": a reload never refills a bucket). So every bucket stored
     /// now (keys starting with `prefix`) is kept at least `hold_us` past its
     /// last write or past now: the longest time to full of any rule of the
     /// new config. Runs in the background where it touches storage. Default:

@@ -8,9 +8,13 @@
 //! kill their processes at once. Panics (the test fails, never skips) when
 //! `redis-server` or `redis-cli` is not installed.
 
-use std::net::{Ipv4Addr, TcpListener};
+use super::free_port;
+use bucket_rls::storage::key::{KeyValue, encode};
+use bucket_rls::storage::redis::cluster::key_slot;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a node gets to answer `PING`, and the cluster to become `ok`.
@@ -24,14 +28,6 @@ r=$!
 while kill -0 "$WATCH_PID" 2>/dev/null && kill -0 "$r" 2>/dev/null; do sleep 0.3; done
 kill -9 "$r" 2>/dev/null
 "#;
-
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
-}
 
 /// One `redis-server` process (under its watchdog).
 #[derive(Debug)]
@@ -443,4 +439,76 @@ impl RedisCluster {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// The bucket key of descriptor `[[k=v]]` in `domain` under `prefix`.
+pub fn bucket(prefix: &str, domain: &str, k: &str, v: &str) -> String {
+    encode(prefix, domain, &[(k, KeyValue::Value(v))])
+}
+
+/// A value `<stem><n>` whose bucket key lands in `shard` (and not in `avoid`).
+pub fn value_in(
+    shard: &Shard,
+    prefix: &str,
+    domain: &str,
+    k: &str,
+    stem: &str,
+    avoid: &[u16],
+) -> String {
+    (0..10_000)
+        .map(|n| format!("{stem}{n}"))
+        .find(|v| {
+            let s = key_slot(&bucket(prefix, domain, k, v));
+            shard.serves(s) && !avoid.contains(&s)
+        })
+        .expect("a value in that shard")
+}
+
+/// A TCP proxy on 127.0.0.1 that delays every byte from `upstream` to the
+/// client by `delay_ms` milliseconds, read at each chunk (pure latency: chunks
+/// keep their order and are not serialised behind each other's delay). Runs
+/// until the test ends.
+pub async fn delay_proxy(upstream: u16, delay_ms: Arc<AtomicU64>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind proxy");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+                continue;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+            let delay_ms = delay_ms.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = sr.read(&mut buf).await {
+                    let delay = Duration::from_millis(delay_ms.load(Ordering::SeqCst));
+                    if n == 0
+                        || tx
+                            .send((Instant::now() + delay, buf[..n].to_vec()))
+                            .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                while let Some((at, bytes)) = rx.recv().await {
+                    tokio::time::sleep_until(at.into()).await;
+                    if cw.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
 }

@@ -1,6 +1,6 @@
 //! The service-level conformance suite: written once, run against every
-//! storage backend (`conformance_tests!`). Cases come from
-//! `shared/cases/reported-failures.md` with their exact expected values.
+//! storage backend (`conformance_tests!`). Cases come from `docs/cases.md`
+//! with their exact expected values.
 //!
 //! Time is a paused [`ManualClock`]: the memory backend reads it directly; the
 //! Redis backend passes it to the script as the test-only explicit `now`.
@@ -206,8 +206,9 @@ fn retry_after(r: &RateLimitResponse) -> Option<String> {
         .map(|h| h.value.clone())
 }
 
-/// BR-01: a misspelt key never loads; a rejected reload keeps the old config.
-pub async fn br_01(b: &dyn Backend) {
+/// docs/cases.md, "Misspelt keys fail loudly": a misspelt key never loads; a
+/// rejected reload keeps the old config.
+pub async fn misspelt_key_never_loads_and_a_bad_reload_keeps_the_old_config(b: &dyn Backend) {
     let v1 = "domain: edge\ndescriptors:\n  - key: remote_address\n    value: 10.0.0.7\n    descriptors:\n      - key: api_path\n        value: /api\n        rate_limit: {unit: minute, requests_per_unit: 1}\n";
     let typo = v1.replace(
         "rate_limit: {unit: minute, requests_per_unit: 1}",
@@ -247,8 +248,9 @@ pub async fn br_01(b: &dyn Backend) {
     );
 }
 
-/// BR-04: `requests_per_unit: 0` blocks; duration one unit; nothing stored.
-pub async fn br_04(b: &dyn Backend) {
+/// docs/cases.md, "A zero rate blocks": `requests_per_unit: 0` blocks; duration
+/// one unit; nothing stored.
+pub async fn zero_rate_blocks_for_one_unit(b: &dyn Backend) {
     let c = Case::new(b, "domain: block\ndescriptors:\n  - key: user_agent\n    value: bad-scanner\n    rate_limit: {unit: minute, requests_per_unit: 0}\n").await;
     for hits in [1, 1, 1, 0] {
         let r = c.one("block", &[("user_agent", "bad-scanner")], hits).await;
@@ -268,8 +270,9 @@ pub async fn br_04(b: &dyn Backend) {
     assert_eq!(st(&r, 0), (OVER, 0, Some(60)));
 }
 
-/// BR-06: wildcards at every level, one bucket per value, exact beats wildcard.
-pub async fn br_06(b: &dyn Backend) {
+/// docs/cases.md, "Wildcards": wildcards at every level, one bucket per value,
+/// exact beats wildcard.
+pub async fn wildcards_nest_and_bucket_per_value(b: &dyn Backend) {
     let c = Case::new(
         b,
         r"
@@ -334,8 +337,9 @@ pub async fn share_threshold(b: &dyn Backend) {
     assert_eq!(cr(&c.one("s", &[("path", "/api/c")], 1).await, 0).0, OVER);
 }
 
-/// BR-07: depth must match; key-only rules have one bucket per value.
-pub async fn br_07(b: &dyn Backend) {
+/// docs/cases.md, "Depth must match": depth must match; key-only rules have one
+/// bucket per value.
+pub async fn depth_must_match_and_key_only_buckets_per_value(b: &dyn Backend) {
     let c = Case::new(
         b,
         "domain: example\ndescriptors:\n  - key: svc\n    value: api\n    rate_limit: {unit: minute, requests_per_unit: 1}\n    descriptors:\n      - key: caller\n        rate_limit: {unit: minute, requests_per_unit: 2}\n",
@@ -369,8 +373,9 @@ pub async fn br_07(b: &dyn Backend) {
     assert_eq!(c.storage_calls(), calls, "no storage access without a rule");
 }
 
-/// BR-08: `unlimited` applies only to its own tuple and never touches storage.
-pub async fn br_08(b: &dyn Backend) {
+/// docs/cases.md, "Unlimited applies to its own tuple": `unlimited` applies
+/// only to its own tuple and never touches storage.
+pub async fn unlimited_applies_to_its_own_tuple_only(b: &dyn Backend) {
     let c = Case::new(
         b,
         r"
@@ -449,8 +454,9 @@ descriptors:
     );
 }
 
-/// BR-10: `replaces` drops the named limit for that request only.
-pub async fn br_10(b: &dyn Backend) {
+/// docs/cases.md, "Replaces": `replaces` drops the named limit for that request
+/// only.
+pub async fn replaces_drops_the_named_limit_for_that_request(b: &dyn Backend) {
     let c = Case::new(
         b,
         r"
@@ -521,8 +527,9 @@ descriptors:
     );
 }
 
-/// BR-11: shadow mode keeps accounting, answers OK, never short-circuits.
-pub async fn br_11(b: &dyn Backend) {
+/// docs/cases.md, "Shadow mode": shadow mode keeps accounting, answers OK,
+/// never short-circuits.
+pub async fn shadow_mode_counts_but_never_denies(b: &dyn Backend) {
     let c = Case::new(
         b,
         "domain: sm\ndescriptors:\n  - key: user\n    value: bob\n    shadow_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: route\n    value: r1\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
@@ -562,8 +569,9 @@ pub async fn br_11(b: &dyn Backend) {
     );
 }
 
-/// BR-13: a cost above the remaining tokens is denied without consuming.
-pub async fn br_13(b: &dyn Backend) {
+/// docs/cases.md, "Costs above the remaining tokens": a cost above the
+/// remaining tokens is denied without consuming.
+pub async fn cost_above_remaining_is_denied_without_consuming(b: &dyn Backend) {
     let c = Case::new(
         b,
         "domain: d\ndescriptors:\n  - key: api_key\n    value: k1\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: api_key\n    value: k2\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
@@ -659,8 +667,9 @@ pub async fn loosening_reload_never_refills(b: &dyn Backend) {
     assert_eq!(cr(&c.call(spend("b", 0)).await, 0), (OVER, 0));
 }
 
-/// BR-14: request-level 0 means 1; a per-descriptor explicit 0 only checks.
-pub async fn br_14(b: &dyn Backend) {
+/// docs/cases.md, "Zero hits": request-level 0 means 1; a per-descriptor
+/// explicit 0 only checks.
+pub async fn zero_hits_means_one_and_descriptor_zero_only_checks(b: &dyn Backend) {
     let c = Case::new(
         b,
         "domain: d\ndescriptors:\n  - key: tenant\n    value: t1\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: tenant\n    value: t2\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: tenant\n    value: t3\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
@@ -689,8 +698,9 @@ pub async fn br_14(b: &dyn Backend) {
     assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 8), (OK, 5)));
 }
 
-/// BR-15 A: 3/s polled every 100 ms for 3 s admits exactly 11; no impossible remaining.
-pub async fn br_15a(b: &dyn Backend) {
+/// docs/cases.md, "Admissions never exceed the refill", first part: 3/s polled
+/// every 100 ms for 3 s admits exactly 11; no impossible remaining.
+pub async fn polling_admits_exactly_the_refill(b: &dyn Backend) {
     let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: second, requests_per_unit: 3}\n").await;
     let mut admitted = 0;
     let mut after_over = false;
@@ -733,10 +743,11 @@ impl Rng {
     }
 }
 
-/// BR-15 B: random costs and gaps; every answer equals the reference model,
-/// admissions never exceed `C + r*T + 1`, remaining never exceeds `C`, and
-/// every OVER_LIMIT duration is at least 1 s and honest (a retry after it is admitted).
-pub async fn br_15b(b: &dyn Backend) {
+/// docs/cases.md, "Admissions never exceed the refill", second part: random
+/// costs and gaps; every answer equals the reference model, admissions never
+/// exceed `C + r*T + 1`, remaining never exceeds `C`, and every OVER_LIMIT
+/// duration is at least 1 s and honest (a retry after it is admitted).
+pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
     use bucket_rls::storage::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit, MICRO};
     for (ci, cap) in [1u64, 7, 100, 4_294_967_295].into_iter().enumerate() {
         for unit in ["second", "minute"] {
@@ -804,8 +815,9 @@ pub async fn br_15b(b: &dyn Backend) {
     }
 }
 
-/// BR-18 / property: a retry after the reported duration is admitted.
-pub async fn br_18(b: &dyn Backend) {
+/// docs/cases.md, "Waits are rounded up", the property: a retry after the
+/// reported duration is admitted.
+pub async fn retry_after_the_reported_wait_is_admitted(b: &dyn Backend) {
     let c = Case::new(
         b,
         "domain: d\ndescriptors:\n  - key: k\n    value: a\n    rate_limit: {unit: minute, requests_per_unit: 6}\n  - key: k\n    value: b\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
@@ -831,8 +843,9 @@ pub async fn br_18(b: &dyn Backend) {
     assert_eq!(cr(&c.one("d", &bb, 1).await, 0).0, OK);
 }
 
-/// BR-16: a request denied by one descriptor consumes none of the others.
-pub async fn br_16(b: &dyn Backend) {
+/// docs/cases.md, "A denied request charges nothing": a request denied by one
+/// descriptor consumes none of the others.
+pub async fn denied_request_charges_no_other_bucket(b: &dyn Backend) {
     let yaml = "domain: api\ndescriptors:\n  - key: group\n    value: reports\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: special\n    value: export\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
     let c = Case::new(b, yaml).await;
     let both = || {
@@ -908,8 +921,9 @@ pub async fn br_16(b: &dyn Backend) {
     );
 }
 
-/// BR-17: very high rates and huge costs neither overflow nor disable limiting.
-pub async fn br_17(b: &dyn Backend) {
+/// docs/cases.md, "High rates and large numbers": very high rates and huge
+/// costs neither overflow nor disable limiting.
+pub async fn high_rates_and_huge_costs_do_not_overflow(b: &dyn Backend) {
     let c = Arc::new(
         Case::new(
             b,
@@ -983,8 +997,9 @@ pub async fn br_17(b: &dyn Backend) {
     );
 }
 
-/// BR-19: durations are always set; the denying status has remaining 0.
-pub async fn br_19(b: &dyn Backend) {
+/// docs/cases.md, "The denying status drives the headers": durations are always
+/// set; the denying status has remaining 0.
+pub async fn durations_set_and_denial_has_zero_remaining(b: &dyn Backend) {
     let c = Case::new(
         b,
         "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 60}\n  - key: spend\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
@@ -1021,8 +1036,9 @@ pub async fn br_19(b: &dyn Backend) {
     assert_eq!(st(&r, 0), (OK, 60, Some(0)));
 }
 
-/// BR-21: a changed limit applies to existing buckets at once, both ways.
-pub async fn br_21(b: &dyn Backend) {
+/// docs/cases.md, "Changed limits apply to existing buckets": a changed limit
+/// applies to existing buckets at once, both ways.
+pub async fn changed_limit_applies_to_existing_buckets(b: &dyn Backend) {
     let cfg = |rate: u32| {
         format!(
             "domain: d\ndescriptors:\n  - key: tenant\n    value: t1\n    rate_limit: {{unit: minute, requests_per_unit: {rate}}}\n"
@@ -1062,8 +1078,9 @@ pub async fn br_21(b: &dyn Backend) {
     assert_eq!(cr(&c.one("d", &t1, 1).await, 0).0, OK);
 }
 
-/// BR-22 style: reloading an identical config never refills a bucket.
-pub async fn br_22(b: &dyn Backend) {
+/// docs/cases.md, "Rewriting the config never refills": reloading an identical
+/// config never refills a bucket.
+pub async fn identical_reload_never_refills(b: &dyn Backend) {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     let c = Case::new(b, yaml).await;
     assert_eq!(cr(&c.one("d", &[("k", "v")], 2).await, 0), (OK, 0));
@@ -1115,8 +1132,9 @@ pub async fn overrides(b: &dyn Backend) {
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 }
 
-/// BR-32: unknown domain is OK/no limit; empty domain or list is INVALID_ARGUMENT.
-pub async fn br_32(b: &dyn Backend) {
+/// docs/cases.md, "Unknown and malformed domains": unknown domain is OK/no
+/// limit; empty domain or list is INVALID_ARGUMENT.
+pub async fn unknown_domain_ok_and_empty_request_invalid(b: &dyn Backend) {
     let c = Case::new(b, "domain: api\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 10}\n").await;
     for _ in 0..100 {
         let r = c
@@ -1320,12 +1338,35 @@ pub async fn dynamic_metadata_names_the_rules_with_quota_left(b: &dyn Backend) {
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:path) => {
-        $crate::conformance_tests!(@cases $make; br_01 br_04 br_06 share_threshold br_07 br_08 br_10 br_11 br_13 br_14
-            br_15a br_15b br_16 br_17 br_18 br_19 br_21 br_22 refunds overrides br_32
-            same_bucket_twice_waits_for_all loosening_reload_never_refills
+        $crate::conformance_tests!(@cases $make;
+            misspelt_key_never_loads_and_a_bad_reload_keeps_the_old_config
+            zero_rate_blocks_for_one_unit
+            wildcards_nest_and_bucket_per_value
+            share_threshold
+            depth_must_match_and_key_only_buckets_per_value
+            unlimited_applies_to_its_own_tuple_only
+            replaces_drops_the_named_limit_for_that_request
+            shadow_mode_counts_but_never_denies
+            cost_above_remaining_is_denied_without_consuming
+            zero_hits_means_one_and_descriptor_zero_only_checks
+            polling_admits_exactly_the_refill
+            random_traffic_matches_the_reference_model
+            denied_request_charges_no_other_bucket
+            high_rates_and_huge_costs_do_not_overflow
+            retry_after_the_reported_wait_is_admitted
+            durations_set_and_denial_has_zero_remaining
+            changed_limit_applies_to_existing_buckets
+            identical_reload_never_refills
+            refunds
+            overrides
+            unknown_domain_ok_and_empty_request_invalid
+            same_bucket_twice_waits_for_all
+            loosening_reload_never_refills
             quota_mode_denies_only_when_every_quota_rule_is_over
-            global_quota_mode_needs_every_descriptor_over global_shadow_mode_never_denies
-            dynamic_metadata_names_the_rules_with_quota_left);
+            global_quota_mode_needs_every_descriptor_over
+            global_shadow_mode_never_denies
+            dynamic_metadata_names_the_rules_with_quota_left
+        );
     };
     (@cases $make:path; $($case:ident)*) => {
         $(

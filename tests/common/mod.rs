@@ -1,8 +1,16 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: one free-port helper
+//! ([`free_port`]), one HTTP client ([`http`]), one way to wait
+//! ([`eventually`]), metric reading ([`metrics`]), real Redis processes
+//! ([`redis`], [`cluster`], [`sentinel`]), real service and Envoy processes
+//! ([`procs`]), and the conformance cases every backend runs
+//! ([`conformance`]).
 #![allow(dead_code, unused_imports)]
 
 pub mod cluster;
 pub mod conformance;
+pub mod eventually;
+pub mod http;
+pub mod metrics;
 pub mod procs;
 pub mod redis;
 pub mod sentinel;
@@ -16,8 +24,18 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use std::net::{Ipv4Addr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A free TCP port on 127.0.0.1 (bound, read, released: another process could
+/// take it in between, which is unlikely enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0")
+}
 
 /// A key prefix no other test uses, so tests can share one Redis.
 pub fn unique_prefix(name: &str) -> String {

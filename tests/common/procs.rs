@@ -1,15 +1,17 @@
-//! Real processes for end-to-end tests: the `bucket-rls` binary, Envoy, and a
-//! minimal HTTP/1.1 client. Everything binds 127.0.0.0/8 only.
+//! Real processes for end-to-end tests: the `bucket-rls` binary and Envoy
+//! (HTTP requests to them go through [`super::http`]). Everything binds
+//! 127.0.0.0/8 only.
 //!
 //! Each process is killed when its handle drops; if the test is panicking,
 //! the tail of its log is printed first, so a CI failure shows why Envoy or
 //! the service misbehaved.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use super::free_port;
+use super::http::get as http_get;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// How long a process gets to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -35,15 +37,6 @@ pub fn envoy_bin() -> PathBuf {
 /// The `bucket-rls` binary built by cargo for this test run.
 pub fn bucket_rls_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_bucket-rls"))
-}
-
-/// A free TCP port on 127.0.0.1 (bound, read, released: another process could
-/// take it in between, which is unlikely enough for tests).
-pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
 }
 
 /// A child process killed (SIGKILL) on drop, with its output in a log file.
@@ -289,137 +282,6 @@ impl Envoy {
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
             .map_or(0, |v| v.trim().parse().unwrap_or(0))
     }
-}
-
-/// An HTTP/1.1 response.
-#[derive(Debug, Clone)]
-pub struct HttpResponse {
-    /// Status code.
-    pub status: u16,
-    /// Headers in order, names lower-cased.
-    pub headers: Vec<(String, String)>,
-    /// Body as text.
-    pub body: String,
-}
-
-impl HttpResponse {
-    /// Every value of header `name` (lower-case).
-    pub fn all(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-            .collect()
-    }
-
-    /// The only value of header `name`; panics if it appears more than once.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let all = self.all(name);
-        assert!(
-            all.len() <= 1,
-            "header {name} appears {} times: {all:?}",
-            all.len()
-        );
-        all.first().copied()
-    }
-
-    /// Header `name` parsed as a number; panics when absent or not a number.
-    pub fn num(&self, name: &str) -> u64 {
-        let v = self
-            .header(name)
-            .unwrap_or_else(|| panic!("no {name} header in {self:?}"));
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}: {v:?} is not a number"))
-    }
-}
-
-/// `GET path` from an ephemeral port on 127.0.0.1, `Connection: close`.
-///
-/// # Errors
-/// Connection or protocol failures.
-pub async fn http_get(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> std::io::Result<HttpResponse> {
-    http_get_from(IpAddr::V4(Ipv4Addr::LOCALHOST), addr, path, headers).await
-}
-
-/// `GET path` with the connection's source address on `from` (any
-/// 127.0.0.0/8 address works on Linux loopback), so tests can act as
-/// distinct clients for Envoy's `remote_address` descriptor.
-///
-/// # Errors
-/// Connection or protocol failures.
-pub async fn http_get_from(
-    from: IpAddr,
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> std::io::Result<HttpResponse> {
-    let sock = tokio::net::TcpSocket::new_v4()?;
-    sock.bind(SocketAddr::new(from, 0))?;
-    let mut s = tokio::time::timeout(Duration::from_secs(5), sock.connect(addr))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-    let mut req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).await?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "response timed out"))??;
-    parse_response(&buf)
-}
-
-fn parse_response(buf: &[u8]) -> std::io::Result<HttpResponse> {
-    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
-    let text = String::from_utf8_lossy(buf);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| bad("no end of headers"))?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().ok_or_else(|| bad("empty response"))?;
-    let status = status_line
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| bad("bad status line"))?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect::<Vec<_>>();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-    let body = if chunked {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    Ok(HttpResponse {
-        status,
-        headers,
-        body,
-    })
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// Loads a YAML file into JSON (for Envoy bootstraps and manifests).

@@ -2,7 +2,8 @@
 //! persistence, stopped, restarted and flushed on demand, killed on drop.
 //! Panics (the test fails, never skips) when `redis-server` is not installed.
 
-use std::net::{Ipv4Addr, TcpListener};
+use super::free_port;
+use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,14 +17,6 @@ pub struct RedisServer {
     extra: Vec<String>,
     child: Option<Child>,
     dir: tempfile::TempDir,
-}
-
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
 }
 
 impl RedisServer {

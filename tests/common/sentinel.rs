@@ -2,8 +2,13 @@
 //! Sentinels (`mymaster`, quorum 2, `down-after-milliseconds 1000`,
 //! `failover-timeout 3000`), all on free 127.0.0.1 ports, killed on drop.
 
-use super::cluster::{Node, free_port};
+use super::cluster::Node;
+use super::eventually::eventually_blocking;
+use super::free_port;
 use std::time::{Duration, Instant};
+
+/// How long a replica sync, a Sentinel handshake or a failover may take.
+const SETUP_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The master name the Sentinels watch.
 pub const MASTER_NAME: &str = "mymaster";
@@ -119,7 +124,7 @@ impl SentinelSetup {
             &format!("replica-{rp}"),
             password,
         );
-        wait_for("replica in sync", || {
+        eventually_blocking(SETUP_DEADLINE, "replica in sync", || {
             replica
                 .try_query::<String>(redis::cmd("INFO").arg("replication"))
                 .is_ok_and(|i| i.contains("master_link_status:up"))
@@ -168,15 +173,19 @@ impl SentinelSetup {
             sentinel_tls_ports,
             dir,
         };
-        wait_for("Sentinels know the replica and each other", || {
-            s.sentinels.iter().all(|n| {
-                let reps: redis::RedisResult<Vec<redis::Value>> =
-                    n.try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME));
-                let sens: redis::RedisResult<Vec<redis::Value>> =
-                    n.try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(MASTER_NAME));
-                reps.is_ok_and(|r| r.len() == 1) && sens.is_ok_and(|r| r.len() == 2)
-            })
-        });
+        eventually_blocking(
+            SETUP_DEADLINE,
+            "Sentinels know the replica and each other",
+            || {
+                s.sentinels.iter().all(|n| {
+                    let reps: redis::RedisResult<Vec<redis::Value>> =
+                        n.try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME));
+                    let sens: redis::RedisResult<Vec<redis::Value>> =
+                        n.try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(MASTER_NAME));
+                    reps.is_ok_and(|r| r.len() == 1) && sens.is_ok_and(|r| r.len() == 2)
+                })
+            },
+        );
         s
     }
 
@@ -239,7 +248,7 @@ impl SentinelSetup {
     /// and that node reports `role:master`; returns its port.
     pub fn wait_master_change(&self, old: u16) -> u16 {
         let mut new = 0;
-        wait_for("failover", || {
+        eventually_blocking(SETUP_DEADLINE, "failover", || {
             let ports: Vec<u16> = self
                 .sentinels
                 .iter()
@@ -269,14 +278,5 @@ impl SentinelSetup {
     /// The temporary directory with logs and configs.
     pub fn dir(&self) -> &std::path::Path {
         self.dir.path()
-    }
-}
-
-/// Polls `f` every 50 ms for up to 30 s; panics with `what` on timeout.
-pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }

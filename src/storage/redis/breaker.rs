@@ -1,6 +1,7 @@
 //! Circuit breaker: after `threshold` consecutive transient failures, calls
 //! fail at once with [`StorageError::CircuitOpen`](crate::storage::StorageError)
-//! instead of each waiting for the Redis timeout (BR-25). While open, one call
+//! instead of each waiting for the Redis timeout (see `docs/design.md`, "Storage
+//! failures"). While open, one call
 //! per `probe_interval` is let through as a probe; the first success (of a
 //! probe, or of a health-check ping) closes the breaker.
 //!
@@ -10,21 +11,40 @@
 //! `threshold` of them, so a short stall under load does not turn into an
 //! outage of `probe_interval`. A Redis that is really down fails the calls
 //! that follow too, and the breaker opens after `threshold` of them.
+//!
+//! Time comes from an injected clock (the monotonic clock in production), so
+//! the unit tests move time by hand instead of sleeping.
 
 use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// Where the breaker reads the time: [`Instant::now`] in production.
+type Now = Arc<dyn Fn() -> Instant + Send + Sync>;
+
 /// A consecutive-failure circuit breaker, shared by all calls to one node.
-#[derive(Debug)]
 pub struct CircuitBreaker {
     threshold: u32,
     probe_interval: Duration,
+    now: Now,
     failures: AtomicU32,
     /// While open: when the next probe may go through.
     next_probe: Mutex<Option<Instant>>,
     /// When the current run of failures began (`None` after a success).
     streak_start: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for CircuitBreaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CircuitBreaker")
+            .field("threshold", &self.threshold)
+            .field("probe_interval", &self.probe_interval)
+            .field("failures", &self.failures)
+            .field("next_probe", &self.next_probe)
+            .field("streak_start", &self.streak_start)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CircuitBreaker {
@@ -35,9 +55,19 @@ impl CircuitBreaker {
         Self {
             threshold: threshold.max(1),
             probe_interval,
+            now: Arc::new(Instant::now),
             failures: AtomicU32::new(0),
             next_probe: Mutex::new(None),
             streak_start: Mutex::new(None),
+        }
+    }
+
+    /// Like [`CircuitBreaker::new`], reading the time from `now`.
+    #[cfg(test)]
+    fn with_clock(threshold: u32, probe_interval: Duration, now: Now) -> Self {
+        Self {
+            now,
+            ..Self::new(threshold, probe_interval)
         }
     }
 
@@ -48,7 +78,7 @@ impl CircuitBreaker {
         if self.failures.load(Ordering::Acquire) < self.threshold {
             return true;
         }
-        let now = Instant::now();
+        let now = (self.now)();
         let mut next = self.next_probe.lock();
         match *next {
             Some(t) if now < t => false,
@@ -77,7 +107,7 @@ impl CircuitBreaker {
         {
             let mut streak = self.streak_start.lock();
             match *streak {
-                None => *streak = Some(Instant::now()),
+                None => *streak = Some((self.now)()),
                 Some(s) if started < s => return,
                 Some(_) => {}
             }
@@ -100,7 +130,7 @@ impl CircuitBreaker {
                 "Redis keeps failing; circuit breaker open, answering at once until a probe succeeds"
             );
             metrics::gauge!(crate::metrics::REDIS_CIRCUIT_OPEN).set(1.0);
-            *self.next_probe.lock() = Some(Instant::now() + self.probe_interval);
+            *self.next_probe.lock() = Some((self.now)() + self.probe_interval);
         }
     }
 
@@ -115,17 +145,38 @@ impl CircuitBreaker {
 mod tests {
     use super::*;
 
+    /// A clock that moves only when told to, and a breaker reading it.
+    fn manual(threshold: u32, probe_interval: Duration) -> (CircuitBreaker, ManualTime) {
+        let t = ManualTime(Arc::new(Mutex::new(Instant::now())));
+        let read = t.clone();
+        let b = CircuitBreaker::with_clock(threshold, probe_interval, Arc::new(move || read.now()));
+        (b, t)
+    }
+
+    #[derive(Clone)]
+    struct ManualTime(Arc<Mutex<Instant>>);
+
+    impl ManualTime {
+        fn now(&self) -> Instant {
+            *self.0.lock()
+        }
+        fn advance(&self, d: Duration) {
+            *self.0.lock() += d;
+        }
+    }
+
     #[test]
     fn calls_in_flight_together_count_once() {
-        let b = CircuitBreaker::new(3, Duration::from_millis(30));
-        let before = Instant::now();
-        std::thread::sleep(Duration::from_millis(2));
+        let (b, t) = manual(3, Duration::from_millis(30));
+        let before = t.now();
+        t.advance(Duration::from_millis(2));
         for _ in 0..10 {
             b.failure_of_call_started(before);
         }
         assert!(!b.is_open(), "one spike is one observation");
-        b.failure_of_call_started(Instant::now());
-        b.failure_of_call_started(Instant::now());
+        t.advance(Duration::from_millis(1));
+        b.failure_of_call_started(t.now());
+        b.failure_of_call_started(t.now());
         assert!(b.is_open(), "later calls failing too");
         b.success();
         b.failure_of_call_started(before);
@@ -134,18 +185,32 @@ mod tests {
 
     #[test]
     fn opens_probes_and_closes() {
-        let b = CircuitBreaker::new(2, Duration::from_millis(30));
+        let (b, t) = manual(2, Duration::from_millis(30));
         assert!(b.allow());
         b.failure();
         assert!(b.allow());
         b.failure();
         assert!(b.is_open());
         assert!(!b.allow());
-        std::thread::sleep(Duration::from_millis(40));
+        t.advance(Duration::from_millis(29));
+        assert!(!b.allow(), "no probe before the interval");
+        t.advance(Duration::from_millis(1));
         assert!(b.allow(), "one probe after the interval");
         assert!(!b.allow(), "only one");
+        t.advance(Duration::from_millis(29));
+        assert!(!b.allow(), "the next probe waits a whole interval");
+        t.advance(Duration::from_millis(1));
+        assert!(b.allow(), "the next probe");
         b.success();
         assert!(!b.is_open());
         assert!(b.allow());
+    }
+
+    #[test]
+    fn the_real_clock_is_the_default() {
+        let b = CircuitBreaker::new(1, Duration::from_secs(3600));
+        b.failure();
+        assert!(b.is_open());
+        assert!(!b.allow(), "the first probe is an hour away");
     }
 }

@@ -1,4 +1,4 @@
-//! Redis errors classified into [`StorageError`]s, in one place (DESIGN 5),
+//! Redis errors classified into [`StorageError`]s, in one place (docs/design.md, "Storage failures"),
 //! with the URL's password removed from every message.
 
 use crate::storage::{BackendKind, ErrorSource, StorageError};

@@ -1,4 +1,4 @@
-//! Local over-limit cache (DESIGN 5): after Redis said a bucket lacks tokens,
+//! Local over-limit cache (docs/design.md, "Local over-limit cache"): after Redis said a bucket lacks tokens,
 //! later requests that are certain to be denied are answered from memory,
 //! without a Redis call, until enough tokens could have refilled.
 //!
@@ -8,7 +8,7 @@
 //! the refill since `sent` is an upper bound of the true refill (used to be
 //! certain of a denial) and the refill since `received` a lower bound (used
 //! for the tokens reported, so the wait reported is never too short and a
-//! client retrying after it is admitted, DESIGN 4).
+//! client retrying after it is admitted, docs/design.md, "Durations").
 //! A request is answered from the cache only when **every** charge is a
 //! non-shadow consume whose bucket has an entry for the same limit and whose
 //! estimated tokens, plus one micro-token for the rounding of two partial
@@ -18,7 +18,7 @@
 //!
 //! Limits of the guarantee: tokens given back by refunds or a config change
 //! on *another* replica are not seen until the entry is replaced; a config
-//! change on this replica clears the cache ([`LocalCache::clear`], BR-21), and
+//! change on this replica clears the cache ([`LocalCache::clear`], docs/design.md, "Reloads"), and
 //! entries are keyed by limit as well.
 //!
 //! Exactness: the reported tokens can be below what Redis would compute by
@@ -159,7 +159,7 @@ impl LocalCache {
         }
     }
 
-    /// Forgets everything (on every config swap, BR-21).
+    /// Forgets everything (on every config swap, docs/design.md, "Reloads").
     pub fn clear(&self) {
         self.map.clear();
     }

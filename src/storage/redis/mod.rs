@@ -6,15 +6,15 @@
 //! Design:
 //! - **One script call per request** (per hash slot on a Cluster).
 //!   [`script`] wraps `lua/token_bucket.lua`, which reads, decides and writes
-//!   every bucket of a request atomically (all-or-nothing, DESIGN 3) with
+//!   every bucket of a request atomically (all-or-nothing, docs/design.md, "All-or-nothing requests") with
 //!   exactly the semantics of
 //!   [`bucket::apply_request`](crate::storage::bucket::apply_request). Time
 //!   comes from Redis `TIME`, so replicas never disagree about a bucket and a
-//!   skewed service clock cannot mint tokens (BR-27). The script is called with
+//!   skewed service clock cannot mint tokens (docs/design.md, "Time"). The script is called with
 //!   `EVALSHA`; `NOSCRIPT` (restart, failover, `SCRIPT FLUSH`) loads it and
-//!   retries once (BR-23). Nothing else is ever retried: after a timeout the
+//!   retries once (docs/design.md, "NOSCRIPT"). Nothing else is ever retried: after a timeout the
 //!   script may have run, so the call fails with
-//!   [`StorageError::Timeout`] and is not replayed (BR-24).
+//!   [`StorageError::Timeout`] and is not replayed (docs/design.md, "Ambiguous failures are never replayed").
 //! - **One call pipeline for every topology.** Each call goes through the
 //!   same steps, written once here (`Pipeline`): the local over-limit
 //!   cache, the argument encoding, the circuit breaker, the response timeout,
@@ -34,10 +34,10 @@
 //!   `--on-storage-error` policy.
 //! - **Circuit breaker** (`breaker`): after consecutive failures, requests
 //!   fail at once with [`StorageError::CircuitOpen`] until a probe (one request
-//!   per interval, or a health-check ping) succeeds (BR-25).
+//!   per interval, or a health-check ping) succeeds (docs/design.md, "Circuit breaker").
 //! - **Local over-limit cache** (`local_cache`): buckets Redis reported as
 //!   lacking tokens answer certain denials from memory; cleared on every config
-//!   swap (BR-21).
+//!   swap (docs/design.md, "Reloads").
 //! - **Keys** are built by the service ([`key`](crate::storage::key)); each
 //!   stores 7 to 14 bytes and expires when its bucket would be full again.
 
@@ -198,7 +198,7 @@ impl<T> RedisBuilder<T> {
     /// **Tests only** (cargo feature `test-util`). Sends `clock`'s time to
     /// the script as an explicit `now_us` instead of letting the script read
     /// Redis `TIME`, so tests can move time with a `ManualClock`. Production
-    /// never sets this: the service clock must not decide bucket time (BR-27).
+    /// never sets this: the service clock must not decide bucket time (docs/design.md, "Time").
     #[cfg(any(test, feature = "test-util"))]
     #[must_use]
     pub fn test_clock(mut self, clock: Arc<dyn Clock>) -> Self {

@@ -58,7 +58,7 @@ impl BucketScript {
     /// flushed, or Redis restarted or failed over) `SCRIPT LOAD` and one more
     /// `EVALSHA`. `NOSCRIPT` proves the script did not run, so the retry is
     /// safe; any other failure, in particular a timeout after sending, is
-    /// returned as is and never replayed (BR-24). Counts reloads in
+    /// returned as is and never replayed (docs/design.md, "Ambiguous failures are never replayed"). Counts reloads in
     /// `bucket_rls_redis_script_reload_total`.
     ///
     /// # Errors

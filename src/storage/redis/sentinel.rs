@@ -6,7 +6,7 @@
 //! ([`RedisStorage`](super::RedisStorage)), through the same
 //! `Pipeline`: one atomic script call per request,
 //! `EVALSHA` with one reload on `NOSCRIPT` (a promoted replica never saw
-//! `SCRIPT LOAD`, BR-23), no replay after a timeout (BR-24), the response
+//! `SCRIPT LOAD`, docs/design.md, "NOSCRIPT"), no replay after a timeout (docs/design.md, "Ambiguous failures are never replayed"), the response
 //! timeout, the circuit breaker and the local over-limit cache. Only the
 //! connection source differs:
 //!

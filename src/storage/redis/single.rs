@@ -38,7 +38,7 @@ impl RedisBuilder<SingleNode> {
     /// Builds the backend without waiting for Redis: the connection is made in
     /// the background and remade after failures. Spawns a health task that
     /// pings Redis every second, loads the script and warns about an
-    /// `allkeys-*` eviction policy once Redis answers (BR-26). Must be called
+    /// `allkeys-*` eviction policy once Redis answers (docs/design.md, "Key expiry"). Must be called
     /// inside a Tokio runtime.
     ///
     /// # Errors
@@ -196,7 +196,7 @@ impl RedisStorage {
     }
 }
 
-/// Warns when keys may be evicted before they expire (BR-26): an evicted
+/// Warns when keys may be evicted before they expire (docs/design.md, "Key expiry"): an evicted
 /// bucket is a free full bucket, a silent fail-open.
 async fn check_eviction_policy(conn: &mut ConnectionManager, timeout: Duration) {
     let got = tokio::time::timeout(

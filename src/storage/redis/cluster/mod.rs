@@ -5,7 +5,7 @@
 //! computed here ([`key_slot`] in `slot`, CRC16 of the key as Redis does) from the
 //! injective key encoding of [`key`](crate::storage::key), which escapes `{`
 //! and `}`, so client text can never form a hash tag and move a bucket to
-//! another slot (BR-05, BR-28). The charges of one request are grouped by slot
+//! another slot (docs/design.md, "Keys"). The charges of one request are grouped by slot
 //! and each script call carries the keys of exactly one slot, all in `KEYS`.
 //!
 //! # All-or-nothing across slots: reservation and refund
@@ -16,7 +16,7 @@
 //!
 //! 1. **Reserve.** Every slot that holds a consume charge gets one script call
 //!    with that slot's charges, **all slots in parallel** (latency is one round
-//!    trip whatever the number of slots, BR-29). Each call is atomic on its node
+//!    trip whatever the number of slots, docs/design.md, "Redis Cluster"). Each call is atomic on its node
 //!    and charges only if every non-shadow charge of *its* slot fits. Refund
 //!    charges (`is_negative_hits`) are not applied in this phase; their buckets
 //!    are read with a cost-0 shadow check instead (which writes nothing).
@@ -45,7 +45,7 @@
 //! are missing, so a concurrent request on the same bucket may be denied
 //! although a single node would have admitted it (under-admission only). If a
 //! slot's call times out, its outcome is unknown and it is never replayed nor
-//! compensated (BR-24): the request answers `UNAVAILABLE` and at most the one
+//! compensated (docs/design.md, "Ambiguous failures are never replayed"): the request answers `UNAVAILABLE` and at most the one
 //! reservation of that slot is lost until its bucket refills. A lost
 //! compensating call (node down) likewise only under-admits; it is logged and
 //! counted as `bucket_rls_storage_errors_total{kind="cluster_refund_lost"}`.
@@ -65,12 +65,12 @@
 //! The `redis` crate's cluster client keeps the slot map and one multiplexed
 //! connection per node; it is built with **no automatic retries**, because it
 //! would otherwise resend a command after a dropped connection or a timeout,
-//! when the script may already have run (BR-24). Instead each slot call
+//! when the script may already have run (docs/design.md, "Ambiguous failures are never replayed"). Instead each slot call
 //! (`route`) follows `MOVED` (to the named node; the client refreshes its slot map) and
 //! `ASK` (`ASKING` then the call, on the named node), waits briefly and retries
 //! on `TRYAGAIN` (keys of a slot split by a migration), and answers `NOSCRIPT`
 //! with one `EVAL` of the full source (which also loads the script on that
-//! node, e.g. a replica promoted by a failover; BR-23): each of these replies
+//! node, e.g. a replica promoted by a failover; docs/design.md, "NOSCRIPT"): each of these replies
 //! proves the script did not run, so the retry is safe. `READONLY` fails the
 //! call. All of it is bounded by `--redis-timeout` per slot call.
 //!
@@ -161,7 +161,7 @@ impl RedisBuilder<ClusterNodes> {
         let timeout = self.options.timeout;
         let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str))
             // No automatic retry: the crate would resend after a dropped
-            // connection or a timeout (BR-24); redirects are followed here.
+            // connection or a timeout (docs/design.md, "Ambiguous failures are never replayed"); redirects are followed here.
             .retries(0)
             .connection_timeout(timeout.max(MIN_CONNECT_TIMEOUT))
             .response_timeout(timeout);

@@ -1,4 +1,5 @@
-//! One test per config rejection rule (DESIGN 1): each error names the file,
+//! One test per config rejection rule (docs/design.md, "Configuration
+//! files"): each error names the file,
 //! the line where the parser can give it, and the descriptor path.
 
 use bucket_rls::config::loader::{compile_texts, load_source};
@@ -62,7 +63,7 @@ fn wrong_types_say_what_was_expected() {
 }
 
 #[test]
-fn br_01_misspelt_key_in_rate_limit() {
+fn misspelt_key_in_rate_limit() {
     let yaml = "domain: edge\ndescriptors:\n  - key: remote_address\n    value: 10.0.0.7\n    descriptors:\n      - key: api_path\n        value: /api\n        rate_limit:\n          unlimied: true          # typo\n";
     one_error(
         "edge.yaml",
@@ -215,7 +216,7 @@ fn descriptor_without_key() {
 }
 
 #[test]
-fn br_03_duplicate_siblings() {
+fn duplicate_siblings() {
     let yaml = "domain: notify\ndescriptors:\n  - key: sender\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: sender\n    rate_limit: {unit: day, requests_per_unit: 200}\n";
     one_error(
         "n.yaml",
@@ -326,7 +327,7 @@ fn bad_requests_per_unit() {
 }
 
 #[test]
-fn br_08_unlimited_with_unit() {
+fn unlimited_with_unit() {
     one_error(
         "t.yaml",
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
@@ -354,7 +355,7 @@ fn zero_burst_with_positive_rate() {
 }
 
 #[test]
-fn br_10_empty_replaces_name_and_self_replacement() {
+fn empty_replaces_name_and_self_replacement() {
     one_error(
         "t.yaml",
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      replaces: [{name: ''}]\n      unit: minute\n      requests_per_unit: 5\n",

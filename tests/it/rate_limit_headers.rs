@@ -1,14 +1,13 @@
 //! Optional `RateLimit` headers (`--rate-limit-headers`), computed from the most
-//! restrictive status as Envoy does (BR-19).
+//! restrictive status as Envoy does (docs/cases.md, "The denying status drives
+//! the headers").
 
-mod common;
-
+use crate::common::{config, desc, req};
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::{RateLimitHeaders, ServiceSettings};
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
-use common::{config, desc, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +21,7 @@ fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
         .collect()
 }
 
-async fn br_19_third_call(mode: RateLimitHeaders) -> RateLimitResponse {
+async fn denied_by_spend_call(mode: RateLimitHeaders) -> RateLimitResponse {
     let clock = ManualClock::new(1_700_000_000_000_000);
     let settings = ServiceSettings {
         rate_limit_headers: mode,
@@ -59,13 +58,13 @@ fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn off_by_default_only_retry_after() {
-    let r = br_19_third_call(RateLimitHeaders::Off).await;
+    let r = denied_by_spend_call(RateLimitHeaders::Off).await;
     assert_eq!(headers(&r), pairs(&[("retry-after", "720")]));
 }
 
 #[tokio::test]
 async fn draft03_headers_describe_the_denying_limit() {
-    let r = br_19_third_call(RateLimitHeaders::Draft03).await;
+    let r = denied_by_spend_call(RateLimitHeaders::Draft03).await;
     assert_eq!(
         headers(&r),
         pairs(&[
@@ -79,7 +78,7 @@ async fn draft03_headers_describe_the_denying_limit() {
 
 #[tokio::test]
 async fn ietf_headers_name_the_policies() {
-    let r = br_19_third_call(RateLimitHeaders::Ietf).await;
+    let r = denied_by_spend_call(RateLimitHeaders::Ietf).await;
     assert_eq!(
         headers(&r),
         pairs(&[

@@ -6,14 +6,13 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// The body of `GET /livez` (status 200) over a new connection.
 async fn get(addr: std::net::SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    let r = crate::common::http::get(addr, "/livez", &[])
         .await
-        .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    out
+        .expect("GET /livez");
+    assert_eq!(r.status, 200, "{r:?}");
+    r.body
 }
 
 /// Serves `GET /livez` on a free loopback port through the listener `wrap`
