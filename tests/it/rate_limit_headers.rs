@@ -164,7 +164,7 @@ async fn shadow_rules_are_not_announced() {
 /// (no `;w=` policy list as draft 03 has).
 #[tokio::test]
 async fn go_headers_use_the_go_names_and_the_bare_limit() {
-    let r = br_19_third_call(RateLimitHeaders::Go).await;
+    let r = denied_by_spend_call(RateLimitHeaders::Go).await;
     let h = headers(&r);
     assert!(h.contains(&("RateLimit-Limit".into(), "5".into())), "{h:?}");
     assert!(
