@@ -6,11 +6,11 @@
 //! One decision (docs/design.md, "Matching descriptors", "Token buckets" and
 //! "Responses"):
 //! 1. [`Request::validate`] checks the request's shape.
-//! 2. [`plan`] matches every descriptor against the domain's rules, drops
+//! 2. `plan` matches every descriptor against the domain's rules, drops
 //!    replaced rules and builds one bucket charge per limited descriptor.
 //! 3. All charges go to storage in one call, applied all-or-nothing.
 //! 4. [`verdict`] turns the result into statuses, waits and metrics;
-//!    [`headers`] adds the optional RateLimit headers; [`failure`] answers
+//!    [`headers`] adds the optional RateLimit headers; `failure` answers
 //!    when storage fails.
 
 mod failure;
