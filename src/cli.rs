@@ -236,11 +236,13 @@ impl TryFrom<&ServeArgs> for Settings {
     /// Checks the flags of `serve` and reads the CA file (see
     /// [`Backend`]'s `TryFrom`).
     fn try_from(args: &ServeArgs) -> Result<Self, SetupError> {
+        let service = ServiceSettings::from(args);
+        service.header_names.check(service.rate_limit_headers)?;
         Ok(Self {
             config: args.config.clone(),
             grpc_addr: args.grpc_addr,
             http_addr: args.http_addr,
-            service: ServiceSettings::from(args),
+            service,
             load: crate::config::loader::LoadOptions {
                 merge_domains: args.merge_domain_config,
             },

@@ -319,4 +319,41 @@ pub enum SetupError {
     /// passwords redacted).
     #[error(transparent)]
     Redis(#[from] crate::storage::redis::RedisSetupError),
+    /// Header names of `--rate-limit-headers go` that clash, or given
+    /// without it.
+    #[error("{0}")]
+    HeaderNames(String),
+}
+
+impl HeaderNames {
+    /// Checks the names for `mode`: given only with [`RateLimitHeaders::Go`]
+    /// (elsewhere nothing would send them), distinct from each other and
+    /// from `retry-after` (case-insensitive, as HTTP header names are).
+    ///
+    /// # Errors
+    /// [`SetupError::HeaderNames`] saying which names and why.
+    pub fn check(&self, mode: RateLimitHeaders) -> Result<(), SetupError> {
+        if mode != RateLimitHeaders::Go {
+            if *self != Self::default() {
+                return Err(SetupError::HeaderNames(
+                    "--limit-header-name, --remaining-header-name and --reset-header-name apply only with --rate-limit-headers go".into(),
+                ));
+            }
+            return Ok(());
+        }
+        let names = [&self.limit, &self.remaining, &self.reset];
+        for (i, a) in names.iter().enumerate() {
+            if a.eq_ignore_ascii_case("retry-after") {
+                return Err(SetupError::HeaderNames(format!(
+                    "header name '{a}' is taken: retry-after is sent on every denial"
+                )));
+            }
+            if names[i + 1..].iter().any(|b| a.eq_ignore_ascii_case(b)) {
+                return Err(SetupError::HeaderNames(format!(
+                    "header name '{a}' is given twice: the limit, remaining and reset headers need three names"
+                )));
+            }
+        }
+        Ok(())
+    }
 }

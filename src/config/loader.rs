@@ -17,6 +17,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+/// Most bytes one descriptor's `metadata` may take as JSON: YAML aliases
+/// can make a few lines expand to megabytes, sent with every response.
+pub const MAX_METADATA_BYTES: usize = 64 * 1024;
+
 const FILE_KEYS: &[&str] = &["domain", "descriptors"];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
@@ -305,6 +309,18 @@ fn compile_level(
         let metadata = match &d.metadata {
             None | Some((_, serde_json::Value::Null)) => None,
             Some((_, serde_json::Value::Object(m))) if m.is_empty() => None,
+            Some((line, serde_json::Value::Object(m)))
+                if serde_json::to_vec(m).map_or(usize::MAX, |v| v.len()) > MAX_METADATA_BYTES =>
+            {
+                cx.err(
+                    *line,
+                    &here,
+                    format!(
+                        "metadata is larger than {MAX_METADATA_BYTES} bytes as JSON (it is sent with every response that carries it)"
+                    ),
+                );
+                None
+            }
             Some((_, serde_json::Value::Object(m))) => Some(Arc::new(m.clone())),
             Some((line, other)) => {
                 cx.err(

@@ -41,12 +41,15 @@ impl FailureLog {
 
 /// The answer under `policy` for a request planned as `plans` whose storage
 /// call failed with `e`. Fail-open answers never carry a `current_limit`
-/// that was not checked.
+/// that was not checked. Fail-closed denies only through rules that may
+/// deny: not shadow-mode rules, and nothing under the service-wide shadow
+/// mode (`global_shadow`), which never denies.
 ///
 /// # Errors
 /// [`DecideError::Storage`] under [`OnStorageError::Unavailable`].
 pub(super) fn answer(
     policy: OnStorageError,
+    global_shadow: bool,
     log: &FailureLog,
     plans: &[Plan],
     e: StorageError,
@@ -57,14 +60,15 @@ pub(super) fn answer(
     if let Some(suppressed) = log.take(Instant::now()) {
         tracing::error!(error = %e, ?policy, suppressed, "storage call failed");
     }
+    let may_deny = |p: &Plan| matches!(p, Plan::Limited { shadow: false, .. }) && !global_shadow;
     let with = |limited: DescriptorStatus, overall_code: Code| Decision {
         overall_code,
         statuses: plans
             .iter()
             .map(|p| match p {
-                Plan::NoLimit => DescriptorStatus::no_limit(),
                 Plan::Unlimited => DescriptorStatus::unlimited(),
-                Plan::Limited { .. } => limited.clone(),
+                p if may_deny(p) => limited.clone(),
+                _ => DescriptorStatus::no_limit(),
             })
             .collect(),
         response_headers_to_add: Vec::new(),
@@ -73,7 +77,10 @@ pub(super) fn answer(
     match policy {
         OnStorageError::Unavailable => Err(DecideError::Storage(e)),
         OnStorageError::Allow => Ok(with(DescriptorStatus::no_limit(), Code::Ok)),
-        OnStorageError::Deny => Ok(with(DescriptorStatus::denied_unchecked(), Code::OverLimit)),
+        OnStorageError::Deny if plans.iter().any(may_deny) => {
+            Ok(with(DescriptorStatus::denied_unchecked(), Code::OverLimit))
+        }
+        OnStorageError::Deny => Ok(with(DescriptorStatus::no_limit(), Code::Ok)),
     }
 }
 
@@ -112,10 +119,10 @@ mod tests {
         let log = FailureLog::default();
         let e = || StorageError::CircuitOpen;
         assert!(matches!(
-            answer(OnStorageError::Unavailable, &log, &plans, e()),
+            answer(OnStorageError::Unavailable, false, &log, &plans, e()),
             Err(DecideError::Storage(StorageError::CircuitOpen))
         ));
-        let d = answer(OnStorageError::Deny, &log, &plans, e()).unwrap();
+        let d = answer(OnStorageError::Deny, false, &log, &plans, e()).unwrap();
         assert_eq!(d.overall_code, Code::OverLimit);
         assert_eq!(
             d.statuses,
@@ -125,8 +132,28 @@ mod tests {
                 DescriptorStatus::unlimited()
             ]
         );
-        let d = answer(OnStorageError::Allow, &log, &plans, e()).unwrap();
+        let d = answer(OnStorageError::Allow, false, &log, &plans, e()).unwrap();
         assert_eq!(d.overall_code, Code::Ok);
         assert_eq!(d.statuses[1], DescriptorStatus::no_limit());
+        // Shadow rules, and everything under the service-wide shadow mode,
+        // never deny: fail-closed answers OK for them.
+        let d = answer(OnStorageError::Deny, true, &log, &plans, e()).unwrap();
+        assert_eq!(d.overall_code, Code::Ok);
+        assert_eq!(d.statuses[1], DescriptorStatus::no_limit());
+        let shadow = [Plan::Limited {
+            charge: 0,
+            label: "d.k".into(),
+            current: CurrentLimit {
+                name: String::new(),
+                requests_per_unit: 1,
+                unit: Unit::Second,
+            },
+            cost: 1,
+            shadow: true,
+            quota: false,
+            metadata: None,
+        }];
+        let d = answer(OnStorageError::Deny, false, &log, &shadow, e()).unwrap();
+        assert_eq!(d.overall_code, Code::Ok);
     }
 }

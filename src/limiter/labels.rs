@@ -4,6 +4,7 @@
 //! the exported series (or the recorder's memory) without bound.
 
 use parking_lot::Mutex;
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 /// Most distinct value-carrying labels in one process; later ones count
@@ -35,17 +36,24 @@ impl ValueLabels {
         format!("{path}._other")
     }
 
-    /// `value`, cut to at most [`MAX_LABEL_VALUE_BYTES`] bytes.
+    /// `value`, cut to at most [`MAX_LABEL_VALUE_BYTES`] bytes, with control
+    /// characters (which would break a log line or a scraper) as `_`.
     #[must_use]
-    pub fn clip(value: &str) -> &str {
-        if value.len() <= MAX_LABEL_VALUE_BYTES {
-            return value;
-        }
-        let mut end = MAX_LABEL_VALUE_BYTES;
+    pub fn clip(value: &str) -> Cow<'_, str> {
+        let mut end = value.len().min(MAX_LABEL_VALUE_BYTES);
         while !value.is_char_boundary(end) {
             end -= 1;
         }
-        &value[..end]
+        let cut = &value[..end];
+        if cut.chars().any(char::is_control) {
+            Cow::Owned(
+                cut.chars()
+                    .map(|c| if c.is_control() { '_' } else { c })
+                    .collect(),
+            )
+        } else {
+            Cow::Borrowed(cut)
+        }
     }
 }
 
@@ -70,8 +78,9 @@ mod tests {
         let long = "é".repeat(40); // 80 bytes
         let clipped = ValueLabels::clip(&long);
         assert_eq!(clipped.len(), 64);
-        assert!(long.starts_with(clipped));
+        assert!(long.starts_with(&*clipped));
         let odd = format!("a{}", "é".repeat(40));
         assert_eq!(ValueLabels::clip(&odd).len(), 63);
+        assert_eq!(ValueLabels::clip("a\r\nb\0c\td"), "a__b_c_d");
     }
 }

@@ -27,7 +27,7 @@ pub use verdict::{Code, CurrentLimit, Decision, DescriptorStatus, Header, UNLIMI
 use crate::config::{Config, ConfigHandle, OnSwap};
 use crate::metrics as m;
 use crate::settings::ServiceSettings;
-use crate::storage::{Charge, Storage, StorageError};
+use crate::storage::{Charge, ChargeKind, RequestResult, Storage, StorageError};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -174,7 +174,7 @@ impl Limiter {
         let Some(domain) = config.domains.get(req.domain) else {
             self.note_unknown_domain(req.domain);
             let statuses = req.descriptors.iter().map(|_| DescriptorStatus::no_limit());
-            return Ok(self.with_metadata(Decision::ok(statuses.collect()), req, &[]));
+            return Ok(self.with_metadata(Decision::ok(statuses.collect()), req, &[], None));
         };
         let (plans, charges) = plan::plan(domain, req, &self.settings, &self.value_labels);
         drop(config);
@@ -186,15 +186,16 @@ impl Limiter {
                     DescriptorStatus::no_limit()
                 }
             });
-            return Ok(self.with_metadata(Decision::ok(statuses.collect()), req, &plans));
+            return Ok(self.with_metadata(Decision::ok(statuses.collect()), req, &plans, None));
         }
-        match self.storage.apply(&charges).await {
+        let result = match self.storage.apply(&charges).await {
+            Ok(result) => self.pass_on_quota(&plans, &charges, result).await,
+            Err(e) => Err(e),
+        };
+        match result {
             Ok(result) => {
                 let v = verdict::respond(&self.settings, &plans, &charges, &result);
                 let mut decision = v.decision;
-                if !v.compensate.is_empty() {
-                    self.compensate(&v.compensate).await;
-                }
                 headers::add(
                     self.settings.rate_limit_headers,
                     &self.settings.header_names,
@@ -202,39 +203,90 @@ impl Limiter {
                     &v.limited,
                     &v.denials,
                 );
-                Ok(self.with_metadata(decision, req, &plans))
+                Ok(self.with_metadata(decision, req, &plans, Some(&v.over)))
             }
-            Err(e) => failure::answer(self.settings.on_storage_error, &self.failure_log, &plans, e),
+            Err(e) => failure::answer(
+                self.settings.on_storage_error,
+                self.settings.global_shadow_mode,
+                &self.failure_log,
+                &plans,
+                e,
+            )
+            .map(|d| self.with_metadata(d, req, &plans, None)),
         }
     }
 
-    /// Gives back what storage charged for a request the quota rules deny.
-    /// A failure is logged and counted; the tokens then stay taken (the
-    /// request is denied either way, so nothing is admitted too much).
-    async fn compensate(&self, refunds: &[Charge]) {
-        if let Err(e) = self.storage.apply(refunds).await {
-            metrics::counter!(m::STORAGE_ERRORS, "kind" => e.kind().to_owned()).increment(1);
-            tracing::warn!(error = %e, "could not give back the charges of a request denied by its quota rules");
+    /// Quota mode in storage terms. Storage admits a request only when every
+    /// charge that can deny has the tokens, and writes nothing otherwise. A
+    /// quota charge there is such a charge, so a request whose quota
+    /// descriptors are only partly over is refused by the first call; it is
+    /// then asked again without the quota charges that lacked tokens (they
+    /// would take nothing anyway), and that answer stands. The dropped
+    /// charges keep their first answer. So a denied request is never charged,
+    /// and a request costs a second storage call only when some but not all
+    /// of its quota descriptors are over.
+    async fn pass_on_quota(
+        &self,
+        plans: &[plan::Plan],
+        charges: &[Charge],
+        first: RequestResult,
+    ) -> Result<RequestResult, StorageError> {
+        if first.admitted {
+            return Ok(first);
         }
+        let mut quota = vec![false; charges.len()];
+        for p in plans {
+            if let plan::Plan::Limited {
+                charge,
+                quota: true,
+                shadow: false,
+                ..
+            } = p
+            {
+                quota[*charge] = true;
+            }
+        }
+        let lacks =
+            |i: usize| charges[i].spec.kind == ChargeKind::Consume && !first.charges[i].enough;
+        let is_quota_consume = |i: usize| quota[i] && charges[i].spec.kind == ChargeKind::Consume;
+        let normal_lacks =
+            (0..charges.len()).any(|i| lacks(i) && !quota[i] && !charges[i].spec.shadow);
+        let quota_left = (0..charges.len()).any(|i| is_quota_consume(i) && !lacks(i));
+        if normal_lacks || !quota_left {
+            return Ok(first);
+        }
+        let kept: Vec<usize> = (0..charges.len())
+            .filter(|&i| !(is_quota_consume(i) && lacks(i)))
+            .collect();
+        let subset: Vec<Charge> = kept.iter().map(|&i| charges[i].clone()).collect();
+        let second = self.storage.apply(&subset).await?;
+        let mut merged = first;
+        for (j, &i) in kept.iter().enumerate() {
+            merged.charges[i] = second.charges[j];
+        }
+        merged.admitted = second.admitted;
+        Ok(merged)
     }
 
     /// `decision` with the dynamic metadata when the settings ask for it.
+    /// `over` says per status whether its rule lacked the tokens (a shadow
+    /// rule's status is `OK` even then); without it the status codes tell.
     fn with_metadata(
         &self,
         mut decision: Decision,
         req: &Request<'_>,
         plans: &[plan::Plan],
+        over: Option<&[bool]>,
     ) -> Decision {
         if self.settings.response_dynamic_metadata {
-            let passed = plans
-                .iter()
-                .zip(&decision.statuses)
-                .filter_map(|(p, s)| match p {
-                    plan::Plan::Limited {
-                        metadata: Some(m), ..
-                    } if s.code != Code::OverLimit => Some(&**m),
-                    _ => None,
-                });
+            let statuses = &decision.statuses;
+            let is_over = |i: usize| over.map_or(statuses[i].code == Code::OverLimit, |o| o[i]);
+            let passed = plans.iter().enumerate().filter_map(|(i, p)| match p {
+                plan::Plan::Limited {
+                    metadata: Some(m), ..
+                } if !is_over(i) => Some(&**m),
+                _ => None,
+            });
             decision.dynamic_metadata = Some(metadata::response_metadata(req, passed));
         }
         decision

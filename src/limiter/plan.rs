@@ -166,10 +166,9 @@ pub(super) fn plan(
                 limit,
                 cost,
                 kind,
-                // A quota charge never blocks admission in storage (the core
-                // decides the quota outcome over all of them), nor does any
-                // charge under the service-wide shadow mode.
-                shadow: shadow || quota || settings.global_shadow_mode,
+                // Under the service-wide shadow mode no charge blocks
+                // admission in storage.
+                shadow: shadow || settings.global_shadow_mode,
             },
         });
     }
@@ -196,7 +195,7 @@ fn detailed_label(domain: &str, entries: &[(&str, &str)]) -> String {
         s.push('.');
         s.push_str(k);
         s.push('_');
-        s.push_str(ValueLabels::clip(v));
+        s.push_str(&ValueLabels::clip(v));
     }
     s
 }
@@ -225,7 +224,7 @@ fn value_label(domain: &str, levels: &[MetricLevel], entries: &[(&str, &str)]) -
         };
         if let Some(shown) = shown.filter(|x| !x.is_empty()) {
             s.push('_');
-            s.push_str(ValueLabels::clip(shown));
+            s.push_str(&ValueLabels::clip(shown));
         }
     }
     s

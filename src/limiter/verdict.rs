@@ -8,7 +8,7 @@ use crate::config::Unit;
 use crate::metrics as m;
 use crate::settings::ServiceSettings;
 use crate::storage::bucket::{self, MICRO, RequestResult};
-use crate::storage::{Charge, ChargeKind, ChargeSpec};
+use crate::storage::{Charge, ChargeKind};
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -149,19 +149,21 @@ pub(super) struct Verdict {
     /// Indices of the statuses that deny the request (the RateLimit headers
     /// describe the longest of them).
     pub denials: Vec<usize>,
-    /// Refunds that undo what storage charged for a request the quota rules
-    /// deny (storage admitted it: quota charges never block there).
-    pub compensate: Vec<Charge>,
+    /// Per status: its rule lacked the tokens (shadow rules included), so
+    /// its `metadata` is not returned.
+    pub over: Vec<bool>,
 }
 
 /// Statuses of a request whose charges storage applied (`result`), with
 /// the per-rule metrics and `retry-after` when denied.
 ///
 /// A request is denied when a normal (not shadow, not quota) descriptor is
-/// over its limit, or when it has quota descriptors and every one of them is
-/// over. The wait then is until it would be admitted: the longest wait of the
-/// normal denials, and at least the shortest wait of the quota descriptors
-/// (one of them having tokens is enough).
+/// over its limit, when it has quota descriptors and every one of them is
+/// over, or when storage did not admit it. The wait then is until it would be
+/// admitted: the longest wait of the normal denials, and at least the
+/// shortest wait of the quota descriptors (one of them having tokens is
+/// enough). A denied request was not charged: storage writes nothing for a
+/// request it does not admit.
 pub(super) fn respond(
     settings: &ServiceSettings,
     plans: &[Plan],
@@ -182,8 +184,11 @@ pub(super) fn respond(
         } = p
         {
             if *quota {
-                quota_total += 1;
-                quota_over += usize::from(lacks(*charge));
+                // A refund asks for nothing: it is no quota to pass on.
+                if charges[*charge].spec.kind == ChargeKind::Consume {
+                    quota_total += 1;
+                    quota_over += usize::from(lacks(*charge));
+                }
             } else {
                 normal_over |= lacks(*charge);
             }
@@ -191,27 +196,31 @@ pub(super) fn respond(
     }
     let quota_denied = quota_total > 0 && quota_over == quota_total;
     // Under `--shadow-mode` a request the rules deny is answered OK anyway
-    // (each status keeps its real code, as in the Go service).
-    let denied = (normal_over || quota_denied) && !settings.global_shadow_mode;
-    // Storage applied the charges, and the request stands: they stay taken.
-    let charged = result.admitted && !denied;
-    let undo = result.admitted && denied;
+    // (each status keeps its real code, as in the Go service); every charge
+    // is a shadow charge in storage then, so storage admitted it.
+    let denied = !settings.global_shadow_mode && (normal_over || quota_denied || !result.admitted);
+    let charged = result.admitted;
 
     let mut statuses = Vec::with_capacity(plans.len());
     let mut retry_after_us: u128 = 0;
     let mut quota_wait: Option<(u128, usize)> = None;
     let mut denials = Vec::new();
     let mut limited: Vec<(usize, u64)> = Vec::new();
-    let mut compensate = Vec::new();
+    let mut over = Vec::with_capacity(plans.len());
+    // Quota statuses over their limit in a request that passes limit
+    // nothing: the RateLimit headers leave them out.
+    let mut spent_quota = Vec::new();
     let need_micro = bucket::request_needs(charges);
     for plan in plans {
         let (charge_idx, label, current, cost, shadow, quota) = match plan {
             Plan::NoLimit => {
                 statuses.push(DescriptorStatus::no_limit());
+                over.push(false);
                 continue;
             }
             Plan::Unlimited => {
                 statuses.push(DescriptorStatus::unlimited());
+                over.push(false);
                 continue;
             }
             Plan::Limited {
@@ -224,6 +233,7 @@ pub(super) fn respond(
                 ..
             } => (*charge, label, current, *cost, *shadow, *quota),
         };
+        over.push(lacks(charge_idx));
         let spec = &charges[charge_idx].spec;
         // Shadow rules never deny and are not announced in headers.
         if !shadow {
@@ -232,21 +242,7 @@ pub(super) fn respond(
         let r = result.charges[charge_idx];
         let limit = &spec.limit;
         let cap = limit.capacity_micro();
-        let mut tokens_micro = r.tokens_micro;
-        if undo && spec.kind == ChargeKind::Consume && r.enough && cost > 0 {
-            // Taken by storage, given back below: report the balance as if
-            // nothing had been charged.
-            let taken = u128::from(cost) * u128::from(MICRO);
-            tokens_micro =
-                u64::try_from((u128::from(tokens_micro) + taken).min(cap)).unwrap_or(u64::MAX);
-            compensate.push(Charge {
-                key: charges[charge_idx].key.clone(),
-                spec: ChargeSpec {
-                    kind: ChargeKind::Refund,
-                    ..*spec
-                },
-            });
-        }
+        let tokens_micro = r.tokens_micro;
         let remaining = u32::try_from(tokens_micro / MICRO).unwrap_or(u32::MAX);
         // A u64 `hits_addend` near its maximum would wrap a counter in one
         // or two requests, and Prometheus reads a counter going down as a
@@ -291,6 +287,7 @@ pub(super) fn respond(
                 if quota_wait.is_none_or(|(w, _)| wait_us < w) {
                     quota_wait = Some((wait_us, statuses.len()));
                 }
+                spent_quota.push(statuses.len());
                 Code::OverLimit
             } else {
                 retry_after_us = retry_after_us.max(wait_us);
@@ -315,6 +312,9 @@ pub(super) fn respond(
         denials.clear();
         retry_after_us = 0;
     }
+    if !denied {
+        limited.retain(|(i, _)| !spent_quota.contains(i));
+    }
     let mut decision = Decision {
         overall_code: if denied { Code::OverLimit } else { Code::Ok },
         statuses,
@@ -324,14 +324,14 @@ pub(super) fn respond(
     if denied {
         decision.response_headers_to_add.push(Header {
             key: "retry-after".into(),
-            value: bucket::ceil_secs(retry_after_us).to_string(),
+            value: bucket::ceil_secs(retry_after_us.max(1)).to_string(),
         });
     }
     Verdict {
         decision,
         limited,
         denials,
-        compensate,
+        over,
     }
 }
 

@@ -1217,9 +1217,10 @@ fn md_str(r: &RateLimitResponse, path: &[&str]) -> Option<String> {
 
 /// Quota mode: a quota descriptor over its limit keeps its own code and
 /// wait, but denies the request only when every quota descriptor is over
-/// (or a normal one is). A request the quota rules deny charges nothing:
-/// what storage took is given back. The Go service behaves the same for the
-/// codes; it has no all-or-nothing and keeps counting the denied request.
+/// (or a normal one is). A request the quota rules deny charges nothing.
+/// The Go service behaves the same for the codes; it has no all-or-nothing
+/// and keeps counting the denied request (its counters reset at the window
+/// edge, where a bucket refills continuously, hence the waits here).
 pub async fn quota_mode_denies_only_when_every_quota_rule_is_over(b: &dyn Backend) {
     let c = Case::new(b, QUOTA_YAML).await;
     let r = c.call(quota_request()).await;
@@ -1259,6 +1260,95 @@ pub async fn quota_mode_denies_only_when_every_quota_rule_is_over(b: &dyn Backen
     assert_eq!(retry_after(&r).as_deref(), Some("6"));
     let r = c.one("q", &[("service", "s1")], 1).await;
     assert_eq!(cr(&r, 0), (OK, 0), "s1 still had its token");
+}
+
+/// A refund descriptor in quota mode asks for nothing, so it is no quota
+/// that lets a request pass; a request the quota rules deny writes nothing,
+/// so a limit override in it cannot refill a drained bucket; a shadow quota
+/// rule over its limit returns no metadata.
+pub async fn quota_refunds_overrides_and_shadow_never_bypass(b: &dyn Backend) {
+    let yaml = "domain: qr
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 20}
+  - key: svc
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: dry
+    quota_mode: true
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+    metadata: {route_to: dry}
+";
+    let c = Case::with_settings(b, yaml, |s| s.response_dynamic_metadata = true).await;
+    assert_eq!(c.one("qr", &[("svc", "a")], 1).await.overall_code, OK);
+    let refund = RateLimitDescriptor {
+        is_negative_hits: true,
+        ..desc_hits(&[("svc", "a")], 0)
+    };
+    for _ in 0..3 {
+        let r = c
+            .call(req(
+                "qr",
+                vec![
+                    desc(&[("user", "x")]),
+                    desc(&[("svc", "a")]),
+                    refund.clone(),
+                ],
+                1,
+            ))
+            .await;
+        assert_eq!(r.overall_code, OVER, "the only quota with a cost is spent");
+        assert_eq!(cr(&r, 0), (OK, 20), "nothing charged");
+    }
+    // An override on a drained bucket, in a request the quota denies.
+    assert_eq!(c.one("qr", &[("user", "d")], 20).await.overall_code, OK);
+    let fast = RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 1_000_000,
+            unit: 1, // SECOND
+        }),
+        ..desc(&[("user", "d")])
+    };
+    c.advance_ms(1_000);
+    let r = c
+        .call(req("qr", vec![fast, desc(&[("svc", "a")])], 1))
+        .await;
+    assert_eq!(r.overall_code, OVER);
+    let r = c.one("qr", &[("user", "d")], 1).await;
+    assert_eq!(
+        st(&r, 0),
+        (OVER, 0, Some(180)),
+        "still drained: 1 token every 180 s"
+    );
+    // A shadow quota rule never denies, and once over it returns no metadata.
+    for expect in [Some("dry"), None, None] {
+        let r = c.one("qr", &[("dry", "z")], 1).await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(md_str(&r, &["metadata", "route_to"]).as_deref(), expect);
+    }
+}
+
+/// `--quota-mode` with a refund descriptor that matches no rule and carries
+/// an override: still one quota that can deny.
+pub async fn global_quota_mode_ignores_refund_descriptors(b: &dyn Backend) {
+    let yaml = "domain: gq\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
+    let c = Case::with_settings(b, yaml, |s| s.global_quota_mode = true).await;
+    let refund = RateLimitDescriptor {
+        is_negative_hits: true,
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 1_000_000,
+            unit: 1,
+        }),
+        ..desc_hits(&[("nomatch", "x")], 0)
+    };
+    let r = || req("gq", vec![desc(&[("user", "g")]), refund.clone()], 1);
+    let codes = [
+        c.call(r()).await.overall_code,
+        c.call(r()).await.overall_code,
+        c.call(r()).await.overall_code,
+    ];
+    assert_eq!(codes, [OK, OK, OVER]);
 }
 
 /// `--quota-mode` puts every rule in quota mode: the request is denied only
@@ -1366,6 +1456,8 @@ macro_rules! conformance_tests {
             global_quota_mode_needs_every_descriptor_over
             global_shadow_mode_never_denies
             dynamic_metadata_names_the_rules_with_quota_left
+            quota_refunds_overrides_and_shadow_never_bypass
+            global_quota_mode_ignores_refund_descriptors
         );
     };
     (@cases $make:path; $($case:ident)*) => {
