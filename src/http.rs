@@ -10,8 +10,9 @@
 //!   README and [`crate::metrics`]), plus the identity of the config in force
 //!   (`bucket_rls_config_info{hash}`, `bucket_rls_config_load_timestamp_seconds`).
 //! - `GET /rlconfig`: JSON: the config in force (domains and rules with rates,
-//!   bursts, units, names, shadow flags, `replaces`), its hash and load time,
-//!   the last reload error and the storage backend name.
+//!   bursts, units, names, shadow and quota flags, metadata, `replaces`), its
+//!   hash and load time, the service-wide modes, the last reload error and
+//!   the storage backend name.
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
 //!   protobuf JSON ([`json`]): 200 with the `RateLimitResponse` when the
 //!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
@@ -113,8 +114,18 @@ struct RlConfig {
     loaded_at: String,
     loaded_at_unix_ms: u128,
     backend: &'static str,
+    /// Service-wide modes (`--shadow-mode`, `--quota-mode`,
+    /// `--response-dynamic-metadata`), which apply on top of each rule's own.
+    modes: ModesView,
     last_reload_error: Option<ReloadErrorView>,
     domains: Vec<DomainView>,
+}
+
+#[derive(Debug, Serialize)]
+struct ModesView {
+    shadow_mode: bool,
+    quota_mode: bool,
+    response_dynamic_metadata: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -145,7 +156,6 @@ struct RuleView {
     detailed_metric: bool,
     quota_mode: bool,
     value_to_metric: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
     metadata: Option<crate::config::Metadata>,
     replaces: Vec<String>,
     source: String,
@@ -203,6 +213,11 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis()),
         backend: limiter.storage().name(),
+        modes: ModesView {
+            shadow_mode: limiter.settings().global_shadow_mode,
+            quota_mode: limiter.settings().global_quota_mode,
+            response_dynamic_metadata: limiter.settings().response_dynamic_metadata,
+        },
         last_reload_error: limiter
             .config_handle()
             .last_error()

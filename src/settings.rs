@@ -39,7 +39,8 @@ pub enum RateLimitHeaders {
     /// The Go reference service's headers (`LIMIT_RESPONSE_HEADERS_ENABLED`):
     /// `RateLimit-Limit` with the bare tokens per unit (no `;w=` policy),
     /// `RateLimit-Remaining` and `RateLimit-Reset` in seconds, under the
-    /// names of [`HeaderNames`].
+    /// names given by `--limit-header-name`, `--remaining-header-name` and
+    /// `--reset-header-name`.
     Go,
 }
 

@@ -149,6 +149,10 @@ async fn rlconfig_lists_domains_rules_hash_and_last_error() {
     assert_eq!(v["hash"], json!(l.config().hash));
     assert_eq!(v["backend"], "memory");
     assert_eq!(v["last_reload_error"], Value::Null);
+    assert_eq!(
+        v["modes"],
+        json!({"shadow_mode": false, "quota_mode": false, "response_dynamic_metadata": false})
+    );
     assert!(v["loaded_at"].as_str().unwrap().ends_with('Z'));
     assert!(v["loaded_at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
     let domain = &v["domains"][0];
@@ -179,6 +183,14 @@ async fn rlconfig_lists_domains_rules_hash_and_last_error() {
         )
     );
     assert_eq!(by_path("adm.route_r1")["shadow_mode"], true);
+    assert_eq!(
+        (
+            &user["quota_mode"],
+            &user["value_to_metric"],
+            &user["metadata"]
+        ),
+        (&json!(false), &json!(false), &Value::Null)
+    );
     assert_eq!(by_path("adm.vip_v")["unlimited"], true);
     assert!(by_path("adm.vip_v").get("unit").is_none());
     assert_eq!(by_path("adm.tier_gold")["replaces"], json!(["per_user"]));

@@ -33,6 +33,15 @@ impl App {
     /// [`SetupError`] when the storage cannot be built.
     pub fn build(settings: Settings, config: Config) -> Result<Self, SetupError> {
         let storage = build_storage(settings.backend)?;
+        let s = &settings.service;
+        if s.global_shadow_mode || s.global_quota_mode || s.response_dynamic_metadata {
+            tracing::info!(
+                shadow_mode = s.global_shadow_mode,
+                quota_mode = s.global_quota_mode,
+                response_dynamic_metadata = s.response_dynamic_metadata,
+                "service-wide modes on"
+            );
+        }
         let limiter = Arc::new(Limiter::new(config, storage, settings.service));
         let watcher = ConfigWatcher::spawn(
             settings.config,

@@ -456,11 +456,7 @@ fn compile_rate_limit(
     };
     let unlimited = cx.boolean(rl.unlimited.as_ref(), path, "unlimited");
     if unlimited {
-        for (field, given) in [
-            ("unit", rl.unit.is_some()),
-            ("requests_per_unit", rl.requests_per_unit.is_some()),
-            ("burst", rl.burst.is_some()),
-        ] {
+        for (field, given) in [("unit", rl.unit.is_some()), ("burst", rl.burst.is_some())] {
             if given {
                 cx.err(
                     rl.line,
@@ -468,6 +464,11 @@ fn compile_rate_limit(
                     format!("'{field}' must not be given with 'unlimited: true'"),
                 );
             }
+        }
+        // The Go service accepts (and ignores) a rate beside `unlimited`;
+        // it must still be a number.
+        if let Some(t) = &rl.requests_per_unit {
+            let _ = cx.uint(t, path, "requests_per_unit");
         }
         return (cx.errors.len() == errors_before).then_some((Policy::Unlimited, name));
     }
@@ -796,7 +797,7 @@ pub fn compile_texts_with(
                         line: None,
                         path: "domain".into(),
                         message: format!(
-                            "duplicate domain '{}' (also defined in {})",
+                            "duplicate domain '{}' (also defined in {}; --merge-domain-config merges the files of one domain)",
                             d.name, prev.file
                         ),
                     });

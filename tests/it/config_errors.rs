@@ -340,6 +340,24 @@ fn unlimited_with_unit() {
 }
 
 #[test]
+fn unlimited_with_a_rate_loads_as_in_the_go_service() {
+    let c = compile_texts(&[(
+        "t.yaml".into(),
+        b"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, requests_per_unit: 5}\n".to_vec(),
+    )])
+    .expect("loads");
+    assert_eq!(
+        c.domains["d"].rules[0].policy,
+        bucket_rls::config::Policy::Unlimited
+    );
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, requests_per_unit: lots}\n",
+        &["t.yaml:4:", "requests_per_unit: expected an integer"],
+    );
+}
+
+#[test]
 fn zero_burst_with_positive_rate() {
     one_error(
         "t.yaml",
