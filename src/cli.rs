@@ -364,15 +364,40 @@ pub fn check_config(
     err: &mut impl Write,
 ) -> bool {
     let mut ok = true;
+    // Domains of the sources checked so far, to catch one domain given by
+    // two sources (one service loads one source: the second would be lost).
+    let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    let plural = |n: usize, one: &'static str, many: &'static str| {
+        format!("{n} {}", if n == 1 { one } else { many })
+    };
     for p in paths {
         match crate::config::loader::load_source_with(p, load) {
             Ok(c) => {
+                let mut names: Vec<&String> = c.domains.keys().collect();
+                names.sort();
+                let mut clash = false;
+                for d in names {
+                    if let Some(first) = seen.get(d) {
+                        clash = true;
+                        let _ = writeln!(
+                            err,
+                            "{}: domain: duplicate domain '{d}' (also defined in {first}, given as another source; a service loads one --config source, so put both in one directory)",
+                            p.display()
+                        );
+                    } else {
+                        seen.insert(d.clone(), p.display().to_string());
+                    }
+                }
+                if clash {
+                    ok = false;
+                    continue;
+                }
                 let _ = writeln!(
                     out,
-                    "{}: OK ({} domains, {} rules, sha256 {})",
+                    "{}: OK ({}, {}, sha256 {})",
                     p.display(),
-                    c.domains.len(),
-                    c.rule_count(),
+                    plural(c.domains.len(), "domain", "domains"),
+                    plural(c.rule_count(), "rule", "rules"),
                     c.hash
                 );
             }
@@ -808,6 +833,35 @@ mod tests {
     }
 
     #[test]
+    fn check_config_refuses_one_domain_given_by_two_sources() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+        std::fs::write(&a, yaml).expect("write");
+        std::fs::write(&b, yaml.replace("key: k", "key: j")).expect("write");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert!(!check_config(
+            &[a.clone(), b],
+            Default::default(),
+            &mut out,
+            &mut err
+        ));
+        let (out, err) = (
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        );
+        assert!(
+            out.contains("a.yaml: OK (1 domain, 1 rule, sha256 "),
+            "{out}"
+        );
+        assert!(
+            err.contains("b.yaml: domain: duplicate domain 'd' (also defined in ")
+                && err.contains("a.yaml, given as another source"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn check_config_reports_ok_lines_and_every_problem() {
         let dir = tempfile::tempdir().expect("temp dir");
         let good = dir.path().join("good.yaml");
@@ -829,7 +883,7 @@ mod tests {
         let out_text = String::from_utf8(out).expect("utf-8");
         assert!(
             out_text.starts_with(&format!(
-                "{}: OK (1 domains, 1 rules, sha256 ",
+                "{}: OK (1 domain, 1 rule, sha256 ",
                 good.display()
             )),
             "{out_text}"

@@ -27,6 +27,12 @@ pub const SERVICE_ERROR: &str = "bucket_rls_service_error_total";
 pub const STORAGE_ERRORS: &str = "bucket_rls_storage_errors_total";
 /// Config loads. Label `result` (`success`, `error`).
 pub const CONFIG_LOAD: &str = "bucket_rls_config_load_total";
+/// Gauge: 1 when the last reload reported was applied (or the source came
+/// back to the config in force), 0 while the source on disk fails to load.
+pub const CONFIG_LAST_RELOAD_SUCCESSFUL: &str = "bucket_rls_config_last_reload_successful";
+/// Gauge: Unix time of the last reload outcome reported (applied, failed, or
+/// the source back to the config in force).
+pub const CONFIG_LAST_RELOAD_TIMESTAMP: &str = "bucket_rls_config_last_reload_timestamp_seconds";
 /// Times the Redis token bucket script was loaded again after `NOSCRIPT`.
 pub const REDIS_SCRIPT_RELOAD: &str = "bucket_rls_redis_script_reload_total";
 /// Requests answered from the local over-limit cache without a Redis call.
@@ -59,6 +65,15 @@ pub fn describe() {
     describe_counter!(SERVICE_ERROR, "Requests answered with an error");
     describe_counter!(STORAGE_ERRORS, "Storage failures by kind");
     describe_counter!(CONFIG_LOAD, "Config loads by result");
+    metrics::describe_gauge!(
+        CONFIG_LAST_RELOAD_SUCCESSFUL,
+        "1 when the config on disk is the config in force, 0 while it fails to load"
+    );
+    metrics::describe_gauge!(
+        CONFIG_LAST_RELOAD_TIMESTAMP,
+        Unit::Seconds,
+        "Unix time of the last reload outcome"
+    );
     describe_counter!(REDIS_SCRIPT_RELOAD, "Redis script reloads after NOSCRIPT");
     describe_counter!(
         LOCAL_CACHE_HITS,

@@ -212,7 +212,7 @@ fn check_config_prints_every_problem_and_sets_the_exit_code() {
         .output()
         .expect("run");
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("OK (1 domains, 1 rules"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK (1 domain, 1 rule,"));
     let out = Command::new(bucket_rls_bin())
         .arg("check-config")
         .arg(good.path())

@@ -54,6 +54,13 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
         Some(1.0),
         "the startup load counts"
     );
+    let gauge = |m: &str, name: &str| metric(m, name, &[]);
+    assert_eq!(
+        gauge(&metrics, "bucket_rls_config_last_reload_successful"),
+        Some(1.0)
+    );
+    let t0 = gauge(&metrics, "bucket_rls_config_last_reload_timestamp_seconds").unwrap();
+    assert!(t0 > 1.6e9, "{t0}");
 
     // A change on disk applies within 2 s and is visible on both endpoints.
     let tmp = dir.path().join("srv.yaml.tmp");
@@ -106,6 +113,27 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
     .await;
     assert_eq!(rlconfig().await["hash"], v2["hash"], "the old config stays");
     assert_eq!(log_lines(&svc, "SIGHUP"), 1);
+    let metrics = request(svc.http, "GET", "/metrics", None).await.body;
+    assert_eq!(
+        gauge(&metrics, "bucket_rls_config_last_reload_successful"),
+        Some(0.0),
+        "the file on disk is not the config in force"
+    );
+    assert!(gauge(&metrics, "bucket_rls_config_last_reload_timestamp_seconds").unwrap() >= t0);
+
+    // Fixed on disk: logged once as good again, the gauge back at 1.
+    std::fs::write(&tmp, yaml(9)).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    eventually(Duration::from_secs(2), "the fixed config", || async {
+        (rlconfig().await["domains"][0]["rules"][0]["requests_per_unit"] == 9).then_some(())
+    })
+    .await;
+    assert_eq!(log_lines(&svc, "good again"), 1);
+    let metrics = request(svc.http, "GET", "/metrics", None).await.body;
+    assert_eq!(
+        gauge(&metrics, "bucket_rls_config_last_reload_successful"),
+        Some(1.0)
+    );
 
     // Every line on the log is one JSON object with a level and a message.
     let logs = svc.proc.logs();

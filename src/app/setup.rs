@@ -52,6 +52,7 @@ impl App {
                 ..WatchOptions::default()
             },
         );
+        crate::config::watcher::record_startup_load();
         tokio::spawn(reload_on_sighup(watcher.reload_handle()));
         Ok(Self { limiter, watcher })
     }

@@ -272,20 +272,32 @@ fn compile_level(
                 .filter(|v| v.value.is_empty())
                 .map(|v| schema_line(&v.referenced))
         });
-        if let Some(line) = empty_value {
+        // A descriptor with an empty value is an error, but the rest of it is
+        // still checked (into a tree that is thrown away), so one mistake
+        // does not hide the others.
+        let (mut scratch_level, mut scratch_rules) = (Level::default(), Vec::new());
+        let (level, rules): (&mut Level, &mut Vec<Rule>) = if let Some(line) = empty_value {
             cx.err(
                 line,
                 &here,
                 "'value' is empty or null: leave 'value' out for one bucket per value (envoyproxy/ratelimit reads an empty value that way), or quote a literal such as value: \"~\"",
             );
-            continue;
-        }
-        let value = d.value.as_ref().map(|v| v.value.clone());
+            (&mut scratch_level, &mut scratch_rules)
+        } else {
+            (&mut *level, &mut *rules)
+        };
+        let value = d
+            .value
+            .as_ref()
+            .map(|v| v.value.clone())
+            .filter(|_| empty_value.is_none());
         let composite = format!(
             "{rule_prefix}.{}",
             selector_text(&key.value, value.as_deref())
         );
-        if let Some(first) = siblings.insert((key.value.clone(), value.clone()), d.line) {
+        if empty_value.is_none()
+            && let Some(first) = siblings.insert((key.value.clone(), value.clone()), d.line)
+        {
             cx.err(
                 d.line,
                 &here,

@@ -160,7 +160,10 @@ impl Reloader {
         let fp = fingerprint(&snap);
         let current = self.handle.current();
         if snap.is_ok() && fp == current.hash {
-            *self.failed.lock() = None;
+            if self.failed.lock().take().is_some() {
+                tracing::info!(source = %self.source.display(), hash = %fp, "config source is good again: it is the config in force");
+                record_outcome(true);
+            }
             self.handle.set_last_error(None);
             if force {
                 tracing::info!(source = %self.source.display(), hash = %fp, "reload requested: config unchanged");
@@ -177,7 +180,10 @@ impl Reloader {
                 let old = self.handle.swap(config);
                 (self.on_swap)(&old, &self.handle.current());
                 metrics::counter!(m::CONFIG_LOAD, "result" => "success").increment(1);
-                *self.failed.lock() = None;
+                if self.failed.lock().take().is_some() {
+                    tracing::info!(source = %self.source.display(), hash = %hash, "config source is good again after a failed reload");
+                }
+                record_outcome(true);
                 self.handle.set_last_error(None);
                 Outcome::Applied(hash)
             }
@@ -202,10 +208,26 @@ impl Reloader {
                     message,
                 }));
                 *self.failed.lock() = Some(fp);
+                record_outcome(false);
                 Outcome::Failed
             }
         }
     }
+}
+
+/// Sets the last-reload gauges: whether the source loads, and when that was
+/// last reported.
+fn record_outcome(ok: bool) {
+    metrics::gauge!(m::CONFIG_LAST_RELOAD_SUCCESSFUL).set(if ok { 1.0 } else { 0.0 });
+    let now = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    metrics::gauge!(m::CONFIG_LAST_RELOAD_TIMESTAMP).set(now);
+}
+
+/// The last-reload gauges at startup: the source loaded (it was just read).
+pub fn record_startup_load() {
+    record_outcome(true);
 }
 
 fn log_applied(source: &Path, old: &Config, new: &Config) {

@@ -340,6 +340,26 @@ fn unlimited_with_unit() {
 }
 
 #[test]
+fn an_empty_value_does_not_hide_the_other_problems_of_its_descriptor() {
+    let errs = errors(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n    value: \"\"\n    rate_limit: {unit: minutes, requests_per_unit: -1}\n    descriptors:\n      - key: b\n        rate_limit: {unit: second}\n",
+    );
+    assert_eq!(errs.len(), 4, "{errs:#?}");
+    assert!(errs.iter().any(|e| e.contains("'value' is empty or null")));
+    assert!(errs.iter().any(|e| e.contains("bad unit 'minutes'")));
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("requests_per_unit: expected an integer"))
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("descriptors[0].descriptors[0].rate_limit")
+                && e.contains("missing 'requests_per_unit'"))
+    );
+}
+
+#[test]
 fn unlimited_with_a_rate_loads_as_in_the_go_service() {
     let c = compile_texts(&[(
         "t.yaml".into(),
