@@ -20,6 +20,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// A run of failures at least this long is logged when it ends, also when
+/// it never opened the breaker.
+pub const LOG_RECOVERY_AFTER: Duration = Duration::from_secs(1);
+
 /// Where the breaker reads the time: [`Instant::now`] in production.
 type Now = Arc<dyn Fn() -> Instant + Send + Sync>;
 
@@ -89,14 +93,34 @@ impl CircuitBreaker {
         }
     }
 
-    /// Records a success: closes the breaker.
+    /// Records a success: closes the breaker. After a run of failures the
+    /// recovery is logged with the outage's length (from the first failure
+    /// of the run): always when the breaker was open, else when the run
+    /// lasted at least [`LOG_RECOVERY_AFTER`] (shorter blips stay quiet; the
+    /// error metrics count them).
     pub fn success(&self) {
-        if self.failures.swap(0, Ordering::AcqRel) >= self.threshold {
-            tracing::info!("Redis answers again; circuit breaker closed");
-            metrics::gauge!(crate::metrics::REDIS_CIRCUIT_OPEN).set(0.0);
+        let failures = self.failures.swap(0, Ordering::AcqRel);
+        if failures == 0 {
+            return;
         }
         *self.next_probe.lock() = None;
-        *self.streak_start.lock() = None;
+        let began = self.streak_start.lock().take();
+        let outage = began.map(|b| (self.now)().saturating_duration_since(b));
+        let outage_ms = outage.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        if failures >= self.threshold {
+            tracing::info!(
+                outage_ms,
+                failures,
+                "Redis answers again; circuit breaker closed"
+            );
+            metrics::gauge!(crate::metrics::REDIS_CIRCUIT_OPEN).set(0.0);
+        } else if outage.is_some_and(|d| d >= LOG_RECOVERY_AFTER) {
+            tracing::info!(
+                outage_ms,
+                failures,
+                "Redis answers again after failing calls"
+            );
+        }
     }
 
     /// Records a transient failure of a call sent at `started`. It counts
@@ -163,6 +187,70 @@ mod tests {
         fn advance(&self, d: Duration) {
             *self.0.lock() += d;
         }
+    }
+
+    /// Log lines written while `f` runs, as text.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let out = buf.0.lock().clone();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn recovery_is_logged_with_the_outage_length() {
+        let (b, t) = manual(2, Duration::from_millis(100));
+        let log = logged(|| {
+            b.failure_of_call_started(t.now());
+            t.advance(Duration::from_millis(10));
+            b.failure_of_call_started(t.now());
+            assert!(b.is_open());
+            t.advance(Duration::from_millis(2_490));
+            b.success();
+        });
+        assert!(!b.is_open());
+        assert!(
+            log.contains("Redis answers again; circuit breaker closed"),
+            "{log}"
+        );
+        assert!(log.contains("outage_ms=2500"), "{log}");
+        // A short blip below the threshold stays quiet; a long one is logged.
+        let (b, t) = manual(5, Duration::from_millis(100));
+        let quiet = logged(|| {
+            b.failure_of_call_started(t.now());
+            t.advance(Duration::from_millis(200));
+            b.success();
+        });
+        assert_eq!(quiet, "");
+        let long = logged(|| {
+            b.failure_of_call_started(t.now());
+            t.advance(Duration::from_millis(1_500));
+            b.success();
+            b.success();
+        });
+        assert_eq!(
+            long.matches("Redis answers again after failing calls")
+                .count(),
+            1,
+            "{long}"
+        );
+        assert!(long.contains("outage_ms=1500"), "{long}");
     }
 
     #[test]
