@@ -114,6 +114,7 @@ mod tests {
             shadow: false,
             quota: false,
             metadata: None,
+            rule: None,
         };
         let plans = [Plan::NoLimit, limited, Plan::Unlimited];
         let log = FailureLog::default();
@@ -152,6 +153,7 @@ mod tests {
             shadow: true,
             quota: false,
             metadata: None,
+            rule: None,
         }];
         let d = answer(OnStorageError::Deny, false, &log, &shadow, e()).unwrap();
         assert_eq!(d.overall_code, Code::Ok);

@@ -156,8 +156,10 @@ impl Limiter {
     /// is not `SECOND`..`YEAR`); [`DecideError::Storage`] when storage fails
     /// and the policy is `unavailable`.
     pub async fn decide(&self, req: &Request<'_>) -> Result<Decision, DecideError> {
+        use tracing::Instrument as _;
         let started = Instant::now();
-        let out = self.decide_inner(req).await;
+        let span = tracing::debug_span!("should_rate_limit", domain = %labels::ValueLabels::clip(req.domain));
+        let out = self.decide_inner(req).instrument(span).await;
         metrics::histogram!(m::REQUEST_DURATION).record(started.elapsed().as_secs_f64());
         if let Err(e) = &out {
             metrics::counter!(m::SERVICE_ERROR, "kind" => e.kind()).increment(1);
@@ -203,6 +205,9 @@ impl Limiter {
                     &v.limited,
                     &v.denials,
                 );
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    self.explain(req, &plans, &charges, &decision);
+                }
                 Ok(self.with_metadata(decision, req, &plans, Some(&v.over)))
             }
             Err(e) => failure::answer(
@@ -292,6 +297,60 @@ impl Limiter {
         decision
     }
 
+    /// One debug line per limited descriptor ("why was I denied"): the
+    /// request's entries (clipped), the rule with its `file:line`, the cost,
+    /// the answer, the tokens left and the wait. Only called when debug
+    /// logging is on.
+    fn explain(&self, req: &Request<'_>, plans: &[plan::Plan], charges: &[Charge], d: &Decision) {
+        let config = self.config.load();
+        let domain = config.domains.get(req.domain);
+        for (i, (p, status)) in plans.iter().zip(&d.statuses).enumerate() {
+            let plan::Plan::Limited {
+                charge,
+                label,
+                rule,
+                shadow,
+                quota,
+                ..
+            } = p
+            else {
+                continue;
+            };
+            let entries = req.descriptors[i]
+                .entries
+                .iter()
+                .take(8)
+                .map(|(k, v)| {
+                    format!(
+                        "{}={}",
+                        labels::ValueLabels::clip(k),
+                        labels::ValueLabels::clip(v)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            let source = rule
+                .and_then(|r| domain.and_then(|d| d.rules.get(r)))
+                .map_or("(request override)", |r| r.source.as_str());
+            let spec = &charges[*charge].spec;
+            tracing::debug!(
+                descriptor = i,
+                entries = %entries,
+                rule = %label,
+                source,
+                cost = spec.cost,
+                refund = spec.kind == ChargeKind::Refund,
+                shadow,
+                quota,
+                code = ?status.code,
+                remaining = status.limit_remaining,
+                wait_ms = status.duration_until_reset.map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX)),
+                overall = ?d.overall_code,
+                "descriptor decided"
+            );
+        }
+    }
+
     fn note_unknown_domain(&self, domain: &str) {
         let mut seen = self.unknown_domains.lock();
         let label = if seen.contains_key(domain) || seen.len() < MAX_DOMAIN_LABELS {
@@ -352,4 +411,72 @@ fn warn_value_labels(config: &Config) {
         max_labels = labels::MAX_VALUE_LABELS,
         "metric labels of these rules carry request values (detailed_metric or value_to_metric): one series per distinct value, up to max_labels in the process, later values count as <rule>._other"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::clock::ManualClock;
+    use crate::storage::memory::MemoryStorage;
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// At debug level every limited descriptor gets one line saying why: the
+    /// entries, the rule and where it is defined, the cost, the answer, the
+    /// tokens left and the wait, inside a span naming the domain.
+    #[test]
+    fn debug_logging_explains_each_decision() {
+        let buf = Buf::default();
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        let yaml = "domain: why\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+        let config =
+            crate::config::loader::compile_texts(&[("why.yaml".into(), yaml.as_bytes().to_vec())])
+                .unwrap();
+        let storage = Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(1_000_000))));
+        let l = Limiter::new(config, storage, ServiceSettings::default());
+        let req = Request {
+            domain: "why",
+            descriptors: vec![Descriptor::new(vec![("user", "ann\n")])],
+            hits_addend: 1,
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..2 {
+                futures::executor::block_on(l.decide(&req)).unwrap();
+            }
+        });
+        let text = String::from_utf8(buf.0.lock().clone()).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("descriptor decided"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for needle in [
+            "should_rate_limit{domain=why}",
+            "entries=user=ann_",
+            "rule=why.user",
+            "source=\"why.yaml:3\"",
+            "cost=1",
+            "code=OverLimit",
+            "remaining=0",
+            "wait_ms=60000",
+        ] {
+            assert!(lines[1].contains(needle), "{needle} in {}", lines[1]);
+        }
+    }
 }

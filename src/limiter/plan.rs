@@ -37,6 +37,9 @@ pub(super) enum Plan {
         quota: bool,
         /// The rule's `metadata`, for the response's dynamic metadata.
         metadata: Option<Arc<Metadata>>,
+        /// Index of the matched rule in the domain (none for an override
+        /// without a rule), for the debug explanation.
+        rule: Option<usize>,
     },
 }
 
@@ -159,6 +162,7 @@ pub(super) fn plan(
             shadow,
             quota,
             metadata,
+            rule: mt.as_ref().map(|m| m.rule),
         });
         charges.push(Charge {
             key: key::encode(&settings.key_prefix, &domain.name, &entries),
