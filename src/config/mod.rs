@@ -235,6 +235,14 @@ impl Config {
     /// [`MAX_HOLD_US`]; see `Storage::hold_existing`.
     #[must_use]
     pub fn loosened_hold_us(&self, old: &Config) -> Option<u64> {
+        self.loosened(old).map(|(hold, _)| hold)
+    }
+
+    /// [`Self::loosened_hold_us`], with what changed: one line per rule that
+    /// got slower or larger (`edge.user: 10/minute burst 10 -> 20/minute
+    /// burst 40`), sorted, at most 10.
+    #[must_use]
+    pub fn loosened(&self, old: &Config) -> Option<(u64, Vec<String>)> {
         let limited = |p: &Policy| match *p {
             Policy::Limited {
                 requests_per_unit,
@@ -243,7 +251,7 @@ impl Config {
             } if requests_per_unit > 0 => Some((requests_per_unit, unit.secs_nonzero(), burst)),
             _ => None,
         };
-        let mut loosened = false;
+        let mut changed: Vec<String> = Vec::new();
         let mut hold: u128 = 0;
         for (name, d) in &self.domains {
             let before = old.domains.get(name);
@@ -257,18 +265,38 @@ impl Config {
                     burst,
                 };
                 hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, 0));
-                let prev = before
-                    .and_then(|b| b.rules.iter().find(|o| o.path == r.path))
-                    .and_then(|o| limited(&o.policy));
-                if let Some((o_rpu, o_secs, o_burst)) = prev {
+                let prev_rule = before.and_then(|b| b.rules.iter().find(|o| o.path == r.path));
+                let prev = prev_rule.and_then(|o| limited(&o.policy));
+                if let (Some(o), Some((o_rpu, o_secs, o_burst))) = (prev_rule, prev) {
                     // rpu/secs < o_rpu/o_secs, in integers.
                     let slower = u128::from(rpu) * u128::from(o_secs.get())
                         < u128::from(o_rpu) * u128::from(secs.get());
-                    loosened |= slower || burst > o_burst;
+                    if slower || burst > o_burst {
+                        let rate = |p: &Policy| match p {
+                            Policy::Limited {
+                                requests_per_unit,
+                                unit,
+                                burst,
+                            } => format!("{requests_per_unit}/{} burst {burst}", unit.as_str()),
+                            Policy::Unlimited => "unlimited".into(),
+                        };
+                        changed.push(format!(
+                            "{}: {} -> {}",
+                            r.path,
+                            rate(&o.policy),
+                            rate(&r.policy)
+                        ));
+                    }
                 }
             }
         }
-        loosened.then(|| u64::try_from(hold.min(u128::from(MAX_HOLD_US))).unwrap_or(MAX_HOLD_US))
+        if changed.is_empty() {
+            return None;
+        }
+        changed.sort_unstable();
+        changed.truncate(10);
+        let hold = u64::try_from(hold.min(u128::from(MAX_HOLD_US))).unwrap_or(MAX_HOLD_US);
+        Some((hold, changed))
     }
 }
 
@@ -386,3 +414,34 @@ impl fmt::Display for ConfigErrors {
 }
 
 impl std::error::Error for ConfigErrors {}
+
+#[cfg(test)]
+mod tests {
+    use super::loader::compile_texts;
+
+    fn config(rule: &str) -> super::Config {
+        let yaml = format!("domain: e\ndescriptors:\n  - key: user\n    rate_limit: {rule}\n");
+        compile_texts(&[("e.yaml".into(), yaml.into_bytes())]).unwrap()
+    }
+
+    #[test]
+    fn loosened_names_the_rules_that_take_longer_to_fill() {
+        let old = config("{unit: minute, requests_per_unit: 10}");
+        // Faster, same burst: buckets fill sooner, nothing to hold.
+        assert_eq!(
+            config("{unit: minute, requests_per_unit: 20, burst: 10}").loosened(&old),
+            None
+        );
+        // Faster but a larger burst: a drained bucket is further from full.
+        let (hold_us, rules) = config("{unit: minute, requests_per_unit: 20, burst: 40}")
+            .loosened(&old)
+            .unwrap();
+        assert_eq!(rules, ["e.user: 10/minute burst 10 -> 20/minute burst 40"]);
+        assert_eq!(hold_us, 120_000_000, "40 tokens at 20 per minute");
+        // Slower.
+        let (_, rules) = config("{unit: hour, requests_per_unit: 10}")
+            .loosened(&old)
+            .unwrap();
+        assert_eq!(rules, ["e.user: 10/minute burst 10 -> 10/hour burst 10"]);
+    }
+}

@@ -381,10 +381,11 @@ impl Limiter {
 fn after_swap(storage: &dyn Storage, key_prefix: &str, old: &Config, new: &Config) {
     storage.invalidate_local_cache();
     warn_value_labels(new);
-    if let Some(hold_us) = new.loosened_hold_us(old) {
+    if let Some((hold_us, changed)) = new.loosened(old) {
         tracing::info!(
             hold_secs = hold_us / 1_000_000,
-            "a rule got slower or larger: existing buckets are kept until they are full under the new limits"
+            rules = ?changed,
+            "rules that now take longer to fill (a lower rate or a larger burst): existing buckets are kept until they are full under the new limits"
         );
         storage.hold_existing(key_prefix, hold_us);
     }
