@@ -135,9 +135,26 @@ pub fn compile_file(file: &str, text: &str) -> Result<DomainConfig, Vec<ConfigEr
             return Err(cx.errors);
         }
         Err(e) => {
-            let line = e.location().map_or(0, |l| l.line());
-            let msg = e.to_string();
-            cx.err(line, "", parse_error_message(&msg));
+            let mut line = e.location().map_or(0, |l| l.line());
+            let mut msg = parse_error_message(&e.to_string());
+            // The scanner reports where the scalar before a tab started;
+            // point at the tab itself (YAML indents with spaces only).
+            if msg.contains("found a tab") {
+                let from = usize::try_from(line).unwrap_or(0).saturating_sub(1);
+                if let Some((n, col)) = text
+                    .lines()
+                    .enumerate()
+                    .skip(from)
+                    .find_map(|(n, l)| l.find('\t').map(|c| (n, c)))
+                {
+                    line = u64::try_from(n + 1).unwrap_or(u64::MAX);
+                    msg = format!(
+                        "invalid YAML at column {}: a tab; YAML indents with spaces only",
+                        col + 1
+                    );
+                }
+            }
+            cx.err(line, "", msg);
             return Err(cx.errors);
         }
     };

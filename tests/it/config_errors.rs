@@ -33,6 +33,19 @@ fn yaml_syntax_error_names_file_and_line() {
 }
 
 #[test]
+fn a_tab_is_reported_on_its_own_line() {
+    one_error(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: a\n\trate_limit: {unit: second, requests_per_unit: 1}\n",
+        &[
+            "t.yaml:4:",
+            "column 1",
+            "a tab; YAML indents with spaces only",
+        ],
+    );
+}
+
+#[test]
 fn wrong_types_say_what_was_expected() {
     for (yaml, line, what) in [
         (
