@@ -65,6 +65,7 @@ pub fn describe() {
     describe_counter!(SERVICE_ERROR, "Requests answered with an error");
     describe_counter!(STORAGE_ERRORS, "Storage failures by kind");
     describe_counter!(CONFIG_LOAD, "Config loads by result");
+    metrics::describe_gauge!(BUILD_INFO, "The running build (value always 1)");
     metrics::describe_gauge!(
         CONFIG_LAST_RELOAD_SUCCESSFUL,
         "1 when the config on disk is the config in force, 0 while it fails to load"
@@ -94,6 +95,9 @@ pub const CONFIG_INFO: &str = "bucket_rls_config_info";
 /// Unix time in seconds at which the config in force was loaded (gauge,
 /// rendered at scrape time like [`CONFIG_INFO`]).
 pub const CONFIG_LOAD_TIMESTAMP: &str = "bucket_rls_config_load_timestamp_seconds";
+
+/// Gauge, always 1: the running build. Label `version` (the crate version).
+pub const BUILD_INFO: &str = "bucket_rls_build_info";
 
 /// Upper bounds in seconds of the [`REQUEST_DURATION`] histogram buckets:
 /// 100 µs to 100 ms, the range that matters against Envoy's 20 ms default
@@ -129,6 +133,7 @@ pub fn install() -> &'static metrics_exporter_prometheus::PrometheusHandle {
             tracing::warn!(error = %e, "another metrics recorder is installed; /metrics will not show bucket-rls metrics");
         } else {
             describe();
+            metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
         }
         handle
     })

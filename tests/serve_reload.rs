@@ -56,6 +56,14 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
     );
     let gauge = |m: &str, name: &str| metric(m, name, &[]);
     assert_eq!(
+        metric(
+            &metrics,
+            "bucket_rls_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
         gauge(&metrics, "bucket_rls_config_last_reload_successful"),
         Some(1.0)
     );
