@@ -226,10 +226,11 @@ impl Limiter {
     /// quota charge there is such a charge, so a request whose quota
     /// descriptors are only partly over is refused by the first call; it is
     /// then asked again without the quota charges that lacked tokens (they
-    /// would take nothing anyway), and that answer stands. The dropped
-    /// charges keep their first answer. So a denied request is never charged,
-    /// and a request costs a second storage call only when some but not all
-    /// of its quota descriptors are over.
+    /// would take nothing anyway), and again while a concurrent request
+    /// spends another quota in between. The dropped charges keep the answer
+    /// that dropped them. So a denied request is never charged, and a request
+    /// costs more than one storage call only when some but not all of its
+    /// quota descriptors are over.
     async fn pass_on_quota(
         &self,
         plans: &[plan::Plan],
@@ -260,17 +261,42 @@ impl Limiter {
         if normal_lacks || !quota_left {
             return Ok(first);
         }
-        let kept: Vec<usize> = (0..charges.len())
-            .filter(|&i| !(is_quota_consume(i) && lacks(i)))
+        // Each round drops the quota charges that lacked tokens in the
+        // previous one, so there are at most as many rounds as quota charges
+        // (a concurrent request can spend a quota between two rounds).
+        let mut dropped: Vec<bool> = (0..charges.len())
+            .map(|i| is_quota_consume(i) && lacks(i))
             .collect();
-        let subset: Vec<Charge> = kept.iter().map(|&i| charges[i].clone()).collect();
-        let second = self.storage.apply(&subset).await?;
         let mut merged = first;
-        for (j, &i) in kept.iter().enumerate() {
-            merged.charges[i] = second.charges[j];
+        loop {
+            let kept: Vec<usize> = (0..charges.len()).filter(|&i| !dropped[i]).collect();
+            let subset: Vec<Charge> = kept.iter().map(|&i| charges[i].clone()).collect();
+            let next = self.storage.apply(&subset).await?;
+            for (j, &i) in kept.iter().enumerate() {
+                merged.charges[i] = next.charges[j];
+            }
+            merged.admitted = next.admitted;
+            if next.admitted {
+                return Ok(merged);
+            }
+            let now_lacks =
+                |i: usize| charges[i].spec.kind == ChargeKind::Consume && !merged.charges[i].enough;
+            let normal_lacks = kept
+                .iter()
+                .any(|&i| now_lacks(i) && !quota[i] && !charges[i].spec.shadow);
+            let spent: Vec<usize> = kept
+                .iter()
+                .copied()
+                .filter(|&i| is_quota_consume(i) && now_lacks(i))
+                .collect();
+            let quota_left = kept.iter().any(|&i| is_quota_consume(i) && !now_lacks(i));
+            if normal_lacks || spent.is_empty() || !quota_left {
+                return Ok(merged);
+            }
+            for i in spent {
+                dropped[i] = true;
+            }
         }
-        merged.admitted = second.admitted;
-        Ok(merged)
     }
 
     /// `decision` with the dynamic metadata when the settings ask for it.
@@ -431,6 +457,87 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// A storage that lets a concurrent request spend bucket `steal` just
+    /// before its second call.
+    #[derive(Debug)]
+    struct Racing {
+        inner: MemoryStorage,
+        calls: std::sync::atomic::AtomicUsize,
+        steal: Charge,
+    }
+
+    #[async_trait::async_trait]
+    impl Storage for Racing {
+        async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
+            let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if n == 1 {
+                self.inner.apply(std::slice::from_ref(&self.steal)).await?;
+            }
+            self.inner.apply(charges).await
+        }
+        async fn ping(&self) -> Result<(), StorageError> {
+            Ok(())
+        }
+        fn name(&self) -> &'static str {
+            "racing"
+        }
+    }
+
+    /// A quota spent by a concurrent request between two storage calls is
+    /// dropped too: the request passes on the quota still left.
+    #[test]
+    fn a_quota_spent_between_calls_does_not_deny_while_another_is_left() {
+        let yaml = "domain: q\ndescriptors:\n  - key: svc\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+        let config =
+            crate::config::loader::compile_texts(&[("q.yaml".into(), yaml.as_bytes().to_vec())])
+                .unwrap();
+        let settings = ServiceSettings::default();
+        let plain = Descriptor::new(vec![("svc", "z1")]);
+        let (_, charges) = plan::plan(
+            &config.domains["q"],
+            &Request {
+                domain: "q",
+                descriptors: vec![plain],
+                hits_addend: 1,
+            },
+            &settings,
+            &labels::ValueLabels::default(),
+        );
+        let storage = Arc::new(Racing {
+            inner: MemoryStorage::new(Arc::new(ManualClock::new(1_000_000))),
+            calls: std::sync::atomic::AtomicUsize::new(0),
+            steal: charges[0].clone(),
+        });
+        let l = Limiter::new(config, storage.clone(), settings);
+        let one = |v: &'static str| Descriptor::new(vec![("svc", v)]);
+        // Spend "spent" first (call 0).
+        let r = Request {
+            domain: "q",
+            descriptors: vec![one("spent")],
+            hits_addend: 1,
+        };
+        assert_eq!(
+            futures::executor::block_on(l.decide(&r))
+                .unwrap()
+                .overall_code,
+            Code::Ok
+        );
+        // Round 1 (call 1) drops "spent"; before round 2 (call 2) the other
+        // request takes z1's token; round 3 passes on z2.
+        storage.calls.store(0, std::sync::atomic::Ordering::SeqCst);
+        let r = Request {
+            domain: "q",
+            descriptors: vec![one("spent"), one("z1"), one("z2")],
+            hits_addend: 1,
+        };
+        let d = futures::executor::block_on(l.decide(&r)).unwrap();
+        assert_eq!(d.overall_code, Code::Ok, "{d:?}");
+        let codes: Vec<Code> = d.statuses.iter().map(|s| s.code).collect();
+        assert_eq!(codes, [Code::OverLimit, Code::OverLimit, Code::Ok]);
+        assert_eq!(d.statuses[2].limit_remaining, 0, "z2 charged");
+        assert_eq!(storage.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
     /// At debug level every limited descriptor gets one line saying why: the

@@ -149,8 +149,8 @@ pub(super) struct Verdict {
     /// Indices of the statuses that deny the request (the RateLimit headers
     /// describe the longest of them).
     pub denials: Vec<usize>,
-    /// Per status: its rule lacked the tokens (shadow rules included), so
-    /// its `metadata` is not returned.
+    /// Per status: its rule lacked the tokens (shadow rules included) or it
+    /// is a refund, so its `metadata` is not returned.
     pub over: Vec<bool>,
 }
 
@@ -203,7 +203,8 @@ pub(super) fn respond(
 
     let mut statuses = Vec::with_capacity(plans.len());
     let mut retry_after_us: u128 = 0;
-    let mut quota_wait: Option<(u128, usize)> = None;
+    // (impossible, wait) of the quota to wait for: the shortest possible one.
+    let mut quota_wait: Option<((bool, u128), usize)> = None;
     let mut denials = Vec::new();
     let mut limited: Vec<(usize, u64)> = Vec::new();
     let mut over = Vec::with_capacity(plans.len());
@@ -233,7 +234,9 @@ pub(super) fn respond(
                 ..
             } => (*charge, label, current, *cost, *shadow, *quota),
         };
-        over.push(lacks(charge_idx));
+        // A refund asks for nothing: like a rule over its limit, it passes
+        // on no metadata.
+        over.push(lacks(charge_idx) || charges[charge_idx].spec.kind == ChargeKind::Refund);
         let spec = &charges[charge_idx].spec;
         // Shadow rules never deny and are not announced in headers.
         if !shadow {
@@ -284,8 +287,12 @@ pub(super) fn respond(
                 metrics::counter!(m::SHADOW_MODE, "rule" => label.clone()).increment(counted);
                 Code::Ok
             } else if quota {
-                if quota_wait.is_none_or(|(w, _)| wait_us < w) {
-                    quota_wait = Some((wait_us, statuses.len()));
+                // A quota that can never pass (cost above its burst, or a
+                // zero rate) is no reason to come back sooner.
+                let possible = limit.requests_per_unit > 0 && own <= cap;
+                let key = (!possible, wait_us);
+                if quota_wait.is_none_or(|(k, _)| key < k) {
+                    quota_wait = Some((key, statuses.len()));
                 }
                 spent_quota.push(statuses.len());
                 Code::OverLimit
@@ -303,7 +310,7 @@ pub(super) fn respond(
         };
         statuses.push(status);
     }
-    if quota_denied && let Some((wait_us, i)) = quota_wait {
+    if quota_denied && let Some(((_, wait_us), i)) = quota_wait {
         retry_after_us = retry_after_us.max(wait_us);
         denials.push(i);
     }

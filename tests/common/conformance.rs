@@ -1335,6 +1335,38 @@ descriptors:
     }
 }
 
+/// Retry-After waits for a quota that can pass, never for one whose cost is
+/// above its burst; and a refund descriptor passes on no metadata.
+pub async fn quota_waits_and_metadata_come_from_quotas_that_can_pass(b: &dyn Backend) {
+    let c = Case::with_settings(b, QUOTA_YAML, |s| s.response_dynamic_metadata = true).await;
+    // s2 (2 per minute) spent; s1 asked for more than its burst of 1.
+    for _ in 0..2 {
+        assert_eq!(c.one("q", &[("service", "s2")], 1).await.overall_code, OK);
+    }
+    let r = c
+        .call(req(
+            "q",
+            vec![
+                desc_hits(&[("service", "s1")], 5),
+                desc(&[("service", "s2")]),
+            ],
+            1,
+        ))
+        .await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(retry_after(&r).as_deref(), Some("30"), "s2 refills in 30 s");
+    // A refund on s1 beside s2 spent: denied, and s1's metadata is not sent.
+    let refund = RateLimitDescriptor {
+        is_negative_hits: true,
+        ..desc(&[("service", "s1")])
+    };
+    let r = c
+        .call(req("q", vec![refund, desc(&[("service", "s2")])], 1))
+        .await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(md_str(&r, &["metadata", "tier"]), None);
+}
+
 /// `--quota-mode` with a refund descriptor that matches no rule and carries
 /// an override: still one quota that can deny.
 pub async fn global_quota_mode_ignores_refund_descriptors(b: &dyn Backend) {
@@ -1464,6 +1496,7 @@ macro_rules! conformance_tests {
             dynamic_metadata_names_the_rules_with_quota_left
             quota_refunds_overrides_and_shadow_never_bypass
             global_quota_mode_ignores_refund_descriptors
+            quota_waits_and_metadata_come_from_quotas_that_can_pass
         );
     };
     (@cases $make:path; $($case:ident)*) => {
