@@ -149,8 +149,9 @@ pub(super) struct Verdict {
     /// Indices of the statuses that deny the request (the RateLimit headers
     /// describe the longest of them).
     pub denials: Vec<usize>,
-    /// Per status: its rule lacked the tokens (shadow rules included) or it
-    /// is a refund, so its `metadata` is not returned.
+    /// Per status, with `--response-dynamic-metadata` (empty otherwise): its
+    /// rule lacked the tokens (shadow rules included) or it is a refund, so
+    /// its `metadata` is not returned.
     pub over: Vec<bool>,
 }
 
@@ -207,7 +208,9 @@ pub(super) fn respond(
     let mut quota_wait: Option<((bool, u128), usize)> = None;
     let mut denials = Vec::new();
     let mut limited: Vec<(usize, u64)> = Vec::new();
-    let mut over = Vec::with_capacity(plans.len());
+    // Only the dynamic metadata reads it.
+    let track_over = settings.response_dynamic_metadata;
+    let mut over = Vec::with_capacity(if track_over { plans.len() } else { 0 });
     // Quota statuses over their limit in a request that passes limit
     // nothing: the RateLimit headers leave them out.
     let mut spent_quota = Vec::new();
@@ -216,12 +219,16 @@ pub(super) fn respond(
         let (charge_idx, label, current, cost, shadow, quota) = match plan {
             Plan::NoLimit => {
                 statuses.push(DescriptorStatus::no_limit());
-                over.push(false);
+                if track_over {
+                    over.push(false);
+                }
                 continue;
             }
             Plan::Unlimited => {
                 statuses.push(DescriptorStatus::unlimited());
-                over.push(false);
+                if track_over {
+                    over.push(false);
+                }
                 continue;
             }
             Plan::Limited {
@@ -236,7 +243,9 @@ pub(super) fn respond(
         };
         // A refund asks for nothing: like a rule over its limit, it passes
         // on no metadata.
-        over.push(lacks(charge_idx) || charges[charge_idx].spec.kind == ChargeKind::Refund);
+        if track_over {
+            over.push(lacks(charge_idx) || charges[charge_idx].spec.kind == ChargeKind::Refund);
+        }
         let spec = &charges[charge_idx].spec;
         // Shadow rules never deny and are not announced in headers.
         if !shadow {
