@@ -139,7 +139,7 @@ pub fn reported_duration(us: u128, exact: bool) -> Duration {
 }
 
 /// What [`respond`] found: the decision, and what the headers and the
-/// compensation step need.
+/// dynamic metadata need.
 pub(super) struct Verdict {
     /// The decision, with `retry-after` when denied.
     pub decision: Decision,
