@@ -41,3 +41,5 @@ pub mod matcher;
 pub mod metrics;
 pub mod settings;
 pub mod storage;
+#[cfg(test)]
+mod test_log;

@@ -102,7 +102,7 @@ mod tests {
     fn policies_answer_only_the_limited_descriptors() {
         use crate::config::Unit;
         use crate::limiter::verdict::CurrentLimit;
-        let limited = Plan::Limited {
+        let limited = |shadow| Plan::Limited {
             charge: 0,
             label: "d.k".into(),
             current: CurrentLimit {
@@ -111,12 +111,12 @@ mod tests {
                 unit: Unit::Second,
             },
             cost: 1,
-            shadow: false,
+            shadow,
             quota: false,
             metadata: None,
             rule: None,
         };
-        let plans = [Plan::NoLimit, limited, Plan::Unlimited];
+        let plans = [Plan::NoLimit, limited(false), Plan::Unlimited];
         let log = FailureLog::default();
         let e = || StorageError::CircuitOpen;
         assert!(matches!(
@@ -141,21 +141,7 @@ mod tests {
         let d = answer(OnStorageError::Deny, true, &log, &plans, e()).unwrap();
         assert_eq!(d.overall_code, Code::Ok);
         assert_eq!(d.statuses[1], DescriptorStatus::no_limit());
-        let shadow = [Plan::Limited {
-            charge: 0,
-            label: "d.k".into(),
-            current: CurrentLimit {
-                name: String::new(),
-                requests_per_unit: 1,
-                unit: Unit::Second,
-            },
-            cost: 1,
-            shadow: true,
-            quota: false,
-            metadata: None,
-            rule: None,
-        }];
-        let d = answer(OnStorageError::Deny, false, &log, &shadow, e()).unwrap();
+        let d = answer(OnStorageError::Deny, false, &log, &[limited(true)], e()).unwrap();
         assert_eq!(d.overall_code, Code::Ok);
     }
 }

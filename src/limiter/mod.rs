@@ -462,19 +462,6 @@ mod tests {
     use crate::storage::clock::ManualClock;
     use crate::storage::memory::MemoryStorage;
 
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// A storage that lets a concurrent request spend bucket `steal` just
     /// before its second call.
     #[derive(Debug)]
@@ -561,13 +548,6 @@ mod tests {
     /// tokens left and the wait, inside a span naming the domain.
     #[test]
     fn debug_logging_explains_each_decision() {
-        let buf = Buf::default();
-        let sink = buf.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || sink.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .finish();
         let yaml = "domain: why\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
         let config =
             crate::config::loader::compile_texts(&[("why.yaml".into(), yaml.as_bytes().to_vec())])
@@ -579,12 +559,11 @@ mod tests {
             descriptors: vec![Descriptor::new(vec![("user", "ann\n")])],
             hits_addend: 1,
         };
-        tracing::subscriber::with_default(subscriber, || {
+        let text = crate::test_log::logged(tracing::Level::DEBUG, || {
             for _ in 0..2 {
                 futures::executor::block_on(l.decide(&req)).unwrap();
             }
         });
-        let text = String::from_utf8(buf.0.lock().clone()).unwrap();
         let lines: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("descriptor decided"))
