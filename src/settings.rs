@@ -241,6 +241,17 @@ impl RedisSettings {
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
     }
+
+    /// The storage options these settings give (breaker at its defaults).
+    #[must_use]
+    pub fn options(&self) -> crate::storage::redis::RedisOptions {
+        crate::storage::redis::RedisOptions {
+            timeout: self.timeout(),
+            local_cache_size: self.local_cache_size,
+            tls_root_ca_pem: self.tls_root_ca_pem.clone(),
+            ..crate::storage::redis::RedisOptions::default()
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisSettings {

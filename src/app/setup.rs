@@ -96,13 +96,9 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
             max_buckets,
         )),
         Backend::Redis { url, redis } => {
-            let mut builder = RedisStorage::builder(url)
-                .timeout(redis.timeout())
-                .local_cache_size(redis.local_cache_size);
-            if let Some(pem) = redis.tls_root_ca_pem {
-                builder = builder.tls_root_ca_pem(pem);
-            }
-            let storage = builder.build()?;
+            let storage = RedisStorage::builder(url)
+                .options(redis.options())
+                .build()?;
             tracing::info!(
                 url = storage.url(),
                 timeout_ms = redis.timeout_ms,
@@ -116,14 +112,10 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
             master_auth,
             redis,
         } => {
-            let mut builder = RedisSentinelStorage::builder(sentinels, master_name)
-                .timeout(redis.timeout())
-                .local_cache_size(redis.local_cache_size)
-                .master_auth(master_auth.username, master_auth.password);
-            if let Some(pem) = redis.tls_root_ca_pem {
-                builder = builder.tls_root_ca_pem(pem);
-            }
-            let storage = builder.build()?;
+            let storage = RedisSentinelStorage::builder(sentinels, master_name)
+                .options(redis.options())
+                .master_auth(master_auth.username, master_auth.password)
+                .build()?;
             tracing::info!(
                 sentinels = storage.sentinels(),
                 timeout_ms = redis.timeout_ms,
@@ -132,13 +124,9 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
             Arc::new(storage)
         }
         Backend::Cluster { nodes, redis } => {
-            let mut builder = RedisClusterStorage::builder(nodes)
-                .timeout(redis.timeout())
-                .local_cache_size(redis.local_cache_size);
-            if let Some(pem) = redis.tls_root_ca_pem {
-                builder = builder.tls_root_ca_pem(pem);
-            }
-            let storage = builder.build()?;
+            let storage = RedisClusterStorage::builder(nodes)
+                .options(redis.options())
+                .build()?;
             tracing::info!(
                 nodes = storage.nodes(),
                 timeout_ms = redis.timeout_ms,
