@@ -28,13 +28,28 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A free TCP port on 127.0.0.1 (bound, read, released: another process could
-/// take it in between, which is unlikely enough for tests).
+/// Ports [`free_port`] hands out: below the kernel's ephemeral range
+/// (32768–60999 on Linux), so an outgoing connection or a `bind(0)` listener
+/// never takes one between the check and a child process binding it.
+const PORT_RANGE: std::ops::Range<u16> = 20_000..32_000;
+
+/// A TCP port on 127.0.0.1 that is free now and that no other call in this
+/// process has returned: ports are walked from an offset derived from the
+/// process id, so two tests of one binary never get the same port (before,
+/// a `bind(0)` port could be handed out twice, and a test's `redis-server`
+/// failed to bind while its `PING` reached another test's server).
 pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
+    static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
+    let span = u64::from(PORT_RANGE.end - PORT_RANGE.start);
+    let next = NEXT.get_or_init(|| AtomicU64::new(u64::from(std::process::id()) * 97 % span));
+    for _ in 0..span {
+        let offset = next.fetch_add(1, Ordering::SeqCst) % span;
+        let port = PORT_RANGE.start + u16::try_from(offset).expect("offset below span");
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {PORT_RANGE:?} on 127.0.0.1");
 }
 
 /// A key prefix no other test uses, so tests can share one Redis.

@@ -59,6 +59,18 @@ impl RedisServer {
             if let Ok(mut c) = self.try_conn()
                 && redis::cmd("PING").query::<String>(&mut c).is_ok()
             {
+                // The answer must come from this child, not from a server
+                // another test left on the port.
+                let info: String = redis::cmd("INFO")
+                    .arg("server")
+                    .query(&mut c)
+                    .expect("INFO server");
+                let pid = self.child.as_ref().map(Child::id).expect("child");
+                assert!(
+                    info.lines().any(|l| l.trim() == format!("process_id:{pid}")),
+                    "port {} is answered by another redis-server, not by pid {pid}",
+                    self.port
+                );
                 return;
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
