@@ -6,7 +6,7 @@
 //! request's own values instead (opt-in cardinality).
 
 /// Hits (descriptor costs) seen per rule. Label `rule`.
-pub const TOTAL_HITS: &str = "bucket_rls_total_hits_total";
+pub const TOTAL_HITS: &str = "bucket_rls_hits_total";
 /// Hits admitted per rule. Label `rule`.
 pub const WITHIN_LIMIT: &str = "bucket_rls_within_limit_total";
 /// Hits denied (or that would be denied, in shadow mode) per rule. Label `rule`.
