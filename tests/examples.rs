@@ -444,3 +444,37 @@ fn docker_compose_refers_to_existing_files_and_the_tested_envoy() {
         }
     }
 }
+
+#[test]
+fn run_local_script_serves_the_walkthrough_without_docker() {
+    // The script a user runs without Docker: Redis, two replicas, the demo
+    // upstream and Envoy on loopback; `--check` runs the walkthrough's first
+    // step (five per minute per API key) and stops everything.
+    let out = Command::new("bash")
+        .arg(example("run-local.sh"))
+        .arg("--check")
+        .env("PORT_BASE", common::free_ports(9).to_string())
+        .env("BUCKET_RLS_BIN", bucket_rls_bin())
+        .env("ENVOY_BIN", envoy_bin())
+        .output()
+        .expect("run examples/envoy/run-local.sh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "run-local.sh --check failed:\n{text}");
+    assert!(
+        text.contains("per API key: 200 200 200 200 200 429"),
+        "{text}"
+    );
+    // One token every 12 s: the wait is at most 12 s, and only the time the
+    // six requests took (well under 12 s) comes off it.
+    let wait: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("retry-after: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no retry-after in:\n{text}"));
+    assert!((1..=12).contains(&wait), "retry-after {wait}");
+    assert!(text.ends_with("run-local: ok\n"), "{text}");
+}

@@ -39,17 +39,27 @@ const PORT_RANGE: std::ops::Range<u16> = 20_000..32_000;
 /// a `bind(0)` port could be handed out twice, and a test's `redis-server`
 /// failed to bind while its `PING` reached another test's server).
 pub fn free_port() -> u16 {
+    free_ports(1)
+}
+
+/// `n` consecutive TCP ports on 127.0.0.1, each free now and none returned
+/// by another call in this process (for a script that takes a base port).
+pub fn free_ports(n: u16) -> u16 {
     static NEXT: std::sync::OnceLock<AtomicU64> = std::sync::OnceLock::new();
     let span = u64::from(PORT_RANGE.end - PORT_RANGE.start);
     let next = NEXT.get_or_init(|| AtomicU64::new(u64::from(std::process::id()) * 97 % span));
     for _ in 0..span {
-        let offset = next.fetch_add(1, Ordering::SeqCst) % span;
-        let port = PORT_RANGE.start + u16::try_from(offset).expect("offset below span");
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-            return port;
+        let offset = next.fetch_add(u64::from(n), Ordering::SeqCst) % span;
+        let Ok(base) = u16::try_from(offset).map(|o| PORT_RANGE.start + o) else {
+            continue;
+        };
+        if base.checked_add(n).is_some_and(|end| end <= PORT_RANGE.end)
+            && (base..base + n).all(|p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok())
+        {
+            return base;
         }
     }
-    panic!("no free port in {PORT_RANGE:?} on 127.0.0.1");
+    panic!("no {n} free ports in {PORT_RANGE:?} on 127.0.0.1");
 }
 
 /// A key prefix no other test uses, so tests can share one Redis.
