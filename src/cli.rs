@@ -35,6 +35,14 @@ pub enum Command {
         /// --merge-domain-config`).
         #[arg(long)]
         merge_domain_config: bool,
+        /// Compare against OLD (a config file or directory, or a running
+        /// replica's `http://HOST:PORT/rlconfig`) instead of only checking:
+        /// one line per rule added, removed, tightened or loosened, with what
+        /// happens to existing buckets. Exit 0: no rule changed; 2: changes
+        /// that only add or loosen; 3: changes that tighten, remove or change
+        /// a mode (review them); 1: either side does not load.
+        #[arg(long, value_name = "OLD")]
+        diff: Option<String>,
     },
     /// Load a rate limit service over gRPC and report throughput and latency
     /// (loopback targets only unless `--allow-remote`).
@@ -410,6 +418,108 @@ pub fn check_config(
         }
     }
     ok
+}
+
+/// `check-config --diff OLD NEW`: loads both sides, writes one line per
+/// changed rule and a summary to `out`, problems to `err`.
+///
+/// `old` is a path, or an `http://` URL of a replica's `/rlconfig` (plain
+/// HTTP, as the admin port serves it; 10 s timeout). Returns the exit code:
+/// 0 no rule changed, 2 only additions and loosenings, 3 a change to review
+/// (tightened, removed, mixed, or a mode changed), 1 when a side does not
+/// load.
+pub async fn diff_configs(
+    old: &str,
+    new: &std::path::Path,
+    load: crate::config::loader::LoadOptions,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> i32 {
+    use crate::config::diff;
+    let load_path = |p: &std::path::Path, err: &mut dyn Write| {
+        crate::config::loader::load_source_with(p, load)
+            .map(|c| diff::rules_of(&c))
+            .map_err(|errs| {
+                for e in errs.0 {
+                    let _ = writeln!(err, "{e}");
+                }
+            })
+    };
+    let old_rules = if old.starts_with("http://") || old.starts_with("https://") {
+        match fetch_rlconfig(old)
+            .await
+            .and_then(|b| diff::rules_from_rlconfig(&b))
+        {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                let _ = writeln!(err, "{old}: {e}");
+                Err(())
+            }
+        }
+    } else {
+        load_path(std::path::Path::new(old), err)
+    };
+    let new_rules = load_path(new, err);
+    let (Ok(old_rules), Ok(new_rules)) = (old_rules, new_rules) else {
+        return 1;
+    };
+    let changes = diff::diff(&old_rules, &new_rules);
+    for c in &changes {
+        let _ = writeln!(out, "{}", c.line);
+    }
+    let _ = writeln!(out, "{}", diff::summary(&changes));
+    if changes.is_empty() {
+        0
+    } else if changes.iter().any(|c| c.kind.needs_review()) {
+        3
+    } else {
+        2
+    }
+}
+
+/// `GET url` over plain HTTP/1.1; the body of a 200 answer (at most 64 MiB).
+async fn fetch_rlconfig(url: &str) -> Result<Vec<u8>, String> {
+    use http_body_util::{BodyExt, Empty, Limited};
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("only http:// is supported (the admin port serves plain HTTP)".to_owned());
+    }
+    let host = uri.host().ok_or("the URL has no host")?.to_owned();
+    let port = uri.port_u16().unwrap_or(80);
+    let fetch = async {
+        let stream = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("HTTP: {e}"))?;
+        tokio::spawn(conn);
+        let req = hyper::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+            .header(
+                hyper::header::HOST,
+                uri.authority().map_or(host.as_str(), |a| a.as_str()),
+            )
+            .body(Empty::<bytes::Bytes>::new())
+            .map_err(|e| format!("request: {e}"))?;
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| format!("HTTP: {e}"))?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), 64 << 20)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the body: {e}"))?
+            .to_bytes();
+        if status != hyper::StatusCode::OK {
+            return Err(format!("answered {status}"));
+        }
+        Ok(body.to_vec())
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), fetch)
+        .await
+        .map_err(|_| "no answer within 10 s".to_owned())?
 }
 
 #[cfg(test)]

@@ -30,10 +30,14 @@ fn main() -> ExitCode {
         Command::CheckConfig {
             paths,
             merge_domain_config,
+            diff,
         } => {
             let load = loader::LoadOptions {
                 merge_domains: merge_domain_config,
             };
+            if let Some(old) = diff {
+                return check_config_diff(&old, &paths, load);
+            }
             bucket_rls::cli::check_config(
                 &paths,
                 load,
@@ -67,6 +71,44 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// `check-config --diff OLD NEW`: exit 0 (no change), 2 (only additions and
+/// loosenings), 3 (changes to review) or 1 (a side does not load).
+fn check_config_diff(
+    old: &str,
+    paths: &[std::path::PathBuf],
+    load: loader::LoadOptions,
+) -> ExitCode {
+    let [new] = paths else {
+        report!(
+            std::io::stderr(),
+            "error: check-config --diff OLD takes exactly one NEW config (file or directory), got {}",
+            paths.len()
+        );
+        return ExitCode::FAILURE;
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            report!(
+                std::io::stderr(),
+                "error: cannot start the async runtime: {e}"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = rt.block_on(bucket_rls::cli::diff_configs(
+        old,
+        new,
+        load,
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    ));
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 fn init_tracing(level: &str, format: LogFormat) {

@@ -6,6 +6,7 @@
 //! - [`ConfigHandle`]: the config in force and the last failed reload, shared by
 //!   the request path (reads), the config sources (writes) and the admin API.
 
+pub mod diff;
 pub mod loader;
 pub mod schema;
 pub mod watcher;

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod config_diff;
 mod config_errors;
 mod conn_limit;
 mod observability;

@@ -1,0 +1,444 @@
+//! `check-config --diff`: what a config change does to each rule, before it
+//! reaches the mesh.
+//!
+//! Both sides are reduced to a [`Rules`] map (rule path → [`RuleSummary`]),
+//! from a compiled [`Config`] (files) or from a running replica's
+//! `/rlconfig` JSON, and compared rule by rule. A bucket's key is its domain
+//! and entries, not its rate, so a rule that keeps its path keeps its
+//! buckets across the change; what happens to them is spelled out per rule
+//! (docs/design.md, "Reloads").
+
+use super::{Config, Policy, Unit};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// The parts of a rule a diff compares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSummary {
+    /// `Some((requests_per_unit, unit, burst))` for a token bucket, `None`
+    /// for `unlimited`.
+    pub limit: Option<(u32, Unit, u32)>,
+    /// `shadow_mode`.
+    pub shadow_mode: bool,
+    /// `quota_mode`.
+    pub quota_mode: bool,
+    /// The rule's `name` (reported to Envoy in `current_limit`).
+    pub name: Option<String>,
+}
+
+/// Rules by path (`domain.key_value.key`), sorted.
+pub type Rules = BTreeMap<String, RuleSummary>;
+
+/// The rules of a compiled config.
+#[must_use]
+pub fn rules_of(config: &Config) -> Rules {
+    let mut rules = Rules::new();
+    for d in config.domains.values() {
+        for r in &d.rules {
+            let limit = match r.policy {
+                Policy::Limited {
+                    requests_per_unit,
+                    unit,
+                    burst,
+                    ..
+                } => Some((requests_per_unit, unit, burst)),
+                Policy::Unlimited => None,
+            };
+            rules.insert(
+                r.path.clone(),
+                RuleSummary {
+                    limit,
+                    shadow_mode: r.shadow_mode,
+                    quota_mode: r.quota_mode,
+                    name: r.name.clone(),
+                },
+            );
+        }
+    }
+    rules
+}
+
+#[derive(Deserialize)]
+struct RlConfigView {
+    domains: Vec<DomainView>,
+}
+
+#[derive(Deserialize)]
+struct DomainView {
+    rules: Vec<RuleView>,
+}
+
+#[derive(Deserialize)]
+struct RuleView {
+    path: String,
+    #[serde(default)]
+    name: Option<String>,
+    unlimited: bool,
+    #[serde(default)]
+    requests_per_unit: Option<u32>,
+    #[serde(default)]
+    unit: Option<String>,
+    #[serde(default)]
+    burst: Option<u32>,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default)]
+    quota_mode: bool,
+}
+
+/// The rules of a running replica, from its `GET /rlconfig` body.
+///
+/// # Errors
+/// A message naming the rule path or the JSON error when the body is not the
+/// `/rlconfig` shape.
+pub fn rules_from_rlconfig(body: &[u8]) -> Result<Rules, String> {
+    let view: RlConfigView =
+        serde_json::from_slice(body).map_err(|e| format!("not an /rlconfig answer: {e}"))?;
+    let mut rules = Rules::new();
+    for r in view.domains.into_iter().flat_map(|d| d.rules) {
+        let limit = if r.unlimited {
+            None
+        } else {
+            let unit = r.unit.as_deref().unwrap_or_default();
+            let unit = Unit::parse(unit)
+                .ok_or_else(|| format!("{}: unknown unit '{unit}' in /rlconfig", r.path))?;
+            match (r.requests_per_unit, r.burst) {
+                (Some(rpu), Some(burst)) => Some((rpu, unit, burst)),
+                _ => return Err(format!("{}: a limited rule without rate or burst", r.path)),
+            }
+        };
+        rules.insert(
+            r.path,
+            RuleSummary {
+                limit,
+                shadow_mode: r.shadow_mode,
+                quota_mode: r.quota_mode,
+                name: r.name,
+            },
+        );
+    }
+    Ok(rules)
+}
+
+/// What a change does to a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ChangeKind {
+    /// The rule is new: its buckets start full.
+    Added,
+    /// The rule is gone: its buckets are no longer charged.
+    Removed,
+    /// Neither the rate nor the burst went up, and one went down (or an
+    /// unlimited rule became limited).
+    Tightened,
+    /// Neither went down and one went up (or the rule became unlimited).
+    Loosened,
+    /// The rate went one way and the burst the other.
+    Mixed,
+    /// Same limit; another setting (`shadow_mode`, `quota_mode`, `name`)
+    /// changed.
+    Changed,
+}
+
+impl ChangeKind {
+    /// The word in the report.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "added",
+            Self::Removed => "removed",
+            Self::Tightened => "tightened",
+            Self::Loosened => "loosened",
+            Self::Mixed => "tightened and loosened",
+            Self::Changed => "changed",
+        }
+    }
+
+    /// Whether the change can deny traffic that passes today (removing a
+    /// rule cannot deny, but it drops a limit someone relied on, so it is
+    /// reviewed like a tightening).
+    #[must_use]
+    pub const fn needs_review(self) -> bool {
+        matches!(
+            self,
+            Self::Removed | Self::Tightened | Self::Mixed | Self::Changed
+        )
+    }
+}
+
+/// One rule's change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleChange {
+    /// Rule path.
+    pub path: String,
+    /// What kind of change.
+    pub kind: ChangeKind,
+    /// The report line (`edge.per_ip: tightened: 10/second burst 20 -> ...`).
+    pub line: String,
+}
+
+fn limit_text(limit: Option<(u32, Unit, u32)>) -> String {
+    match limit {
+        Some((rpu, unit, burst)) => format!("{rpu}/{} burst {burst}", unit.as_str()),
+        None => "unlimited".to_owned(),
+    }
+}
+
+/// Tokens per second, as a fraction `rpu / secs`, compared exactly.
+fn rate_cmp(a: (u32, Unit), b: (u32, Unit)) -> std::cmp::Ordering {
+    (u128::from(a.0) * u128::from(b.1.secs())).cmp(&(u128::from(b.0) * u128::from(a.1.secs())))
+}
+
+fn flags_text(r: &RuleSummary) -> Vec<String> {
+    let mut v = Vec::new();
+    if r.shadow_mode {
+        v.push("shadow_mode".to_owned());
+    }
+    if r.quota_mode {
+        v.push("quota_mode".to_owned());
+    }
+    v
+}
+
+/// What the change does to buckets that exist.
+fn bucket_effect(old: (u32, Unit, u32), new: (u32, Unit, u32)) -> String {
+    let mut parts = Vec::new();
+    match new.2.cmp(&old.2) {
+        std::cmp::Ordering::Less => parts.push(format!(
+            "existing buckets keep their tokens, capped at {}",
+            new.2
+        )),
+        std::cmp::Ordering::Greater => parts.push(format!(
+            "existing buckets keep their tokens and refill to {} (not at once)",
+            new.2
+        )),
+        std::cmp::Ordering::Equal => parts.push("existing buckets keep their tokens".to_owned()),
+    }
+    if rate_cmp((new.0, new.1), (old.0, old.1)) != std::cmp::Ordering::Equal {
+        parts.push(format!("refill at {}/{} from now", new.0, new.1.as_str()));
+    }
+    parts.join("; ")
+}
+
+/// Compares two rule sets. Changes are sorted by rule path.
+#[must_use]
+pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
+    use std::cmp::Ordering::{Greater, Less};
+    let mut changes = Vec::new();
+    let paths: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    for path in paths {
+        let (kind, line) = match (old.get(path), new.get(path)) {
+            (None, Some(n)) => (
+                ChangeKind::Added,
+                match n.limit {
+                    Some((_, _, burst)) => format!(
+                        "{}: buckets start full ({burst} tokens)",
+                        limit_text(n.limit)
+                    ),
+                    None => "unlimited".to_owned(),
+                },
+            ),
+            (Some(o), None) => (
+                ChangeKind::Removed,
+                format!("{}: its buckets are no longer charged", limit_text(o.limit)),
+            ),
+            (Some(o), Some(n)) if o == n => continue,
+            (Some(o), Some(n)) => {
+                let limits = format!("{} -> {}", limit_text(o.limit), limit_text(n.limit));
+                match (o.limit, n.limit) {
+                    (Some(a), Some(b)) if a == b => (ChangeKind::Changed, limits),
+                    (None, None) => (ChangeKind::Changed, limits),
+                    (None, Some((_, _, burst))) => (
+                        ChangeKind::Tightened,
+                        format!("{limits}: buckets start full ({burst} tokens)"),
+                    ),
+                    (Some(_), None) => (
+                        ChangeKind::Loosened,
+                        format!("{limits}: its buckets are no longer charged"),
+                    ),
+                    (Some(a), Some(b)) => {
+                        let rate = rate_cmp((b.0, b.1), (a.0, a.1));
+                        let burst = b.2.cmp(&a.2);
+                        let down = rate == Less || burst == Less;
+                        let up = rate == Greater || burst == Greater;
+                        let kind = match (down, up) {
+                            (true, false) => ChangeKind::Tightened,
+                            (false, true) => ChangeKind::Loosened,
+                            _ => ChangeKind::Mixed,
+                        };
+                        (kind, format!("{limits}: {}", bucket_effect(a, b)))
+                    }
+                }
+            }
+            (None, None) => continue,
+        };
+        let mut line = format!("{path}: {}: {line}", kind.as_str());
+        if let (Some(o), Some(n)) = (old.get(path), new.get(path)) {
+            let (fo, fn_) = (flags_text(o), flags_text(n));
+            if fo != fn_ {
+                let show = |v: &[String]| {
+                    if v.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        v.join(", ")
+                    }
+                };
+                let _ = write!(line, " (modes {} -> {})", show(&fo), show(&fn_));
+            }
+            if o.name != n.name {
+                let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
+                let _ = write!(line, " (name {} -> {})", show(&o.name), show(&n.name));
+            }
+        } else if let Some(r) = new.get(path).or_else(|| old.get(path)) {
+            let f = flags_text(r);
+            if !f.is_empty() {
+                let _ = write!(line, " ({})", f.join(", "));
+            }
+        }
+        changes.push(RuleChange {
+            path: path.clone(),
+            kind,
+            line,
+        });
+    }
+    changes
+}
+
+/// The last line of a report: `3 rules changed: 1 added, 2 tightened`, or
+/// `no rule changed`.
+#[must_use]
+pub fn summary(changes: &[RuleChange]) -> String {
+    if changes.is_empty() {
+        return "no rule changed".to_owned();
+    }
+    let mut counts: BTreeMap<ChangeKind, usize> = BTreeMap::new();
+    for c in changes {
+        *counts.entry(c.kind).or_default() += 1;
+    }
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(k, n)| format!("{n} {}", k.as_str()))
+        .collect();
+    format!(
+        "{} rule{} changed: {}",
+        changes.len(),
+        if changes.len() == 1 { "" } else { "s" },
+        parts.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(yaml: &str) -> Rules {
+        let c = crate::config::loader::compile_texts(&[(
+            "d.yaml".to_owned(),
+            yaml.as_bytes().to_vec(),
+        )])
+        .expect("config loads");
+        rules_of(&c)
+    }
+
+    const OLD: &str = "domain: edge
+descriptors:
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 20}
+  - key: key
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: gone
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: shadow
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: mixed
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 10}
+  - key: same
+    rate_limit: {unit: day, requests_per_unit: 1}
+";
+
+    const NEW: &str = "domain: edge
+descriptors:
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
+  - key: key
+    rate_limit: {unit: minute, requests_per_unit: 10, burst: 5}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: mixed
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 30}
+  - key: same
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: new
+    rate_limit: {unit: hour, requests_per_unit: 100}
+";
+
+    #[test]
+    fn diff_names_each_change_and_what_happens_to_existing_buckets() {
+        let changes = diff(&rules(OLD), &rules(NEW));
+        let lines: Vec<&str> = changes.iter().map(|c| c.line.as_str()).collect();
+        assert_eq!(
+            lines,
+            [
+                "edge.gone: removed: 1/second burst 1: its buckets are no longer charged",
+                "edge.ip: tightened: 10/second burst 20 -> 5/second burst 10: existing buckets keep their tokens, capped at 10; refill at 5/second from now",
+                "edge.key: loosened: 5/minute burst 5 -> 10/minute burst 5: existing buckets keep their tokens; refill at 10/minute from now",
+                "edge.mixed: tightened and loosened: 10/second burst 10 -> 5/second burst 30: existing buckets keep their tokens and refill to 30 (not at once); refill at 5/second from now",
+                "edge.new: added: 100/hour burst 100: buckets start full (100 tokens)",
+                "edge.path: loosened: 2/hour burst 2 -> 2/minute burst 2: existing buckets keep their tokens; refill at 2/minute from now",
+                "edge.shadow: changed: 1/second burst 1 -> 1/second burst 1 (modes none -> shadow_mode)",
+            ]
+        );
+        assert_eq!(
+            summary(&changes),
+            "7 rules changed: 1 added, 1 removed, 1 tightened, 2 loosened, 1 tightened and loosened, 1 changed"
+        );
+        assert!(diff(&rules(OLD), &rules(OLD)).is_empty());
+        assert_eq!(summary(&[]), "no rule changed");
+    }
+
+    #[test]
+    fn unlimited_to_limited_is_a_tightening_and_back_a_loosening() {
+        let u = rules("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n");
+        let l = rules(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3}\n",
+        );
+        let to = diff(&u, &l);
+        assert_eq!(to[0].kind, ChangeKind::Tightened);
+        assert_eq!(
+            to[0].line,
+            "d.k: tightened: unlimited -> 3/second burst 3: buckets start full (3 tokens)"
+        );
+        let back = diff(&l, &u);
+        assert_eq!(back[0].kind, ChangeKind::Loosened);
+        assert!(!back[0].kind.needs_review());
+    }
+
+    #[test]
+    fn rlconfig_json_reads_back_as_the_same_rules() {
+        let body = serde_json::json!({
+            "hash": "x",
+            "domains": [{"domain": "edge", "file": "d.yaml", "rules": [
+                {"path": "edge.ip", "name": null, "unlimited": false, "requests_per_unit": 10,
+                 "unit": "second", "burst": 20, "shadow_mode": false, "quota_mode": false},
+                {"path": "edge.free", "unlimited": true, "shadow_mode": false}
+            ]}]
+        });
+        let r = rules_from_rlconfig(body.to_string().as_bytes()).expect("parses");
+        assert_eq!(r["edge.ip"].limit, Some((10, Unit::Second, 20)));
+        assert_eq!(r["edge.free"].limit, None);
+        let bad = serde_json::json!({"domains": [{"rules": [
+            {"path": "edge.ip", "unlimited": false, "unit": "fortnight", "requests_per_unit": 1, "burst": 1}]}]});
+        let e = rules_from_rlconfig(bad.to_string().as_bytes()).unwrap_err();
+        assert_eq!(e, "edge.ip: unknown unit 'fortnight' in /rlconfig");
+        assert!(
+            rules_from_rlconfig(b"<html>")
+                .unwrap_err()
+                .starts_with("not an /rlconfig answer")
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! `bucket-rls check-config --diff OLD NEW`: the report, per rule, of what a
+//! change does, and the exit codes a CI pipeline branches on; OLD as files
+//! or as a running replica's `/rlconfig`.
+
+use crate::common::procs::{BucketRls, bucket_rls_bin};
+use std::path::Path;
+use std::process::Command;
+
+const OLD: &str = "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 20}
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: legacy
+    rate_limit: {unit: hour, requests_per_unit: 100}
+";
+
+const TIGHTER: &str = "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
+  - key: api_key
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: export
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+
+const LOOSER: &str = "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 20, burst: 20}
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: legacy
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: export
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write config");
+    p.display().to_string()
+}
+
+/// Runs `check-config --diff old new`: (exit code, stdout, stderr).
+fn diff(old: &str, new: &str) -> (i32, String, String) {
+    let out = Command::new(bucket_rls_bin())
+        .args(["check-config", "--diff", old, new])
+        .output()
+        .expect("run bucket-rls");
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn diff_reports_each_rule_and_exits_3_when_a_change_needs_review() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old, new) = (
+        write(dir.path(), "old.yaml", OLD),
+        write(dir.path(), "new.yaml", TIGHTER),
+    );
+    let (code, out, err) = diff(&old, &new);
+    assert_eq!(err, "");
+    assert_eq!(
+        out,
+        "edge.api_key: changed: 5/minute burst 5 -> 5/minute burst 5 (modes none -> shadow_mode)
+edge.export: added: 2/hour burst 2: buckets start full (2 tokens)
+edge.legacy: removed: 100/hour burst 100: its buckets are no longer charged
+edge.remote_address: tightened: 10/second burst 20 -> 5/second burst 10: existing buckets keep their tokens, capped at 10; refill at 5/second from now
+4 rules changed: 1 added, 1 removed, 1 tightened, 1 changed
+"
+    );
+    assert_eq!(code, 3);
+}
+
+#[test]
+fn diff_exits_2_for_only_additions_and_loosenings_and_0_for_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old, new) = (
+        write(dir.path(), "old.yaml", OLD),
+        write(dir.path(), "new.yaml", LOOSER),
+    );
+    let (code, out, _) = diff(&old, &new);
+    assert_eq!(
+        out,
+        "edge.export: added: 2/hour burst 2: buckets start full (2 tokens)
+edge.remote_address: loosened: 10/second burst 20 -> 20/second burst 20: existing buckets keep their tokens; refill at 20/second from now
+2 rules changed: 1 added, 1 loosened
+"
+    );
+    assert_eq!(code, 2);
+    let (code, out, _) = diff(&old, &old);
+    assert_eq!((code, out.as_str()), (0, "no rule changed\n"));
+}
+
+#[test]
+fn diff_exits_1_and_names_the_error_when_a_side_does_not_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = write(dir.path(), "old.yaml", OLD);
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+    );
+    let (code, out, err) = diff(&old, &bad);
+    assert_eq!(code, 1);
+    assert_eq!(out, "");
+    assert!(
+        err.contains("bad.yaml") && err.contains("requests_per_unit"),
+        "{err}"
+    );
+    let (code, _, err) = diff("http://127.0.0.1:1/rlconfig", &old);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("http://127.0.0.1:1/rlconfig: connect:"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn diff_against_a_running_replica_reads_its_rlconfig() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let served = tempfile::tempdir().expect("tempdir");
+    write(served.path(), "edge.yaml", OLD);
+    let rls = BucketRls::start(served.path(), &[]).await;
+    let new = write(dir.path(), "new.yaml", TIGHTER);
+    let url = format!("http://{}/rlconfig", rls.http);
+    let (code, out, err) = tokio::task::spawn_blocking(move || diff(&url, &new))
+        .await
+        .expect("diff");
+    assert_eq!(err, "");
+    assert_eq!(code, 3);
+    assert!(
+        out.ends_with("4 rules changed: 1 added, 1 removed, 1 tightened, 1 changed\n"),
+        "{out}"
+    );
+    // The replica serves the file: diffing it against the same file is empty.
+    let url = format!("http://{}/rlconfig", rls.http);
+    let same = served.path().join("edge.yaml").display().to_string();
+    let (code, out, _) = tokio::task::spawn_blocking(move || diff(&url, &same))
+        .await
+        .expect("diff");
+    assert_eq!((code, out.as_str()), (0, "no rule changed\n"));
+}
