@@ -375,7 +375,7 @@ fn envoy_files() -> Vec<FileDescriptorProto> {
         method: vec![MethodDescriptorProto {
             name: Some("ShouldRateLimit".to_owned()),
             input_type: Some(".envoy.service.ratelimit.v3.RateLimitRequest".to_owned()),
-            output_type: Some(format!("{RESP}")),
+            output_type: Some(RESP.to_owned()),
             ..Default::default()
         }],
         options: None,
