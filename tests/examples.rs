@@ -243,6 +243,7 @@ fn k8s_manifests_have_the_documented_shape() {
     let spec = &deploy["spec"];
     assert_eq!(spec["replicas"], 2);
     let pod = &spec["template"]["spec"];
+    let pod_annotations = &spec["template"]["metadata"]["annotations"];
     let labels = spec["template"]["metadata"]["labels"]
         .as_object()
         .expect("pod labels");
@@ -333,7 +334,9 @@ fn k8s_manifests_have_the_documented_shape() {
     );
     assert_eq!(mount["mountPath"], config_dir);
 
-    // The Service exposes 8081 (gRPC, so meshes use HTTP/2) and 8080.
+    // The Service exposes only 8081 (gRPC, so meshes use HTTP/2): the admin
+    // port, whose /json spends tokens, is reachable from the monitoring
+    // namespace alone (NetworkPolicy) and scraped per pod.
     let svc = find(&docs, "Service", "bucket-rls");
     let ports: Vec<(u64, &str)> = svc["spec"]["ports"]
         .as_array()
@@ -346,7 +349,29 @@ fn k8s_manifests_have_the_documented_shape() {
             )
         })
         .collect();
-    assert_eq!(ports, [(8081, "grpc"), (8080, "http-admin")]);
+    assert_eq!(ports, [(8081, "grpc")]);
+    let np = find(&docs, "NetworkPolicy", "bucket-rls");
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "bucket-rls"
+    );
+    let rules = np["spec"]["ingress"].as_array().expect("ingress rules");
+    let open: Vec<&Value> = rules.iter().filter(|r| r.get("from").is_none()).collect();
+    assert_eq!(open.len(), 1, "one rule open to every namespace");
+    assert_eq!(
+        open[0]["ports"],
+        json!([{"port": "grpc", "protocol": "TCP"}])
+    );
+    let admin: Vec<&Value> = rules
+        .iter()
+        .filter(|r| r["ports"][0]["port"] == "http-admin")
+        .collect();
+    assert_eq!(admin.len(), 1);
+    assert!(admin[0]["from"][0]["namespaceSelector"].is_object());
+    assert_eq!(pod_annotations["prometheus.io/port"], "8080");
+    // The memory limit leaves room for the memory backend's default cap
+    // (2,000,000 buckets, about 190 MiB per million).
+    assert_eq!(c["resources"]["limits"]["memory"], "512Mi");
     assert_eq!(svc["spec"]["ports"][0]["appProtocol"], "grpc");
     for (k, v) in svc["spec"]["selector"]
         .as_object()
