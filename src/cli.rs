@@ -171,6 +171,18 @@ pub struct ServeArgs {
     /// defined twice is still an error) instead of refusing the second file.
     #[arg(long, env = "BUCKET_RLS_MERGE_DOMAIN_CONFIG", default_value_t = false)]
     pub merge_domain_config: bool,
+    /// Export a span per ShouldRateLimit call and per Redis call over
+    /// OTLP/HTTP (protobuf) to this collector base URL
+    /// (`http://collector:4318`; spans go to `/v1/traces`). Off when unset.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "bucket-rls")]
+    pub tracing_service_name: String,
+    /// Share of calls without a sampled parent span that are traced (0 to
+    /// 1); a call whose `traceparent` is sampled is always traced.
+    #[arg(long, env = "BUCKET_RLS_TRACING_SAMPLING_RATE", default_value_t = 1.0)]
+    pub tracing_sampling_rate: f64,
     /// Log level or filter (`info`, `debug`, `bucket_rls=debug,info`).
     #[arg(long, env = "BUCKET_RLS_LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
     pub log_level: String,
@@ -255,6 +267,11 @@ impl TryFrom<&ServeArgs> for Settings {
                 merge_domains: args.merge_domain_config,
             },
             backend: Backend::try_from(args)?,
+            tracing: crate::otel::TracingSettings {
+                otlp_endpoint: args.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+                service_name: args.tracing_service_name.clone(),
+                sampling_rate: args.tracing_sampling_rate,
+            },
         })
     }
 }

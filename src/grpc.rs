@@ -187,9 +187,22 @@ impl RateLimitService for RateLimitGrpc {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, Status> {
-        ShouldRateLimit::should_rate_limit(&*self.0, request.get_ref())
-            .await
-            .map(tonic::Response::new)
+        let req = request.get_ref();
+        crate::otel::should_rate_limit(
+            request.metadata(),
+            &req.domain,
+            req.descriptors.len(),
+            ShouldRateLimit::should_rate_limit(&*self.0, req),
+            |r| match r {
+                Ok(resp) if resp.overall_code == ProtoCode::OverLimit as i32 => {
+                    ("OVER_LIMIT".into(), false)
+                }
+                Ok(_) => ("OK".into(), false),
+                Err(s) => (format!("{:?}", s.code()), true),
+            },
+        )
+        .await
+        .map(tonic::Response::new)
     }
 }
 

@@ -39,6 +39,7 @@ pub mod limiter;
 pub mod loadgen;
 pub mod matcher;
 pub mod metrics;
+pub mod otel;
 pub mod reflection;
 pub mod settings;
 pub mod storage;

@@ -146,6 +146,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     metrics::counter!(bucket_rls::metrics::CONFIG_LOAD, "result" => "success").increment(1);
     tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
     let settings = Settings::try_from(&args)?;
+    let tracing = bucket_rls::otel::init(&settings.tracing)?;
     let (grpc_addr, http_addr) = (settings.grpc_addr, settings.http_addr);
     let app = app::App::build(settings, config)?;
     let grpc = tokio::net::TcpListener::bind(grpc_addr)
@@ -157,6 +158,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, backend = app.limiter().storage().name(), "serving");
     app.run(Listeners { grpc, http }, app::shutdown_signal())
         .await?;
+    // Spans still queued leave before the process does (bounded by the
+    // exporter's 10 s timeout).
+    if let Some(t) = tracing {
+        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -134,6 +134,8 @@ pub struct Settings {
     pub load: crate::config::loader::LoadOptions,
     /// The storage backend and its options.
     pub backend: Backend,
+    /// OpenTelemetry span export (off without an endpoint).
+    pub tracing: crate::otel::TracingSettings,
 }
 
 /// Which storage holds the buckets, with the options of that backend. At

@@ -11,4 +11,5 @@ mod config_diff;
 mod config_errors;
 mod conn_limit;
 mod observability;
+mod otlp_tracing;
 mod rate_limit_headers;

@@ -332,6 +332,7 @@ impl Pipeline {
         call: &ScriptCall,
     ) -> Result<RequestResult, StorageError> {
         let started = Instant::now();
+        let span = crate::otel::RedisSpan::start(call.keys.len());
         let mut tag = None;
         let attempt = async {
             let (t, mut conn) = source.connection().await?;
@@ -351,6 +352,9 @@ impl Pipeline {
             Err(_) => {}
         }
         source.after(tag, &result, breaker);
+        if let Some(span) = span {
+            span.end(result.as_ref().err().map(|e| e as &dyn std::fmt::Display));
+        }
         result
     }
 
