@@ -260,7 +260,7 @@ async fn json(
         Err(e) => {
             let code = match e {
                 DecideError::Invalid(_) => StatusCode::BAD_REQUEST,
-                DecideError::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
+                DecideError::Storage(_) | DecideError::NoConfig => StatusCode::SERVICE_UNAVAILABLE,
             };
             error(code, &e.to_string())
         }
