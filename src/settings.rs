@@ -122,8 +122,8 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// built from the command line by `TryFrom<&ServeArgs>` (in [`crate::cli`]).
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Config file or directory (`--config`).
-    pub config: PathBuf,
+    /// Where the config comes from (`--config` or `--config-xds`).
+    pub config: ConfigSource,
     /// gRPC listen address (`--grpc-addr`).
     pub grpc_addr: SocketAddr,
     /// HTTP admin listen address (`--http-addr`).
@@ -134,6 +134,16 @@ pub struct Settings {
     pub load: crate::config::loader::LoadOptions,
     /// The storage backend and its options.
     pub backend: Backend,
+}
+
+/// The one source of the config: files or a control plane.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConfigSource {
+    /// A config file or directory (`--config`), watched for changes.
+    File(PathBuf),
+    /// An xDS management server (`--config-xds`) pushing `RateLimitConfig`
+    /// resources.
+    Xds(crate::config::xds::XdsSettings),
 }
 
 /// Which storage holds the buckets, with the options of that backend. At
@@ -335,6 +345,9 @@ pub enum SetupError {
     /// without it.
     #[error("{0}")]
     HeaderNames(String),
+    /// An `--config-xds-*` flag is invalid (the message names it).
+    #[error("{0}")]
+    Xds(String),
 }
 
 impl HeaderNames {

@@ -41,6 +41,26 @@ pub const XDS_CONNECTED: &str = "bucket_rls_xds_connected";
 /// whose config is in force (empty before the first), value 1.
 pub const XDS_VERSION_INFO: &str = "bucket_rls_xds_version_info";
 
+/// The [`XDS_VERSION_INFO`] gauge for `version` (the version in force),
+/// as Prometheus text; the label value is escaped and bounded.
+#[must_use]
+pub fn render_version(version: &str) -> String {
+    let mut v = String::with_capacity(version.len());
+    for c in shown(version).chars() {
+        match c {
+            '\\' => v.push_str("\\\\"),
+            '"' => v.push_str("\\\""),
+            '\n' => v.push_str("\\n"),
+            c => v.push(c),
+        }
+    }
+    format!(
+        "# HELP {XDS_VERSION_INFO} xDS version_info of the config in force (value always 1)\n\
+         # TYPE {XDS_VERSION_INFO} gauge\n\
+         {XDS_VERSION_INFO}{{version=\"{v}\"}} 1\n"
+    )
+}
+
 /// gRPC `INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
