@@ -10,3 +10,4 @@ mod common;
 mod config_errors;
 mod conn_limit;
 mod rate_limit_headers;
+mod xds;
