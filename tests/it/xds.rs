@@ -70,6 +70,8 @@ struct Seen {
 struct Ads {
     snapshot: watch::Sender<Snapshot>,
     seen: Arc<Seen>,
+    /// Set when the server stops: every open stream ends with `UNAVAILABLE`.
+    stopped: watch::Sender<bool>,
 }
 
 type Responses =
@@ -90,6 +92,7 @@ impl AggregatedDiscoveryService for Ads {
         let mut inbound = request.into_inner();
         let mut snap = self.snapshot.subscribe();
         let seen = self.seen.clone();
+        let mut stopped = self.stopped.subscribe();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut nonce = 0u64;
@@ -97,6 +100,10 @@ impl AggregatedDiscoveryService for Ads {
             let mut client_version: Option<String> = None;
             loop {
                 let send = tokio::select! {
+                    _ = async { let _ = stopped.wait_for(|s| *s).await; } => {
+                        let _ = tx.send(Err(tonic::Status::unavailable("server stopping"))).await;
+                        return;
+                    }
                     r = inbound.message() => match r {
                         Ok(Some(r)) => {
                             client_version = Some(r.version_info.clone());
@@ -152,6 +159,7 @@ struct ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        self.ads.stopped.send_replace(true);
         self.task.abort();
     }
 }
@@ -170,13 +178,19 @@ impl ControlPlane {
         snapshot: Snapshot,
     ) -> Self {
         let port = port.unwrap_or_else(crate::common::free_port);
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .expect("bind control plane");
+        // A stopped server's listener closes once its aborted task is
+        // dropped, which the runtime does soon, not at once.
+        let (listener, _) = eventually(DEADLINE, "the control plane port to bind", || async {
+            tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .ok()
+        })
+        .await;
         let addr = listener.local_addr().expect("addr");
         let ads = Ads {
             snapshot: watch::Sender::new(snapshot),
             seen: Arc::new(Seen::default()),
+            stopped: watch::Sender::new(false),
         };
         let service = AggregatedDiscoveryServiceServer::new(ads.clone())
             .max_encoding_message_size(usize::MAX)
@@ -273,13 +287,13 @@ impl ControlPlane {
     }
 }
 
-/// The first common name of a DER certificate (enough for rcgen's output:
-/// the CN is the only attribute there).
+/// The subject's common name of a DER certificate (the last CN in it: the
+/// issuer's comes first; enough for rcgen's output).
 fn common_name(cert: &[u8]) -> String {
     // OID 2.5.4.3 followed by a string type and length.
     let oid = [0x06, 0x03, 0x55, 0x04, 0x03];
     cert.windows(oid.len())
-        .position(|w| w == oid)
+        .rposition(|w| w == oid)
         .and_then(|i| {
             let len = usize::from(*cert.get(i + oid.len() + 1)?);
             let start = i + oid.len() + 2;
