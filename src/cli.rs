@@ -384,7 +384,7 @@ impl TryFrom<&ServeArgs> for ConfigSource {
         s.max_message_bytes = args.config_xds_max_message_bytes;
         s.start_without_config = !args.config_xds_wait_for_config;
         s.check().map_err(SetupError::Xds)?;
-        Ok(Self::Xds(s))
+        Ok(Self::Xds(Box::new(s)))
     }
 }
 

@@ -143,7 +143,7 @@ pub enum ConfigSource {
     File(PathBuf),
     /// An xDS management server (`--config-xds`) pushing `RateLimitConfig`
     /// resources.
-    Xds(crate::config::xds::XdsSettings),
+    Xds(Box<crate::config::xds::XdsSettings>),
 }
 
 /// Which storage holds the buckets, with the options of that backend. At

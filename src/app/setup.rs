@@ -86,7 +86,7 @@ impl App {
                 let wait = !xds.start_without_config;
                 tracing::info!(server = %xds.server, node = %xds.node_id, tls = xds.tls.is_some(), wait_for_config = wait, "config from xDS");
                 let client = crate::config::xds::spawn(
-                    xds,
+                    *xds,
                     limiter.config_handle().clone(),
                     limiter.on_swap(),
                     settings.load,
