@@ -76,50 +76,33 @@ pub struct ServeArgs {
     pub config_xds: Option<String>,
     /// xDS `Node.id` (the control plane picks the config by it; Envoy
     /// Gateway serves `envoy-ratelimit`).
-    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_NODE_ID", default_value = crate::config::xds::DEFAULT_NODE_ID, requires = "config_xds")]
-    pub config_xds_node_id: String,
+    /// Default `default`.
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_NODE_ID")]
+    pub config_xds_node_id: Option<String>,
     /// xDS `Node.metadata`, `k1=v1,k2=v2` (string values).
-    #[arg(
-        long,
-        env = "BUCKET_RLS_CONFIG_XDS_NODE_METADATA",
-        requires = "config_xds"
-    )]
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_NODE_METADATA")]
     pub config_xds_node_metadata: Option<String>,
     /// Extra gRPC metadata on the xDS stream, `name1:value1,name2:value2`.
-    #[arg(
-        long,
-        env = "BUCKET_RLS_CONFIG_XDS_HEADERS",
-        hide_env_values = true,
-        requires = "config_xds"
-    )]
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_HEADERS", hide_env_values = true)]
     pub config_xds_headers: Option<String>,
     /// Connect to the xDS server over TLS (implied by any other
     /// `--config-xds-tls-*` flag or an `https://` address).
-    #[arg(
-        long,
-        env = "BUCKET_RLS_CONFIG_XDS_TLS",
-        default_value_t = false,
-        requires = "config_xds"
-    )]
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS", default_value_t = false)]
     pub config_xds_tls: bool,
     /// Client certificate chain (PEM) for mTLS to the xDS server; re-read on
     /// every reconnect.
-    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_CERT", requires_all = ["config_xds", "config_xds_tls_key"])]
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_CERT")]
     pub config_xds_tls_cert: Option<PathBuf>,
     /// Private key (PEM) of `--config-xds-tls-cert`.
-    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_KEY", requires_all = ["config_xds", "config_xds_tls_cert"])]
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_KEY")]
     pub config_xds_tls_key: Option<PathBuf>,
     /// CA certificates (PEM) that sign the xDS server's certificate (trusted
     /// besides the public web PKI roots).
-    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_CA", requires = "config_xds")]
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_CA")]
     pub config_xds_tls_ca: Option<PathBuf>,
     /// Name the xDS server's certificate must hold (default: the host of
     /// `--config-xds`).
-    #[arg(
-        long,
-        env = "BUCKET_RLS_CONFIG_XDS_TLS_SERVER_NAME",
-        requires = "config_xds"
-    )]
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_SERVER_NAME")]
     pub config_xds_tls_server_name: Option<String>,
     /// First wait before reconnecting to the xDS server, in milliseconds
     /// (doubles per failed attempt, jittered).
@@ -142,8 +125,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "BUCKET_RLS_CONFIG_XDS_WAIT_FOR_CONFIG",
-        default_value_t = false,
-        requires = "config_xds"
+        default_value_t = false
     )]
     pub config_xds_wait_for_config: bool,
     /// gRPC listen address (RateLimitService and grpc.health.v1.Health).
@@ -348,10 +330,35 @@ impl TryFrom<&ServeArgs> for ConfigSource {
     fn try_from(args: &ServeArgs) -> Result<Self, SetupError> {
         use crate::config::xds::{Backoff, XdsSettings, XdsTls, pairs};
         let Some(server) = &args.config_xds else {
+            let given = [
+                ("--config-xds-node-id", args.config_xds_node_id.is_some()),
+                (
+                    "--config-xds-node-metadata",
+                    args.config_xds_node_metadata.is_some(),
+                ),
+                ("--config-xds-headers", args.config_xds_headers.is_some()),
+                ("--config-xds-tls", args.config_xds_tls),
+                ("--config-xds-tls-cert", args.config_xds_tls_cert.is_some()),
+                ("--config-xds-tls-key", args.config_xds_tls_key.is_some()),
+                ("--config-xds-tls-ca", args.config_xds_tls_ca.is_some()),
+                (
+                    "--config-xds-tls-server-name",
+                    args.config_xds_tls_server_name.is_some(),
+                ),
+                (
+                    "--config-xds-wait-for-config",
+                    args.config_xds_wait_for_config,
+                ),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+                return Err(SetupError::Xds(format!("{flag} needs --config-xds")));
+            }
             return Ok(Self::File(args.config.clone().unwrap_or_default()));
         };
         let mut s = XdsSettings::new(server.clone());
-        s.node_id.clone_from(&args.config_xds_node_id);
+        if let Some(id) = &args.config_xds_node_id {
+            s.node_id.clone_from(id);
+        }
         s.node_metadata = args
             .config_xds_node_metadata
             .as_deref()
@@ -1168,9 +1175,49 @@ mod tests {
     fn config_and_config_xds_are_exclusive_and_one_is_required() {
         assert!(try_serve_args(&["--config", "c.yaml", "--config-xds", "h:1"]).is_err());
         assert!(try_serve_args(&[]).is_err());
-        assert!(try_serve_args(&["--config", "c.yaml", "--config-xds-node-id", "x"]).is_err());
+        let args = try_serve_args(&["--config", "c.yaml", "--config-xds-node-id", "x"])
+            .expect("flags parse");
+        let e = Settings::try_from(&args).unwrap_err().to_string();
+        assert!(e.contains("--config-xds-node-id needs --config-xds"), "{e}");
         let args = try_serve_args(&["--config-xds", "no-port"]).expect("flags parse");
         let e = Settings::try_from(&args).unwrap_err().to_string();
         assert!(e.contains("host:port"), "{e}");
+    }
+
+    #[test]
+    fn check_config_reads_xds_resource_dumps() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = dir.path().join("good.yaml");
+        std::fs::write(
+            &good,
+            "name: a\ndomain: a\ndescriptors:\n  - key: k\n    value: \"\"\n    rate_limit:\n      requests_per_unit: 5\n      unit: SECOND\n---\nname: b\ndomain: b\ndescriptors: []\n",
+        )
+        .expect("write");
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, "name: c\ndomain: c\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n").expect("write");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert!(check_xds_dumps(
+            &[good.clone()],
+            crate::config::loader::LoadOptions::default(),
+            &mut out,
+            &mut err
+        ));
+        let out = String::from_utf8(out).expect("UTF-8");
+        assert!(
+            out.contains("OK (2 resources, 2 domains, 1 rules, sha256 "),
+            "{out}"
+        );
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert!(!check_xds_dumps(
+            &[good, bad],
+            crate::config::loader::LoadOptions::default(),
+            &mut out,
+            &mut err
+        ));
+        let err = String::from_utf8(err).expect("UTF-8");
+        assert!(
+            err.contains("c: descriptors[0].rate_limit: bad unit 'UNKNOWN'"),
+            "{err}"
+        );
     }
 }

@@ -532,21 +532,26 @@ impl Replica {
         .await;
     }
 
-    /// `/rlconfig` as JSON.
-    async fn rlconfig(&self) -> serde_json::Value {
+    /// The body of an admin `GET path`.
+    async fn admin(&self, path: &str) -> Vec<u8> {
         use tower::ServiceExt as _;
         let r = bucket_rls::http::router(self.limiter.clone())
             .oneshot(
-                axum::http::Request::get("/rlconfig")
+                axum::http::Request::get(path)
                     .body(axum::body::Body::empty())
                     .expect("request"),
             )
             .await
             .expect("response");
-        let body = axum::body::to_bytes(r.into_body(), 1 << 24)
+        axum::body::to_bytes(r.into_body(), 1 << 24)
             .await
-            .expect("body");
-        serde_json::from_slice(&body).expect("JSON")
+            .expect("body")
+            .to_vec()
+    }
+
+    /// `/rlconfig` as JSON.
+    async fn rlconfig(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.admin("/rlconfig").await).expect("JSON")
     }
 }
 
@@ -668,6 +673,18 @@ async fn envoy_gateway_push_is_acked_and_its_limits_are_enforced() {
     assert_eq!(v["source"]["awaiting_first_config"], false);
     assert_eq!(v["source"]["last_push"]["outcome"], "ack");
     assert_eq!(v["domains"].as_array().map(Vec::len), Some(2));
+    let metrics = String::from_utf8(r.admin("/metrics").await).expect("UTF-8");
+    assert!(
+        metrics.contains("bucket_rls_xds_version_info{version=\"1\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "bucket_rls_config_info{{hash=\"{}\"}} 1\n",
+            r.hash()
+        )),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
