@@ -1197,7 +1197,7 @@ mod tests {
         std::fs::write(&bad, "name: c\ndomain: c\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n").expect("write");
         let (mut out, mut err) = (Vec::new(), Vec::new());
         assert!(check_xds_dumps(
-            &[good.clone()],
+            std::slice::from_ref(&good),
             crate::config::loader::LoadOptions::default(),
             &mut out,
             &mut err
