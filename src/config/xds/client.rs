@@ -311,12 +311,13 @@ impl Source {
                 }
             };
             got_response = true;
-            let request = match self.handle_response(&resp).await {
+            let (version, nonce) = (resp.version_info.clone(), resp.nonce.clone());
+            let request = match self.handle_response(resp).await {
                 Ok(()) => {
-                    acked.clone_from(&resp.version_info);
-                    self.request(&resp.version_info, &resp.nonce, None)
+                    acked.clone_from(&version);
+                    self.request(&version, &nonce, None)
                 }
-                Err(message) => self.request(&acked, &resp.nonce, Some(message)),
+                Err(message) => self.request(&acked, &nonce, Some(message)),
             };
             if tx.send(request).await.is_err() {
                 return Ended {
@@ -328,9 +329,9 @@ impl Source {
     }
 
     /// Applies one response. `Ok` = ACK; `Err(message)` = NACK with it.
-    async fn handle_response(&mut self, resp: &DiscoveryResponse) -> Result<(), String> {
+    async fn handle_response(&mut self, mut resp: DiscoveryResponse) -> Result<(), String> {
         let at = SystemTime::now();
-        let fingerprint = fingerprint(resp);
+        let fingerprint = fingerprint(&resp);
         if let Some(r) = self.refused.as_mut()
             && r.fingerprint == fingerprint
         {
@@ -342,11 +343,11 @@ impl Source {
             let message = r.message.clone();
             tokio::time::sleep(wait).await;
             metrics::counter!(XDS_RESPONSES, "result" => "nack").increment(1);
-            self.note_push(resp, at, Some(message.clone()));
+            self.note_push(&resp, at, Some(message.clone()));
             return Err(message);
         }
         let compiled = if resp.type_url == RATE_LIMIT_CONFIG_TYPE_URL {
-            let (resources, load) = (resp.resources.clone(), self.load);
+            let (resources, load) = (std::mem::take(&mut resp.resources), self.load);
             tokio::task::spawn_blocking(move || compile_resources(&resources, load))
                 .await
                 .map_err(|e| format!("compiling the pushed config panicked: {e}"))
@@ -384,7 +385,7 @@ impl Source {
                 self.handle
                     .update_source_status(|s| s.version = Some(shown(&resp.version_info)));
                 metrics::counter!(XDS_RESPONSES, "result" => "ack").increment(1);
-                self.note_push(resp, at, None);
+                self.note_push(&resp, at, None);
                 self.first.send_replace(true);
                 Ok(())
             }
@@ -407,7 +408,7 @@ impl Source {
                     message: message.clone(),
                     repeats: 0,
                 });
-                self.note_push(resp, at, Some(message.clone()));
+                self.note_push(&resp, at, Some(message.clone()));
                 Err(message)
             }
         }

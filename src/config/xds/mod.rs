@@ -49,7 +49,8 @@ pub const MAX_SHOWN_BYTES: usize = 128;
 
 /// Everything the xDS source needs. Built from `serve --config-xds` flags
 /// ([`crate::cli`]) or from the Go service's variables ([`from_go_env`]).
-#[derive(Clone, Debug, PartialEq)]
+/// `Debug` shows the header names only (their values may be credentials).
+#[derive(Clone, PartialEq)]
 pub struct XdsSettings {
     /// The management server, `host:port` (a gRPC target as the Go service
     /// takes it), optionally with `http://` or `https://`.
@@ -74,6 +75,27 @@ pub struct XdsSettings {
     /// configuration loaded"), so Envoy's failure mode decides. `false`:
     /// `serve` binds its ports only once the first config is in force.
     pub start_without_config: bool,
+}
+
+impl std::fmt::Debug for XdsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(k, _)| (k.as_str(), "***"))
+            .collect();
+        f.debug_struct("XdsSettings")
+            .field("server", &self.server)
+            .field("node_id", &self.node_id)
+            .field("node_metadata", &self.node_metadata)
+            .field("headers", &headers)
+            .field("tls", &self.tls)
+            .field("backoff", &self.backoff)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("start_without_config", &self.start_without_config)
+            .finish()
+    }
 }
 
 impl XdsSettings {
@@ -539,6 +561,14 @@ mod tests {
         assert_eq!(go_duration("10"), None);
         assert_eq!(go_duration("s"), None);
         assert_eq!(go_duration("-1s"), None);
+    }
+
+    #[test]
+    fn debug_hides_header_values() {
+        let mut s = XdsSettings::new("h:1");
+        s.headers = vec![("authorization".into(), "Bearer s3cret".into())];
+        let d = format!("{s:?}");
+        assert!(d.contains("authorization") && !d.contains("s3cret"), "{d}");
     }
 
     #[test]
