@@ -474,3 +474,117 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::xds::resources::pack;
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy,
+    };
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn response(version: &str, nonce: &str, key: &str) -> DiscoveryResponse {
+        let config = RateLimitConfig {
+            name: "d".into(),
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: key.into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: 1,
+                    requests_per_unit: 5,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+        };
+        DiscoveryResponse {
+            version_info: version.into(),
+            resources: vec![pack(&config)],
+            type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
+            nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_refused_set_sent_again_is_nacked_again_but_reported_once() {
+        let swaps = Arc::new(AtomicUsize::new(0));
+        let handle = Arc::new(ConfigHandle::awaiting_first_config());
+        let mut settings = XdsSettings::new("127.0.0.1:1");
+        settings.backoff.initial = std::time::Duration::from_millis(1);
+        settings.backoff.max = std::time::Duration::from_millis(2);
+        let counted = swaps.clone();
+        let (first, _) = watch::channel(false);
+        let mut source = Source {
+            node: node(&settings),
+            settings,
+            handle: handle.clone(),
+            on_swap: Arc::new(move |_, _| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }),
+            load: LoadOptions::default(),
+            refused: None,
+            first,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let mut results = Vec::new();
+        let logs = crate::test_log::logged(tracing::Level::INFO, || {
+            rt.block_on(async {
+                results.push(source.handle_response(response("1", "a", "k")).await);
+                // Equal to the config in force: ACKed, not swapped again.
+                results.push(source.handle_response(response("1", "b", "k")).await);
+                results.push(source.handle_response(response("2", "c", "")).await);
+                results.push(source.handle_response(response("2", "d", "")).await);
+                results.push(source.handle_response(response("2", "e", "")).await);
+            });
+        });
+        assert!(results[0].is_ok() && results[1].is_ok(), "{results:?}");
+        assert_eq!(swaps.load(Ordering::SeqCst), 1);
+        let nacks: Vec<&String> = results[2..]
+            .iter()
+            .map(|r| r.as_ref().unwrap_err())
+            .collect();
+        assert!(
+            nacks
+                .iter()
+                .all(|m| m.as_str() == "d: descriptors[0]: descriptor without 'key'"),
+            "{nacks:?}"
+        );
+        assert_eq!(logs.matches("xDS config refused").count(), 1, "{logs}");
+        assert!(!handle.is_awaiting_first_config());
+        let status = handle.source_status();
+        assert_eq!(status.version.as_deref(), Some("1"));
+        let last = status.last_push.expect("last push");
+        assert_eq!(
+            (last.version.as_str(), last.nonce.as_str(), last.accepted),
+            ("2", "e", false)
+        );
+        // New content after the refusals: applied.
+        let ok = rt.block_on(source.handle_response(response("3", "f", "k2")));
+        assert!(ok.is_ok());
+        assert_eq!(swaps.load(Ordering::SeqCst), 2);
+        assert!(handle.last_error().is_none());
+    }
+
+    #[test]
+    fn error_detail_is_bounded_and_says_what_was_left_out() {
+        let errors = ConfigErrors(
+            (0..2000)
+                .map(|i| crate::config::ConfigError {
+                    file: format!("resource-{i}"),
+                    line: None,
+                    path: "descriptors[0]".into(),
+                    message: "descriptor without 'key'".into(),
+                })
+                .collect(),
+        );
+        let d = error_detail(&errors);
+        assert!(d.len() <= MAX_ERROR_DETAIL_BYTES + 64, "{}", d.len());
+        assert!(d.starts_with("resource-0: descriptors[0]: descriptor without 'key'\n"));
+        assert!(d.ends_with("more problems"), "{d}");
+    }
+}
