@@ -91,6 +91,7 @@ impl App {
                     limiter.on_swap(),
                     settings.load,
                 );
+                tokio::spawn(ignore_sighup());
                 (limiter, Source::Xds { client, wait })
             }
         };
@@ -208,6 +209,17 @@ pub async fn reload_on_sighup(handle: ReloadHandle) {
     while hup.recv().await.is_some() {
         tracing::info!("SIGHUP: reloading the config");
         handle.reload_now();
+    }
+}
+
+/// Logs and otherwise ignores every SIGHUP (its default action would end
+/// the process): with an xDS source there is nothing on disk to reload.
+async fn ignore_sighup() {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        tracing::info!("SIGHUP ignored: the config comes from xDS");
     }
 }
 

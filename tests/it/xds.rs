@@ -1192,5 +1192,16 @@ async fn envoy_sees_429s_after_a_push() {
         pushed.elapsed()
     );
     assert_eq!(get("k1").await, 429);
+    // SIGHUP (a reload for a file config) is logged and ignored.
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &rls.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    eventually(DEADLINE, "the SIGHUP to be logged", || async {
+        rls.logs().contains("SIGHUP ignored").then_some(())
+    })
+    .await;
     rls.assert_running();
+    assert_eq!(get("k1").await, 429);
 }
