@@ -229,7 +229,12 @@ impl Source {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
             .map_err(|e| format!("xDS server address {authority}: {e}"))?
             .connect_timeout(self.settings.connect_timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // Finds a server that vanished without closing the connection.
+            // Not more often: grpc-go servers (Envoy Gateway's) answer pings
+            // closer than 5 minutes apart with GOAWAY `too_many_pings`.
+            .http2_keep_alive_interval(std::time::Duration::from_secs(300))
+            .keep_alive_timeout(std::time::Duration::from_secs(20));
         match &self.settings.tls {
             None => endpoint
                 .connect()

@@ -412,10 +412,17 @@ pub fn go_duration(s: &str) -> Option<Duration> {
 /// `s` cut to [`MAX_SHOWN_BYTES`] on a character boundary (with `...`).
 #[must_use]
 pub fn shown(s: &str) -> String {
-    if s.len() <= MAX_SHOWN_BYTES {
+    cut(s, MAX_SHOWN_BYTES)
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, with `...` added
+/// when it was cut.
+#[must_use]
+pub fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
         return s.to_owned();
     }
-    let mut end = MAX_SHOWN_BYTES;
+    let mut end = max;
     while !s.is_char_boundary(end) {
         end -= 1;
     }

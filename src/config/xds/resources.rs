@@ -155,14 +155,7 @@ fn err(file: &str, path: &str, message: String) -> ConfigError {
 
 /// `s`, cut to [`MAX_LABEL_BYTES`] on a character boundary.
 fn bounded(s: &str) -> String {
-    if s.len() <= MAX_LABEL_BYTES {
-        return s.to_owned();
-    }
-    let mut end = MAX_LABEL_BYTES;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
+    super::cut(s, MAX_LABEL_BYTES)
 }
 
 /// The resource's name in errors and `/rlconfig`: `name`, else `domain`, else
