@@ -930,9 +930,10 @@ async fn mutual_tls_with_envoy_gateway_shaped_certificates() {
     let r = replica(s.clone());
     r.has_domain(DOMAIN).await;
     cp.acked("1").await;
-    assert_eq!(
-        cp.seen().client_cns.lock().clone(),
-        vec!["first".to_owned()]
+    let cns = cp.seen().client_cns.lock().clone();
+    assert!(
+        !cns.is_empty() && cns.iter().all(|c| c == "first"),
+        "{cns:?}"
     );
 
     // Without a client certificate the server refuses the handshake.
@@ -963,9 +964,10 @@ async fn mutual_tls_with_envoy_gateway_shaped_certificates() {
     )
     .await;
     cp.acked("2").await;
-    assert_eq!(
-        cp.seen().client_cns.lock().clone(),
-        vec!["rotated".to_owned()]
+    let cns = cp.seen().client_cns.lock().clone();
+    assert!(
+        !cns.is_empty() && cns.iter().all(|c| c == "rotated"),
+        "{cns:?}"
     );
     assert_eq!(r.rlconfig().await["source"]["version"], "2");
 }
