@@ -103,3 +103,60 @@ pub async fn connect(
     }
     Ok(stream)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_name_is_the_host_unless_overridden_and_alpn_is_h2() {
+        let plain = XdsTls::default();
+        let c = client_config(&plain, "envoy-gateway").expect("config");
+        assert_eq!(
+            c.server_name,
+            ServerName::try_from("envoy-gateway").expect("name")
+        );
+        assert_eq!(c.config.alpn_protocols, vec![b"h2".to_vec()]);
+        let over = XdsTls {
+            server_name: Some("envoy-gateway.envoy-gateway-system.svc".into()),
+            ..XdsTls::default()
+        };
+        let c = client_config(&over, "10.0.0.7").expect("config");
+        assert_eq!(
+            c.server_name,
+            ServerName::try_from("envoy-gateway.envoy-gateway-system.svc").expect("name")
+        );
+        let ip = client_config(&plain, "127.0.0.1").expect("config");
+        assert!(matches!(ip.server_name, ServerName::IpAddress(_)));
+    }
+
+    #[test]
+    fn unreadable_or_empty_files_are_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let empty = dir.path().join("ca.crt");
+        std::fs::write(&empty, "not a certificate").expect("write");
+        let e = client_config(
+            &XdsTls {
+                ca_cert: Some(empty.clone()),
+                ..XdsTls::default()
+            },
+            "h",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains(&empty.display().to_string()) && e.contains("no PEM certificate"),
+            "{e}"
+        );
+        let missing = dir.path().join("missing.crt");
+        let e = client_config(
+            &XdsTls {
+                client_cert: Some(missing.clone()),
+                client_key: Some(missing.clone()),
+                ..XdsTls::default()
+            },
+            "h",
+        )
+        .unwrap_err();
+        assert!(e.contains("missing.crt"), "{e}");
+    }
+}
