@@ -4,7 +4,8 @@
 //! contradict each other ([`SetupError`]).
 
 use crate::settings::{
-    Backend, MasterAuth, OnStorageError, RedisSettings, ServiceSettings, Settings, SetupError,
+    Backend, ConfigSource, MasterAuth, OnStorageError, RedisSettings, ServiceSettings, Settings,
+    SetupError,
 };
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
@@ -43,6 +44,11 @@ pub enum Command {
         /// a mode (review them); 1: either side does not load.
         #[arg(long, value_name = "OLD")]
         diff: Option<String>,
+        /// Each path is a YAML dump of xDS `RateLimitConfig` resources
+        /// (documents separated by `---`, as a control plane's tests write
+        /// them), checked as one pushed set.
+        #[arg(long)]
+        xds_resources: bool,
     },
     /// Load a rate limit service over gRPC and report throughput and latency
     /// (loopback targets only unless `--allow-remote`).
@@ -63,8 +69,73 @@ pub enum LogFormat {
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Config file, or directory of `*.yaml`/`*.yml` files (one domain each).
-    #[arg(long, env = "BUCKET_RLS_CONFIG")]
-    pub config: PathBuf,
+    /// Exactly one of `--config` and `--config-xds` is required.
+    #[arg(
+        long,
+        env = "BUCKET_RLS_CONFIG",
+        required_unless_present = "config_xds",
+        conflicts_with = "config_xds"
+    )]
+    pub config: Option<PathBuf>,
+    /// Take the config from an xDS management server (`host:port`, e.g.
+    /// `envoy-gateway:18001`) instead of files: an ADS stream of
+    /// `RateLimitConfig` resources (docs/xds.md).
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS")]
+    pub config_xds: Option<String>,
+    /// xDS `Node.id` (the control plane picks the config by it; Envoy
+    /// Gateway serves `envoy-ratelimit`).
+    /// Default `default`.
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_NODE_ID")]
+    pub config_xds_node_id: Option<String>,
+    /// xDS `Node.metadata`, `k1=v1,k2=v2` (string values).
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_NODE_METADATA")]
+    pub config_xds_node_metadata: Option<String>,
+    /// Extra gRPC metadata on the xDS stream, `name1:value1,name2:value2`.
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_HEADERS", hide_env_values = true)]
+    pub config_xds_headers: Option<String>,
+    /// Connect to the xDS server over TLS (implied by any other
+    /// `--config-xds-tls-*` flag or an `https://` address).
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS", default_value_t = false)]
+    pub config_xds_tls: bool,
+    /// Client certificate chain (PEM) for mTLS to the xDS server; re-read on
+    /// every reconnect.
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_CERT")]
+    pub config_xds_tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `--config-xds-tls-cert`.
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_KEY")]
+    pub config_xds_tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) that sign the xDS server's certificate (trusted
+    /// besides the public web PKI roots).
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_CA")]
+    pub config_xds_tls_ca: Option<PathBuf>,
+    /// Name the xDS server's certificate must hold (default: the host of
+    /// `--config-xds`).
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_TLS_SERVER_NAME")]
+    pub config_xds_tls_server_name: Option<String>,
+    /// First wait before reconnecting to the xDS server, in milliseconds
+    /// (doubles per failed attempt, jittered).
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_BACKOFF_INITIAL_MS", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub config_xds_backoff_initial_ms: u64,
+    /// Longest wait before reconnecting, in milliseconds.
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_BACKOFF_MAX_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub config_xds_backoff_max_ms: u64,
+    /// Jitter of each reconnect wait, a fraction from 0 to 1.
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_BACKOFF_JITTER", default_value_t = 0.5, value_parser = ratio)]
+    pub config_xds_backoff_jitter: f64,
+    /// Largest xDS response accepted, in bytes.
+    #[arg(long, env = "BUCKET_RLS_CONFIG_XDS_MAX_MESSAGE_BYTES", default_value_t = crate::config::xds::DEFAULT_MAX_MESSAGE_BYTES, value_parser = at_least_one)]
+    pub config_xds_max_message_bytes: usize,
+    /// Bind the ports only once the first xDS config is in force. Without
+    /// it the service serves at once and ShouldRateLimit answers an error
+    /// until then (the Go service's FORCE_START_WITHOUT_INITIAL_CONFIG=true).
+    #[arg(
+        long,
+        env = "BUCKET_RLS_CONFIG_XDS_WAIT_FOR_CONFIG",
+        default_value_t = false
+    )]
+    pub config_xds_wait_for_config: bool,
     /// gRPC listen address (RateLimitService and grpc.health.v1.Health).
     #[arg(long, env = "BUCKET_RLS_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
@@ -259,7 +330,7 @@ impl TryFrom<&ServeArgs> for Settings {
         let service = ServiceSettings::from(args);
         service.header_names.check(service.rate_limit_headers)?;
         Ok(Self {
-            config: args.config.clone(),
+            config: ConfigSource::try_from(args)?,
             grpc_addr: args.grpc_addr,
             http_addr: args.http_addr,
             service,
@@ -273,6 +344,79 @@ impl TryFrom<&ServeArgs> for Settings {
                 sampling_rate: args.tracing_sampling_rate,
             },
         })
+    }
+}
+
+impl TryFrom<&ServeArgs> for ConfigSource {
+    type Error = SetupError;
+
+    /// `--config PATH`, or `--config-xds URL` with its `--config-xds-*`
+    /// flags (clap makes the two exclusive and one of them required).
+    fn try_from(args: &ServeArgs) -> Result<Self, SetupError> {
+        use crate::config::xds::{Backoff, XdsSettings, XdsTls, pairs};
+        let Some(server) = &args.config_xds else {
+            let given = [
+                ("--config-xds-node-id", args.config_xds_node_id.is_some()),
+                (
+                    "--config-xds-node-metadata",
+                    args.config_xds_node_metadata.is_some(),
+                ),
+                ("--config-xds-headers", args.config_xds_headers.is_some()),
+                ("--config-xds-tls", args.config_xds_tls),
+                ("--config-xds-tls-cert", args.config_xds_tls_cert.is_some()),
+                ("--config-xds-tls-key", args.config_xds_tls_key.is_some()),
+                ("--config-xds-tls-ca", args.config_xds_tls_ca.is_some()),
+                (
+                    "--config-xds-tls-server-name",
+                    args.config_xds_tls_server_name.is_some(),
+                ),
+                (
+                    "--config-xds-wait-for-config",
+                    args.config_xds_wait_for_config,
+                ),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+                return Err(SetupError::Xds(format!("{flag} needs --config-xds")));
+            }
+            return Ok(Self::File(args.config.clone().unwrap_or_default()));
+        };
+        let mut s = XdsSettings::new(server.clone());
+        if let Some(id) = &args.config_xds_node_id {
+            s.node_id.clone_from(id);
+        }
+        s.node_metadata = args
+            .config_xds_node_metadata
+            .as_deref()
+            .map(|m| pairs(m, '='))
+            .unwrap_or_default();
+        s.headers = args
+            .config_xds_headers
+            .as_deref()
+            .map(|h| {
+                pairs(h, ':')
+                    .into_iter()
+                    .map(|(k, v)| (k.to_ascii_lowercase(), v))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let tls = XdsTls {
+            client_cert: args.config_xds_tls_cert.clone(),
+            client_key: args.config_xds_tls_key.clone(),
+            ca_cert: args.config_xds_tls_ca.clone(),
+            server_name: args.config_xds_tls_server_name.clone(),
+        };
+        if args.config_xds_tls || server.starts_with("https://") || tls != XdsTls::default() {
+            s.tls = Some(tls);
+        }
+        s.backoff = Backoff {
+            initial: std::time::Duration::from_millis(args.config_xds_backoff_initial_ms),
+            max: std::time::Duration::from_millis(args.config_xds_backoff_max_ms),
+            jitter: args.config_xds_backoff_jitter,
+        };
+        s.max_message_bytes = args.config_xds_max_message_bytes;
+        s.start_without_config = !args.config_xds_wait_for_config;
+        s.check().map_err(SetupError::Xds)?;
+        Ok(Self::Xds(Box::new(s)))
     }
 }
 
@@ -374,6 +518,64 @@ fn read_ca_file(path: &Path) -> Result<Vec<u8>, SetupError> {
         });
     }
     Ok(pem)
+}
+
+/// `check-config --xds-resources`: reads each of `paths` as a YAML dump of
+/// `RateLimitConfig` resources and compiles it as one pushed set would be
+/// (the xDS source's mapping and validation), writing one `OK` line per valid
+/// dump to `out` and every problem of the others to `err`.
+///
+/// Returns whether every dump is valid.
+pub fn check_xds_dumps(
+    paths: &[PathBuf],
+    load: crate::config::loader::LoadOptions,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> bool {
+    use crate::config::xds::resources::{compile_configs, parse_dump};
+    let mut ok = true;
+    for p in paths {
+        let name = p.display().to_string();
+        let result = crate::config::loader::read_file(p)
+            .map_err(|message| {
+                crate::config::ConfigErrors(vec![crate::config::ConfigError {
+                    file: name.clone(),
+                    line: None,
+                    path: String::new(),
+                    message,
+                }])
+            })
+            .and_then(|bytes| {
+                String::from_utf8(bytes).map_err(|_| {
+                    crate::config::ConfigErrors(vec![crate::config::ConfigError {
+                        file: name.clone(),
+                        line: None,
+                        path: String::new(),
+                        message: "not valid UTF-8".into(),
+                    }])
+                })
+            })
+            .and_then(|text| parse_dump(&name, &text))
+            .and_then(|configs| compile_configs(&configs, load).map(|c| (configs.len(), c)));
+        match result {
+            Ok((n, c)) => {
+                let _ = writeln!(
+                    out,
+                    "{name}: OK ({n} resources, {} domains, {} rules, sha256 {})",
+                    c.domains.len(),
+                    c.rule_count(),
+                    c.hash
+                );
+            }
+            Err(errs) => {
+                ok = false;
+                for e in errs.0 {
+                    let _ = writeln!(err, "{e}");
+                }
+            }
+        }
+    }
+    ok
 }
 
 /// `check-config`: loads each of `paths` as one config source with the
@@ -548,21 +750,26 @@ mod tests {
     /// The `BUCKET_RLS_*` variables are not read, so the tests do not depend
     /// on the environment they run in.
     fn serve_args(flags: &[&str]) -> ServeArgs {
+        let argv: Vec<&str> = ["--config", "c.yaml"]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .collect();
+        try_serve_args(&argv).expect("flags parse")
+    }
+
+    /// `serve` plus `flags` (no `--config` added), or clap's error.
+    fn try_serve_args(flags: &[&str]) -> Result<ServeArgs, clap::Error> {
         use clap::{CommandFactory as _, FromArgMatches as _};
-        let argv = ["bucket-rls", "serve", "--config", "c.yaml"]
+        let argv = ["bucket-rls", "serve"]
             .into_iter()
             .chain(flags.iter().copied());
         let matches = Cli::command()
             .mut_subcommand("serve", |serve| {
                 serve.mut_args(|arg| arg.env(None::<&'static str>))
             })
-            .try_get_matches_from(argv)
-            .expect("flags parse");
-        match Cli::from_arg_matches(&matches)
-            .expect("flags parse")
-            .command
-        {
-            Command::Serve(args) => *args,
+            .try_get_matches_from(argv)?;
+        match Cli::from_arg_matches(&matches)?.command {
+            Command::Serve(args) => Ok(*args),
             other => panic!("not serve: {other:?}"),
         }
     }
@@ -893,7 +1100,7 @@ mod tests {
             "ietf",
         ]))
         .expect("settings");
-        assert_eq!(s.config, PathBuf::from("c.yaml"));
+        assert_eq!(s.config, ConfigSource::File(PathBuf::from("c.yaml")));
         assert_eq!(s.grpc_addr, "127.0.0.1:9001".parse().expect("addr"));
         assert_eq!(s.http_addr, "127.0.0.1:9002".parse().expect("addr"));
         assert_eq!(s.service.key_prefix, "t:");
@@ -1029,5 +1236,115 @@ mod tests {
             "{err_text}"
         );
         assert_eq!(String::from_utf8(out).expect("utf-8").lines().count(), 1);
+    }
+
+    #[test]
+    fn config_xds_flags_become_xds_settings() {
+        use crate::config::xds::XdsTls;
+        let args = try_serve_args(&[
+            "--config-xds",
+            "envoy-gateway:18001",
+            "--config-xds-node-id",
+            "envoy-ratelimit",
+            "--config-xds-node-metadata",
+            "zone=a",
+            "--config-xds-headers",
+            "X-Token:t",
+            "--config-xds-tls-cert",
+            "/certs/tls.crt",
+            "--config-xds-tls-key",
+            "/certs/tls.key",
+            "--config-xds-tls-ca",
+            "/certs/ca.crt",
+            "--config-xds-backoff-initial-ms",
+            "100",
+            "--config-xds-max-message-bytes",
+            "8388608",
+            "--config-xds-wait-for-config",
+        ])
+        .expect("flags parse");
+        let Ok(Settings {
+            config: ConfigSource::Xds(x),
+            ..
+        }) = Settings::try_from(&args)
+        else {
+            panic!("not xDS settings");
+        };
+        assert_eq!(x.node_id, "envoy-ratelimit");
+        assert_eq!(x.node_metadata, vec![("zone".into(), "a".into())]);
+        assert_eq!(x.headers, vec![("x-token".into(), "t".into())]);
+        assert_eq!(
+            x.tls,
+            Some(XdsTls {
+                client_cert: Some("/certs/tls.crt".into()),
+                client_key: Some("/certs/tls.key".into()),
+                ca_cert: Some("/certs/ca.crt".into()),
+                server_name: None,
+            })
+        );
+        assert_eq!(x.backoff.initial, Duration::from_millis(100));
+        assert_eq!(x.max_message_bytes, 8 << 20);
+        assert!(!x.start_without_config);
+        // Plaintext unless a TLS flag or https:// asks for TLS.
+        let args = try_serve_args(&["--config-xds", "127.0.0.1:18000"]).expect("flags parse");
+        let Ok(Settings {
+            config: ConfigSource::Xds(x),
+            ..
+        }) = Settings::try_from(&args)
+        else {
+            panic!("not xDS settings");
+        };
+        assert_eq!(x.tls, None);
+        assert!(x.start_without_config);
+    }
+
+    #[test]
+    fn config_and_config_xds_are_exclusive_and_one_is_required() {
+        assert!(try_serve_args(&["--config", "c.yaml", "--config-xds", "h:1"]).is_err());
+        assert!(try_serve_args(&[]).is_err());
+        let args = try_serve_args(&["--config", "c.yaml", "--config-xds-node-id", "x"])
+            .expect("flags parse");
+        let e = Settings::try_from(&args).unwrap_err().to_string();
+        assert!(e.contains("--config-xds-node-id needs --config-xds"), "{e}");
+        let args = try_serve_args(&["--config-xds", "no-port"]).expect("flags parse");
+        let e = Settings::try_from(&args).unwrap_err().to_string();
+        assert!(e.contains("host:port"), "{e}");
+    }
+
+    #[test]
+    fn check_config_reads_xds_resource_dumps() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = dir.path().join("good.yaml");
+        std::fs::write(
+            &good,
+            "name: a\ndomain: a\ndescriptors:\n  - key: k\n    value: \"\"\n    rate_limit:\n      requests_per_unit: 5\n      unit: SECOND\n---\nname: b\ndomain: b\ndescriptors: []\n",
+        )
+        .expect("write");
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, "name: c\ndomain: c\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 5\n").expect("write");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert!(check_xds_dumps(
+            std::slice::from_ref(&good),
+            crate::config::loader::LoadOptions::default(),
+            &mut out,
+            &mut err
+        ));
+        let out = String::from_utf8(out).expect("UTF-8");
+        assert!(
+            out.contains("OK (2 resources, 2 domains, 1 rules, sha256 "),
+            "{out}"
+        );
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        assert!(!check_xds_dumps(
+            &[good, bad],
+            crate::config::loader::LoadOptions::default(),
+            &mut out,
+            &mut err
+        ));
+        let err = String::from_utf8(err).expect("UTF-8");
+        assert!(
+            err.contains("c: descriptors[0].rate_limit: bad unit 'UNKNOWN'"),
+            "{err}"
+        );
     }
 }

@@ -110,13 +110,15 @@ fn proto_value(v: serde_json::Value) -> PbValue {
 }
 
 /// The gRPC status for a request that got no decision: `INVALID_ARGUMENT`
-/// for a malformed request, `UNAVAILABLE` when storage failed (Envoy's
-/// `failure_mode_deny` then decides).
+/// for a malformed request, `UNAVAILABLE` when storage failed, `UNKNOWN`
+/// before the first config of an xDS source (Envoy's `failure_mode_deny`
+/// then decides).
 #[must_use]
 pub fn status(e: &DecideError) -> Status {
     match e {
         DecideError::Invalid(_) => Status::invalid_argument(e.to_string()),
         DecideError::Storage(_) => Status::unavailable(e.to_string()),
+        DecideError::NoConfig => Status::unknown(e.to_string()),
     }
 }
 

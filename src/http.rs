@@ -11,8 +11,10 @@
 //!   (`bucket_rls_config_info{hash}`, `bucket_rls_config_load_timestamp_seconds`).
 //! - `GET /rlconfig`: JSON: the config in force (domains and rules with rates,
 //!   bursts, units, names, shadow and quota flags, metadata, `replaces`), its
-//!   hash and load time, the service-wide modes, the last reload error and
-//!   the storage backend name.
+//!   hash and load time, the service-wide modes, the last reload error, the
+//!   storage backend name and the config source (`file` or `xds`; for xDS
+//!   whether it is connected, the version in force and the last push's
+//!   outcome and error).
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
 //!   protobuf JSON ([`json`]): 200 with the `RateLimitResponse` when the
 //!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
@@ -101,7 +103,14 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
         )],
         {
             let config = limiter.config();
-            crate::metrics::render(&config.hash, config.loaded_at)
+            let mut out = crate::metrics::render(&config.hash, config.loaded_at);
+            let source = limiter.config_handle().source_status();
+            if source.kind == "xds" {
+                out.push_str(&crate::config::xds::client::render_version(
+                    source.version.as_deref().unwrap_or(""),
+                ));
+            }
+            out
         },
     )
         .into_response()
@@ -114,6 +123,9 @@ struct RlConfig {
     loaded_at: String,
     loaded_at_unix_ms: u128,
     backend: &'static str,
+    /// Where the config comes from (`file` or `xds`) and, for xDS, the
+    /// version in force and the last push's outcome.
+    source: SourceView,
     /// Service-wide modes (`--shadow-mode`, `--quota-mode`,
     /// `--response-dynamic-metadata`), which apply on top of each rule's own.
     modes: ModesView,
@@ -126,6 +138,48 @@ struct ModesView {
     shadow_mode: bool,
     quota_mode: bool,
     response_dynamic_metadata: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct SourceView {
+    kind: &'static str,
+    location: String,
+    /// No config has arrived yet (xDS before its first push).
+    awaiting_first_config: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connected: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_push: Option<PushView>,
+}
+
+#[derive(Debug, Serialize)]
+struct PushView {
+    at: String,
+    version: String,
+    nonce: String,
+    /// `ack` or `nack`.
+    outcome: &'static str,
+    error: Option<String>,
+}
+
+fn source_view(handle: &crate::config::ConfigHandle) -> SourceView {
+    let s = handle.source_status();
+    SourceView {
+        kind: s.kind,
+        location: s.location,
+        awaiting_first_config: handle.is_awaiting_first_config(),
+        connected: s.connected,
+        version: s.version,
+        last_push: s.last_push.map(|p| PushView {
+            at: rfc3339(p.at),
+            version: p.version,
+            nonce: p.nonce,
+            outcome: if p.accepted { "ack" } else { "nack" },
+            error: p.error,
+        }),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -213,6 +267,7 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis()),
         backend: limiter.storage().name(),
+        source: source_view(limiter.config_handle()),
         modes: ModesView {
             shadow_mode: limiter.settings().global_shadow_mode,
             quota_mode: limiter.settings().global_quota_mode,
@@ -260,7 +315,7 @@ async fn json(
         Err(e) => {
             let code = match e {
                 DecideError::Invalid(_) => StatusCode::BAD_REQUEST,
-                DecideError::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
+                DecideError::Storage(_) | DecideError::NoConfig => StatusCode::SERVICE_UNAVAILABLE,
             };
             error(code, &e.to_string())
         }

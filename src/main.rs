@@ -5,7 +5,7 @@ use anyhow::Context;
 use bucket_rls::app::{self, Listeners};
 use bucket_rls::cli::{Cli, Command, LogFormat, ServeArgs};
 use bucket_rls::config::loader;
-use bucket_rls::settings::Settings;
+use bucket_rls::settings::{ConfigSource, Settings};
 use clap::Parser;
 use std::process::ExitCode;
 
@@ -31,6 +31,7 @@ fn main() -> ExitCode {
             paths,
             merge_domain_config,
             diff,
+            xds_resources,
         } => {
             let load = loader::LoadOptions {
                 merge_domains: merge_domain_config,
@@ -38,12 +39,12 @@ fn main() -> ExitCode {
             if let Some(old) = diff {
                 return check_config_diff(&old, &paths, load);
             }
-            bucket_rls::cli::check_config(
-                &paths,
-                load,
-                &mut std::io::stdout(),
-                &mut std::io::stderr(),
-            )
+            let check = if xds_resources {
+                bucket_rls::cli::check_xds_dumps
+            } else {
+                bucket_rls::cli::check_config
+            };
+            check(&paths, load, &mut std::io::stdout(), &mut std::io::stderr())
         }
         #[cfg(feature = "loadgen")]
         Command::Loadgen(args) => bucket_rls::loadgen::main(&args)
@@ -138,17 +139,21 @@ fn init_tracing(level: &str, format: LogFormat) {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     bucket_rls::metrics::install();
-    let load = loader::LoadOptions {
-        merge_domains: args.merge_domain_config,
-    };
-    let config = loader::load_source_with(&args.config, load)
-        .map_err(|e| anyhow::anyhow!("invalid config, not starting:\n{e}"))?;
-    metrics::counter!(bucket_rls::metrics::CONFIG_LOAD, "result" => "success").increment(1);
-    tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
     let settings = Settings::try_from(&args)?;
     let tracing = bucket_rls::otel::init(&settings.tracing)?;
+    let config = match &settings.config {
+        ConfigSource::File(path) => {
+            let config = loader::load_source_with(path, settings.load)
+                .map_err(|e| anyhow::anyhow!("invalid config, not starting:\n{e}"))?;
+            metrics::counter!(bucket_rls::metrics::CONFIG_LOAD, "result" => "success").increment(1);
+            tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
+            Some(config)
+        }
+        ConfigSource::Xds(_) => None,
+    };
     let (grpc_addr, http_addr) = (settings.grpc_addr, settings.http_addr);
     let app = app::App::build(settings, config)?;
+    app.ready().await;
     let grpc = tokio::net::TcpListener::bind(grpc_addr)
         .await
         .with_context(|| format!("binding gRPC on {grpc_addr}"))?;

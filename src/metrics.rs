@@ -21,7 +21,7 @@ pub const GLOBAL_SHADOW_MODE: &str = "bucket_rls_global_shadow_mode_total";
 pub const HITS_EXCEED_CAPACITY: &str = "bucket_rls_hits_exceed_capacity_total";
 /// Requests for a domain no config defines. Label `domain` (first 100 distinct, then `other`).
 pub const DOMAIN_NOT_FOUND: &str = "bucket_rls_domain_not_found_total";
-/// Requests rejected as malformed or failed. Label `kind` (`invalid_argument`, `storage`).
+/// Requests rejected as malformed or failed. Label `kind` (`invalid_argument`, `storage`, `no_config`).
 pub const SERVICE_ERROR: &str = "bucket_rls_service_error_total";
 /// Storage failures. Label `kind` (`timeout`, `unreachable`, `circuit_open`, `CLUSTERDOWN`, ...).
 pub const STORAGE_ERRORS: &str = "bucket_rls_storage_errors_total";
@@ -85,6 +85,14 @@ pub fn describe() {
         "1 while the Redis circuit breaker is open"
     );
     describe_histogram!(REQUEST_DURATION, Unit::Seconds, "ShouldRateLimit latency");
+    describe_counter!(
+        crate::config::xds::client::XDS_RESPONSES,
+        "xDS responses ACKed or NACKed"
+    );
+    metrics::describe_gauge!(
+        crate::config::xds::client::XDS_CONNECTED,
+        "1 while the xDS stream to the management server is open"
+    );
 }
 
 /// Info gauge of the config in force: always exactly one series, value 1,

@@ -122,8 +122,8 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// built from the command line by `TryFrom<&ServeArgs>` (in [`crate::cli`]).
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Config file or directory (`--config`).
-    pub config: PathBuf,
+    /// Where the config comes from (`--config` or `--config-xds`).
+    pub config: ConfigSource,
     /// gRPC listen address (`--grpc-addr`).
     pub grpc_addr: SocketAddr,
     /// HTTP admin listen address (`--http-addr`).
@@ -136,6 +136,16 @@ pub struct Settings {
     pub backend: Backend,
     /// OpenTelemetry span export (off without an endpoint).
     pub tracing: crate::otel::TracingSettings,
+}
+
+/// The one source of the config: files or a control plane.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConfigSource {
+    /// A config file or directory (`--config`), watched for changes.
+    File(PathBuf),
+    /// An xDS management server (`--config-xds`) pushing `RateLimitConfig`
+    /// resources.
+    Xds(Box<crate::config::xds::XdsSettings>),
 }
 
 /// Which storage holds the buckets, with the options of that backend. At
@@ -337,6 +347,9 @@ pub enum SetupError {
     /// without it.
     #[error("{0}")]
     HeaderNames(String),
+    /// An `--config-xds-*` flag is invalid (the message names it).
+    #[error("{0}")]
+    Xds(String),
 }
 
 impl HeaderNames {

@@ -2,10 +2,11 @@
 //! metric series that exist from startup, and the process signals.
 
 use super::{AppError, Listeners};
-use crate::config::Config;
 use crate::config::watcher::{ConfigWatcher, ReloadHandle, WatchOptions};
+use crate::config::xds::XdsClient;
+use crate::config::{Config, ConfigHandle};
 use crate::limiter::Limiter;
-use crate::settings::{Backend, Settings, SetupError};
+use crate::settings::{Backend, ConfigSource, Settings, SetupError};
 use crate::storage::Storage;
 use crate::storage::clock::SystemClock;
 use crate::storage::memory::MemoryStorage;
@@ -15,23 +16,39 @@ use crate::storage::redis::sentinel::RedisSentinelStorage;
 use std::future::Future;
 use std::sync::Arc;
 
-/// A service ready to serve: the storage, the limiter on the loaded config,
-/// and the watcher that reloads it (with a SIGHUP task). Dropping it stops
-/// the watcher.
+/// A service ready to serve: the storage, the limiter on the config, and
+/// the config source that updates it (the file watcher with a SIGHUP task,
+/// or the xDS client). Dropping it stops the source.
 #[derive(Debug)]
 pub struct App {
     limiter: Arc<Limiter>,
-    watcher: ConfigWatcher,
+    source: Source,
+}
+
+/// The running config source.
+#[derive(Debug)]
+enum Source {
+    /// Held for its `Drop`, which stops the watcher.
+    Files(#[expect(dead_code, reason = "held for its Drop")] ConfigWatcher),
+    Xds {
+        client: XdsClient,
+        /// Serve only once the first config is in force.
+        wait: bool,
+    },
 }
 
 impl App {
-    /// Builds the storage named by `settings`, a limiter serving `config`
-    /// (already loaded from `settings.config`), and a watcher of that
-    /// source. Binds nothing. Must be called inside a Tokio runtime.
+    /// Builds the storage named by `settings`, a limiter, and the config
+    /// source: for [`ConfigSource::File`] the limiter serves `config`
+    /// (already loaded from that path; an empty config if `None`) and a
+    /// watcher reloads it; for [`ConfigSource::Xds`] `config` is ignored,
+    /// the limiter has no config until the first push (ShouldRateLimit
+    /// answers an error meanwhile) and the xDS client starts. Binds nothing.
+    /// Must be called inside a Tokio runtime.
     ///
     /// # Errors
     /// [`SetupError`] when the storage cannot be built.
-    pub fn build(settings: Settings, config: Config) -> Result<Self, SetupError> {
+    pub fn build(settings: Settings, config: Option<Config>) -> Result<Self, SetupError> {
         let storage = build_storage(settings.backend)?;
         let s = &settings.service;
         if s.global_shadow_mode || s.global_quota_mode || s.response_dynamic_metadata {
@@ -42,19 +59,53 @@ impl App {
                 "service-wide modes on"
             );
         }
-        let limiter = Arc::new(Limiter::new(config, storage, settings.service));
-        let watcher = ConfigWatcher::spawn(
-            settings.config,
-            limiter.config_handle().clone(),
-            limiter.on_swap(),
-            WatchOptions {
-                load: settings.load,
-                ..WatchOptions::default()
-            },
-        );
-        crate::config::watcher::record_startup_load();
-        tokio::spawn(reload_on_sighup(watcher.reload_handle()));
-        Ok(Self { limiter, watcher })
+        let (limiter, source) = match settings.config {
+            ConfigSource::File(path) => {
+                let handle = Arc::new(ConfigHandle::new(config.unwrap_or_else(Config::empty)));
+                handle.update_source_status(|st| {
+                    st.kind = "file";
+                    st.location = path.display().to_string();
+                });
+                let limiter = Arc::new(Limiter::with_handle(handle, storage, settings.service));
+                let watcher = ConfigWatcher::spawn(
+                    path,
+                    limiter.config_handle().clone(),
+                    limiter.on_swap(),
+                    WatchOptions {
+                        load: settings.load,
+                        ..WatchOptions::default()
+                    },
+                );
+                crate::config::watcher::record_startup_load();
+                tokio::spawn(reload_on_sighup(watcher.reload_handle()));
+                (limiter, Source::Files(watcher))
+            }
+            ConfigSource::Xds(xds) => {
+                let handle = Arc::new(ConfigHandle::awaiting_first_config());
+                let limiter = Arc::new(Limiter::with_handle(handle, storage, settings.service));
+                let wait = !xds.start_without_config;
+                tracing::info!(server = %xds.server, node = %xds.node_id, tls = xds.tls.is_some(), wait_for_config = wait, "config from xDS");
+                let client = crate::config::xds::spawn(
+                    *xds,
+                    limiter.config_handle().clone(),
+                    limiter.on_swap(),
+                    settings.load,
+                );
+                tokio::spawn(ignore_sighup());
+                (limiter, Source::Xds { client, wait })
+            }
+        };
+        Ok(Self { limiter, source })
+    }
+
+    /// Resolves when the service may bind its ports: at once, except for an
+    /// xDS source told to wait for its first config (the Go service without
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`).
+    pub async fn ready(&self) {
+        if let Source::Xds { client, wait: true } = &self.source {
+            tracing::info!("waiting for the first xDS config before serving");
+            client.first_config().await;
+        }
     }
 
     /// The limiter (config, storage, settings).
@@ -74,7 +125,7 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), AppError> {
         let out = super::run(listeners, self.limiter.clone(), shutdown).await;
-        drop(self.watcher);
+        drop(self.source);
         out
     }
 }
@@ -158,6 +209,17 @@ pub async fn reload_on_sighup(handle: ReloadHandle) {
     while hup.recv().await.is_some() {
         tracing::info!("SIGHUP: reloading the config");
         handle.reload_now();
+    }
+}
+
+/// Logs and otherwise ignores every SIGHUP (its default action would end
+/// the process): with an xDS source there is nothing on disk to reload.
+async fn ignore_sighup() {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        tracing::info!("SIGHUP ignored: the config comes from xDS");
     }
 }
 

@@ -3,6 +3,7 @@
 //! - [`schema`]: the raw YAML shape, every scalar kept as literal text with its line.
 //! - [`loader`]: reads files and directories, validates, compiles into [`Config`].
 //! - [`watcher`]: hot reload (file events, SIGHUP, periodic rescan), atomic swap.
+//! - [`xds`]: the xDS config source (a control plane pushes the config).
 //! - [`ConfigHandle`]: the config in force and the last failed reload, shared by
 //!   the request path (reads), the config sources (writes) and the admin API.
 
@@ -10,6 +11,7 @@ pub mod diff;
 pub mod loader;
 pub mod schema;
 pub mod watcher;
+pub mod xds;
 
 use crate::matcher::Level;
 use arc_swap::ArcSwap;
@@ -17,6 +19,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 /// A rate limit unit with the fixed lengths of the reference service
@@ -318,6 +321,40 @@ pub struct ReloadError {
 pub struct ConfigHandle {
     current: ArcSwap<Config>,
     last_error: Mutex<Option<ReloadError>>,
+    /// No config has been swapped in yet (a source that starts empty).
+    awaiting_first: AtomicBool,
+    source: Mutex<SourceStatus>,
+}
+
+/// Where the config in force comes from and how its source is doing, for
+/// `/rlconfig` and `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceStatus {
+    /// `file` or `xds` (empty when no source was named).
+    pub kind: &'static str,
+    /// The path, or the management server's address.
+    pub location: String,
+    /// xDS: whether a stream to the server is open.
+    pub connected: Option<bool>,
+    /// xDS: `version_info` of the response whose config is in force.
+    pub version: Option<String>,
+    /// xDS: the last response and what was done with it.
+    pub last_push: Option<PushStatus>,
+}
+
+/// One pushed config and its outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushStatus {
+    /// When it was received.
+    pub at: SystemTime,
+    /// Its `version_info` (cut to a bounded length).
+    pub version: String,
+    /// Its nonce (cut to a bounded length).
+    pub nonce: String,
+    /// ACKed (applied, or equal to the config in force) or NACKed.
+    pub accepted: bool,
+    /// Why it was refused.
+    pub error: Option<String>,
 }
 
 impl ConfigHandle {
@@ -327,7 +364,38 @@ impl ConfigHandle {
         Self {
             current: ArcSwap::from_pointee(config),
             last_error: Mutex::new(None),
+            awaiting_first: AtomicBool::new(false),
+            source: Mutex::new(SourceStatus::default()),
         }
+    }
+
+    /// A handle with no config yet (a source that delivers it later, such
+    /// as xDS): [`Self::is_awaiting_first_config`] is true until the first
+    /// [`Self::swap`]; the config in force meanwhile is [`Config::empty`].
+    #[must_use]
+    pub fn awaiting_first_config() -> Self {
+        let h = Self::new(Config::empty());
+        h.awaiting_first.store(true, Ordering::Release);
+        h
+    }
+
+    /// Whether no config has been swapped in yet into a handle made by
+    /// [`Self::awaiting_first_config`] (the request path then answers an
+    /// error).
+    #[must_use]
+    pub fn is_awaiting_first_config(&self) -> bool {
+        self.awaiting_first.load(Ordering::Acquire)
+    }
+
+    /// The source's status.
+    #[must_use]
+    pub fn source_status(&self) -> SourceStatus {
+        self.source.lock().clone()
+    }
+
+    /// Updates the source's status.
+    pub fn update_source_status(&self, f: impl FnOnce(&mut SourceStatus)) {
+        f(&mut self.source.lock());
     }
 
     /// The config in force, for one request: a cheap guard, no reference
@@ -346,7 +414,9 @@ impl ConfigHandle {
     /// Swaps `config` in atomically and returns the config it replaced.
     /// Requests already running finish on the old one.
     pub fn swap(&self, config: Config) -> Arc<Config> {
-        self.current.swap(Arc::new(config))
+        let old = self.current.swap(Arc::new(config));
+        self.awaiting_first.store(false, Ordering::Release);
+        old
     }
 
     /// The last failed reload, if the source has not loaded since.

@@ -216,8 +216,8 @@ impl Reloader {
 }
 
 /// Sets the last-reload gauges: whether the source loads, and when that was
-/// last reported.
-fn record_outcome(ok: bool) {
+/// last reported (every config source reports through it).
+pub(crate) fn record_outcome(ok: bool) {
     metrics::gauge!(m::CONFIG_LAST_RELOAD_SUCCESSFUL).set(if ok { 1.0 } else { 0.0 });
     let now = SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -47,6 +47,11 @@ pub enum DecideError {
     /// HTTP 503).
     #[error("rate limit storage unavailable: {0}")]
     Storage(#[source] StorageError),
+    /// The config source has not delivered a config yet (an xDS source
+    /// started without one): gRPC `UNKNOWN`, HTTP 503, as the Go service
+    /// answers before its first config, so Envoy's failure mode decides.
+    #[error("no rate limit configuration loaded")]
+    NoConfig,
 }
 
 impl DecideError {
@@ -56,6 +61,7 @@ impl DecideError {
         match self {
             Self::Invalid(_) => "invalid_argument",
             Self::Storage(_) => "storage",
+            Self::NoConfig => "no_config",
         }
     }
 }
@@ -178,6 +184,9 @@ impl Limiter {
             max_descriptors: self.settings.max_descriptors,
             max_entries: self.settings.max_entries,
         })?;
+        if self.config.is_awaiting_first_config() {
+            return Err(DecideError::NoConfig);
+        }
         let config = self.config.load();
         let Some(domain) = config.domains.get(req.domain) else {
             self.note_unknown_domain(req.domain);

@@ -13,3 +13,4 @@ mod conn_limit;
 mod observability;
 mod otlp_tracing;
 mod rate_limit_headers;
+mod xds;
