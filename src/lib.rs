@@ -40,6 +40,9 @@ pub mod loadgen;
 pub mod matcher;
 pub mod metrics;
 pub mod settings;
+pub mod go_compat;
+pub mod health;
 pub mod storage;
+pub mod tls;
 #[cfg(test)]
 mod test_log;

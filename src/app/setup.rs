@@ -22,6 +22,20 @@ use std::sync::Arc;
 pub struct App {
     limiter: Arc<Limiter>,
     watcher: ConfigWatcher,
+    tls: Option<crate::tls::ServerTls>,
+    health: Arc<crate::health::Health>,
+    shutdown_delay: std::time::Duration,
+    go_metrics_path: Option<String>,
+}
+
+/// Listeners of the optional ports (`--go-metrics-addr`, `--debug-addr`),
+/// bound by the caller like [`Listeners`].
+#[derive(Debug, Default)]
+pub struct ExtraListeners {
+    /// Go-named metrics.
+    pub go_metrics: Option<tokio::net::TcpListener>,
+    /// Plain-text `/rlconfig`.
+    pub debug: Option<tokio::net::TcpListener>,
 }
 
 impl App {
@@ -30,8 +44,18 @@ impl App {
     /// source. Binds nothing. Must be called inside a Tokio runtime.
     ///
     /// # Errors
-    /// [`SetupError`] when the storage cannot be built.
+    /// [`SetupError`] when the storage cannot be built or a gRPC TLS file
+    /// cannot be used.
     pub fn build(settings: Settings, config: Config) -> Result<Self, SetupError> {
+        let tls = settings
+            .grpc_tls
+            .as_ref()
+            .map(crate::tls::ServerTls::load)
+            .transpose()
+            .map_err(|e| SetupError::Tls(e.to_string()))?;
+        let health = Arc::new(crate::health::Health::new(settings.health));
+        // The config given is loaded from its source.
+        health.set_config_loaded();
         let storage = build_storage(settings.backend)?;
         let s = &settings.service;
         if s.global_shadow_mode || s.global_quota_mode || s.response_dynamic_metadata {
@@ -54,7 +78,22 @@ impl App {
         );
         crate::config::watcher::record_startup_load();
         tokio::spawn(reload_on_sighup(watcher.reload_handle()));
-        Ok(Self { limiter, watcher })
+        Ok(Self {
+            limiter,
+            watcher,
+            tls,
+            health,
+            shutdown_delay: settings.shutdown_delay,
+            go_metrics_path: settings.go_metrics.map(|m| m.path),
+        })
+    }
+
+    /// The health state shared by the health endpoints (a config source
+    /// other than files marks its first load with
+    /// [`crate::health::Health::set_config_loaded`]).
+    #[must_use]
+    pub fn health(&self) -> &Arc<crate::health::Health> {
+        &self.health
     }
 
     /// The limiter (config, storage, settings).
@@ -73,7 +112,32 @@ impl App {
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), AppError> {
-        let out = super::run(listeners, self.limiter.clone(), shutdown).await;
+        self.run_with(listeners, ExtraListeners::default(), shutdown)
+            .await
+    }
+
+    /// [`Self::run`] with the optional listeners, gRPC TLS, the health mode
+    /// and the shutdown delay of the settings ([`super::run_with`]).
+    ///
+    /// # Errors
+    /// A server failed to run.
+    pub async fn run_with(
+        self,
+        listeners: Listeners,
+        extra: ExtraListeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AppError> {
+        let options = super::RunOptions {
+            tls: self.tls.clone(),
+            health: Some(self.health.clone()),
+            shutdown_delay: self.shutdown_delay,
+            go_metrics: extra
+                .go_metrics
+                .map(|l| (l, self.go_metrics_path.clone().unwrap_or_else(|| "/metrics".into()))),
+            debug: extra.debug,
+            ..super::RunOptions::default()
+        };
+        let out = super::run_with(listeners, self.limiter.clone(), shutdown, options).await;
         drop(self.watcher);
         out
     }
@@ -192,6 +256,7 @@ mod tests {
             timeout_ms: 50,
             local_cache_size: 10,
             tls_root_ca_pem,
+            tls_client: None,
         }
     }
 
