@@ -105,7 +105,7 @@ mod tests {
 
     fn limiter() -> Limiter {
         Limiter::new(
-            Config::default(),
+            Config::empty(),
             Arc::new(MemoryStorage::new(Arc::new(SystemClock))),
             ServiceSettings::default(),
         )

@@ -41,6 +41,7 @@ pub mod matcher;
 pub mod metrics;
 pub mod settings;
 pub mod go_compat;
+pub mod go_env;
 pub mod health;
 pub mod storage;
 pub mod tls;

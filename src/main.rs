@@ -25,7 +25,66 @@ macro_rules! report {
     }};
 }
 
+/// Whether the process was started as `ratelimit` (the Go service's binary
+/// name, `/bin/ratelimit` in the image) with no arguments.
+fn started_as_go_service() -> bool {
+    let mut args = std::env::args_os();
+    let name = args.next().map(std::path::PathBuf::from);
+    let base = name.as_deref().and_then(std::path::Path::file_name);
+    base.is_some_and(|b| b == "ratelimit") && args.next().is_none()
+}
+
+/// `ratelimit` with no arguments: `serve` with the flags of the Go
+/// service's environment variables ([`bucket_rls::go_env`]).
+fn go_service_args() -> Result<(ServeArgs, bucket_rls::go_env::Mapped), String> {
+    let env: bucket_rls::go_env::Env = std::env::vars().collect();
+    bucket_rls::go_env::serve_args(&env).map_err(|e| format!("{e} (not starting)"))
+}
+
+fn run_serve(args: ServeArgs, mapped: Option<bucket_rls::go_env::Mapped>) -> bool {
+    init_tracing(&args.log_level, args.log_format);
+    if let Some(m) = mapped {
+        tracing::info!(flags = %m.shown(), "started as ratelimit: settings from the Go service's environment variables");
+        if !m.ignored.is_empty() {
+            tracing::info!(variables = %m.ignored.join(", "), "accepted and ignored (Go service tuning, or read by a config source not in use)");
+        }
+        if !m.unknown.is_empty() {
+            tracing::warn!(variables = %m.unknown.join(", "), "unknown variables, ignored");
+        }
+        for note in &m.notes {
+            tracing::warn!("{note}");
+        }
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt
+            .block_on(serve(args))
+            .map_err(|e| report!(std::io::stderr(), "error: {e:#}"))
+            .is_ok(),
+        Err(e) => {
+            report!(
+                std::io::stderr(),
+                "error: cannot start the async runtime: {e}"
+            );
+            false
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    if started_as_go_service() {
+        let ok = match go_service_args() {
+            Ok((args, mapped)) => run_serve(args, Some(mapped)),
+            Err(e) => {
+                report!(std::io::stderr(), "error: {e}");
+                false
+            }
+        };
+        return if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let ok = match Cli::parse().command {
         Command::CheckConfig {
             paths,
@@ -45,22 +104,7 @@ fn main() -> ExitCode {
         Command::Loadgen(args) => bucket_rls::loadgen::main(&args)
             .map_err(|e| report!(std::io::stderr(), "error: {e}"))
             .is_ok(),
-        Command::Serve(args) => {
-            init_tracing(&args.log_level, args.log_format);
-            match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt
-                    .block_on(serve(*args))
-                    .map_err(|e| report!(std::io::stderr(), "error: {e:#}"))
-                    .is_ok(),
-                Err(e) => {
-                    report!(
-                        std::io::stderr(),
-                        "error: cannot start the async runtime: {e}"
-                    );
-                    false
-                }
-            }
-        }
+        Command::Serve(args) => run_serve(*args, None),
     };
     if ok {
         ExitCode::SUCCESS
@@ -105,6 +149,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
     let settings = Settings::try_from(&args)?;
     let (grpc_addr, http_addr) = (settings.grpc_addr, settings.http_addr);
+    let go_metrics_addr = settings.go_metrics.as_ref().map(|m| m.addr);
+    let debug_addr = settings.debug_addr;
     let app = app::App::build(settings, config)?;
     let grpc = tokio::net::TcpListener::bind(grpc_addr)
         .await
@@ -112,8 +158,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("binding HTTP on {http_addr}"))?;
-    tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, backend = app.limiter().storage().name(), "serving");
-    app.run(Listeners { grpc, http }, app::shutdown_signal())
+    let bind_extra = |addr: Option<std::net::SocketAddr>, what: &'static str| async move {
+        match addr {
+            None => Ok(None),
+            Some(a) => tokio::net::TcpListener::bind(a)
+                .await
+                .map(Some)
+                .with_context(|| format!("binding {what} on {a}")),
+        }
+    };
+    let extra = app::ExtraListeners {
+        go_metrics: bind_extra(go_metrics_addr, "Go-named metrics").await?,
+        debug: bind_extra(debug_addr, "debug /rlconfig").await?,
+    };
+    tracing::info!(
+        grpc = %grpc.local_addr()?,
+        http = %http.local_addr()?,
+        go_metrics = ?go_metrics_addr,
+        debug = ?debug_addr,
+        backend = app.limiter().storage().name(),
+        "serving"
+    );
+    app.run_with(Listeners { grpc, http }, extra, app::shutdown_signal())
         .await?;
     tracing::info!("stopped");
     Ok(())
