@@ -9,4 +9,5 @@ mod common;
 
 mod config_errors;
 mod conn_limit;
+mod go_service;
 mod rate_limit_headers;
