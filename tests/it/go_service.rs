@@ -207,6 +207,15 @@ async fn tls_client(
     ca_pem: &str,
     client: Option<&(String, String)>,
 ) -> RateLimitServiceClient<tonic::transport::Channel> {
+    RateLimitServiceClient::new(tls_channel(addr, ca_pem, client).await)
+}
+
+/// A gRPC channel over TLS (no SNI) with an optional client certificate.
+async fn tls_channel(
+    addr: SocketAddr,
+    ca_pem: &str,
+    client: Option<&(String, String)>,
+) -> tonic::transport::Channel {
     let c = tokio_rustls::TlsConnector::from(Arc::new(client_config(ca_pem, client)));
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("endpoint")
@@ -222,7 +231,7 @@ async fn tls_client(
         }))
         .await
         .expect("TLS channel");
-    RateLimitServiceClient::new(channel)
+    channel
 }
 
 /// Envoy Gateway's descriptor shape for one rule: the rule's generic key,
@@ -392,6 +401,23 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
         codes.push(r.overall_code);
     }
     assert_eq!(codes, [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]);
+    // gRPC health under the Go service's name and the server-wide one.
+    let mut health =
+        tonic_health::pb::health_client::HealthClient::new(tls_channel(ports.grpc, &ca.pem, None).await);
+    for service in ["ratelimit", ""] {
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .expect("Health/Check")
+            .into_inner();
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service:?}"
+        );
+    }
 
     // A plaintext client is refused.
     let plain = async {
@@ -769,5 +795,77 @@ fn every_refused_variable_stops_startup_with_its_reason() {
             err.contains(&format!("{var}: ")) && err.contains(reason),
             "{var}={value}: {err}"
         );
+    }
+}
+
+#[tokio::test]
+async fn redis_over_tls_with_a_client_certificate_from_the_go_variables() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    crate::common::tls::write_tls_files(dir.path());
+    let tls_port = free_port();
+    let mut args = crate::common::tls::tls_server_args(dir.path());
+    // Clients must present a certificate signed by the CA.
+    *args.last_mut().expect("--tls-auth-clients value") = "yes".into();
+    args.extend(["--tls-port".into(), tls_port.to_string()]);
+    let _redis = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let root = tempfile::tempdir().expect("tempdir");
+    write_config(root.path(), EG_CONFIG);
+    let (_link_dir, link) = ratelimit_link();
+    let file = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    for with_cert in [true, false] {
+        let ports = Ports::new();
+        let mut env = ports.env();
+        env.extend(
+            [
+                ("RUNTIME_ROOT", root.path().join("data").to_string_lossy().into_owned()),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+                ("USE_STATSD", "false".into()),
+                ("REDIS_SOCKET_TYPE", "tcp".into()),
+                ("REDIS_URL", format!("127.0.0.1:{tls_port}")),
+                ("REDIS_TLS", "true".into()),
+                ("REDIS_TLS_CACERT", file("ca.crt")),
+                ("REDIS_TIMEOUT", "2s".into()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        if with_cert {
+            // The server's certificate doubles as a client certificate.
+            env.push(("REDIS_TLS_CLIENT_CERT".into(), file("server.crt")));
+            env.push(("REDIS_TLS_CLIENT_KEY".into(), file("server.key")));
+        }
+        let mut rls = start(&link, &env);
+        let grpc = ports.grpc;
+        let connect = || async move {
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+                .expect("endpoint")
+                .connect()
+                .await
+                .ok()?;
+            Some(RateLimitServiceClient::new(ch))
+        };
+        let (mut client, _) = eventually(DEADLINE, "the gRPC port", || {
+            rls.assert_running();
+            connect()
+        })
+        .await;
+        if with_cert {
+            wait_healthy(&mut rls, ports.http).await;
+            let r = client
+                .should_rate_limit(eg_request())
+                .await
+                .expect("charged in Redis over TLS")
+                .into_inner();
+            assert_eq!(r.overall_code, Code::Ok as i32);
+        } else {
+            let e = client
+                .should_rate_limit(eg_request())
+                .await
+                .expect_err("Redis refuses a client without a certificate");
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+            let h = http_get(ports.http, "/healthcheck", &[]).await.expect("GET");
+            assert_eq!(h.status, 500, "{}", h.body);
+            assert!(h.body.contains("storage has not answered yet"), "{}", h.body);
+        }
     }
 }
