@@ -241,7 +241,10 @@ pub async fn run_with(
         }
         reporter.set_not_serving::<RlsServer>().await;
         if !shutdown_delay.is_zero() {
-            tracing::info!(?shutdown_delay, "shutting down: reporting unhealthy before draining");
+            tracing::info!(
+                ?shutdown_delay,
+                "shutting down: reporting unhealthy before draining"
+            );
             tokio::time::sleep(shutdown_delay).await;
         }
         tracing::info!("shutting down: draining in-flight requests");

@@ -92,10 +92,18 @@ pub struct ServeArgs {
     pub redis_tls_ca_file: Option<PathBuf>,
     /// PEM client certificate chain presented to Redis over TLS (with
     /// `--redis-tls-client-key`; `rediss://` addresses).
-    #[arg(long, env = "BUCKET_RLS_REDIS_TLS_CLIENT_CERT", requires = "redis_tls_client_key")]
+    #[arg(
+        long,
+        env = "BUCKET_RLS_REDIS_TLS_CLIENT_CERT",
+        requires = "redis_tls_client_key"
+    )]
     pub redis_tls_client_cert: Option<PathBuf>,
     /// PEM private key of `--redis-tls-client-cert`.
-    #[arg(long, env = "BUCKET_RLS_REDIS_TLS_CLIENT_KEY", requires = "redis_tls_client_cert")]
+    #[arg(
+        long,
+        env = "BUCKET_RLS_REDIS_TLS_CLIENT_KEY",
+        requires = "redis_tls_client_cert"
+    )]
     pub redis_tls_client_key: Option<PathBuf>,
     /// Prefix of every bucket key in Redis.
     #[arg(long, env = "BUCKET_RLS_REDIS_KEY_PREFIX", default_value = "rls:")]
@@ -181,19 +189,36 @@ pub struct ServeArgs {
     pub grpc_tls_key: Option<PathBuf>,
     /// Require gRPC clients to present a certificate signed by a CA of this
     /// PEM file (needs `--grpc-tls-cert`).
-    #[arg(long, env = "BUCKET_RLS_GRPC_TLS_CLIENT_CA", requires = "grpc_tls_cert")]
+    #[arg(
+        long,
+        env = "BUCKET_RLS_GRPC_TLS_CLIENT_CA",
+        requires = "grpc_tls_cert"
+    )]
     pub grpc_tls_client_ca: Option<PathBuf>,
     /// A DNS name or IP address that client certificates must carry as a
     /// subject alternative name (needs `--grpc-tls-client-ca`).
-    #[arg(long, env = "BUCKET_RLS_GRPC_TLS_CLIENT_SAN", requires = "grpc_tls_client_ca")]
+    #[arg(
+        long,
+        env = "BUCKET_RLS_GRPC_TLS_CLIENT_SAN",
+        requires = "grpc_tls_client_ca"
+    )]
     pub grpc_tls_client_san: Option<String>,
     /// What `/healthcheck` and gRPC health report: `native` (whether
     /// storage answers now) or `go` (the Go service's: healthy once storage
     /// answered once; unhealthy after SIGTERM).
-    #[arg(long, env = "BUCKET_RLS_HEALTH_MODE", value_enum, default_value = "native")]
+    #[arg(
+        long,
+        env = "BUCKET_RLS_HEALTH_MODE",
+        value_enum,
+        default_value = "native"
+    )]
     pub health_mode: HealthModeArg,
     /// With `--health-mode go`: unhealthy until a config is loaded.
-    #[arg(long, env = "BUCKET_RLS_HEALTH_REQUIRE_CONFIG", default_value_t = false)]
+    #[arg(
+        long,
+        env = "BUCKET_RLS_HEALTH_REQUIRE_CONFIG",
+        default_value_t = false
+    )]
     pub health_require_config: bool,
     /// Also serve metrics under the Go service's names
     /// (`ratelimit_service_*`, process metrics) on this address.
@@ -235,7 +260,10 @@ pub enum HealthModeArg {
 
 /// An HTTP path: starts with `/`, at most 256 characters, no spaces.
 fn url_path(s: &str) -> Result<String, String> {
-    if !s.starts_with('/') || s.len() > 256 || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+    if !s.starts_with('/')
+        || s.len() > 256
+        || s.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
         return Err(format!("'{s}' is not a path (starts with /, no spaces)"));
     }
     Ok(s.to_owned())
@@ -459,7 +487,8 @@ fn read_client_cert(
     let tls = |e: crate::tls::TlsError| SetupError::Tls(e.to_string());
     crate::tls::load_certs("--redis-tls-client-cert", cert).map_err(tls)?;
     crate::tls::load_key("--redis-tls-client-key", key).map_err(tls)?;
-    let read = |p: &Path| std::fs::read(p).map_err(|e| SetupError::Tls(format!("{}: {e}", p.display())));
+    let read =
+        |p: &Path| std::fs::read(p).map_err(|e| SetupError::Tls(format!("{}: {e}", p.display())));
     Ok(crate::storage::redis::ClientCertPem {
         cert: read(cert)?,
         key: read(key)?,

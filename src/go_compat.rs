@@ -24,11 +24,26 @@ use std::fmt::Write as _;
 
 /// bucket-rls counter -> Go name, for the per-rule counters.
 const RULE_COUNTERS: [(&str, &str); 5] = [
-    (crate::metrics::TOTAL_HITS, "ratelimit_service_rate_limit_total_hits"),
-    (crate::metrics::OVER_LIMIT, "ratelimit_service_rate_limit_over_limit"),
-    (crate::metrics::NEAR_LIMIT, "ratelimit_service_rate_limit_near_limit"),
-    (crate::metrics::WITHIN_LIMIT, "ratelimit_service_rate_limit_within_limit"),
-    (crate::metrics::SHADOW_MODE, "ratelimit_service_rate_limit_shadow_mode"),
+    (
+        crate::metrics::TOTAL_HITS,
+        "ratelimit_service_rate_limit_total_hits",
+    ),
+    (
+        crate::metrics::OVER_LIMIT,
+        "ratelimit_service_rate_limit_over_limit",
+    ),
+    (
+        crate::metrics::NEAR_LIMIT,
+        "ratelimit_service_rate_limit_near_limit",
+    ),
+    (
+        crate::metrics::WITHIN_LIMIT,
+        "ratelimit_service_rate_limit_within_limit",
+    ),
+    (
+        crate::metrics::SHADOW_MODE,
+        "ratelimit_service_rate_limit_shadow_mode",
+    ),
 ];
 
 /// Go name of the response time histogram. Its values are milliseconds,
@@ -85,7 +100,10 @@ fn parse_sample(line: &str) -> Option<Sample> {
 }
 
 fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    labels
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
 }
 
 /// The dots of IPv4 addresses (four groups of 1 to 3 digits) in `s` as `_`.
@@ -184,7 +202,9 @@ pub fn translate(native: &str) -> String {
                 "_bucket" => {
                     let le = match label(&labels, "le") {
                         Some("+Inf") | None => "+Inf".to_owned(),
-                        Some(s) => s.parse::<f64>().map_or_else(|_| s.to_owned(), |secs| num_ms(secs * 1000.0)),
+                        Some(s) => s
+                            .parse::<f64>()
+                            .map_or_else(|_| s.to_owned(), |secs| num_ms(secs * 1000.0)),
                     };
                     buckets.push((le, value));
                 }
@@ -223,7 +243,10 @@ pub fn translate(native: &str) -> String {
         num(count)
     );
     if !errors.is_empty() {
-        let _ = writeln!(out, "# TYPE ratelimit_service_should_rate_limit_error counter");
+        let _ = writeln!(
+            out,
+            "# TYPE ratelimit_service_should_rate_limit_error counter"
+        );
         for (kind, v) in &errors {
             let _ = writeln!(
                 out,
@@ -279,7 +302,11 @@ pub fn process_metrics() -> String {
         let f: Vec<&str> = after.split_whitespace().collect();
         let field = |n: usize| f.get(n - 3).and_then(|s| s.parse::<f64>().ok());
         if let (Some(u), Some(s)) = (field(14), field(15)) {
-            gauge("process_cpu_seconds_total", "counter", (u + s) / CLOCK_TICKS);
+            gauge(
+                "process_cpu_seconds_total",
+                "counter",
+                (u + s) / CLOCK_TICKS,
+            );
         }
         if let Some(v) = field(23) {
             gauge("process_virtual_memory_bytes", "gauge", v);
@@ -290,7 +317,11 @@ pub fn process_metrics() -> String {
                 .and_then(|v| v.trim().parse::<f64>().ok())
         });
         if let (Some(start), Some(btime)) = (field(22), btime) {
-            gauge("process_start_time_seconds", "gauge", btime + start / CLOCK_TICKS);
+            gauge(
+                "process_start_time_seconds",
+                "gauge",
+                btime + start / CLOCK_TICKS,
+            );
         }
     }
     if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
@@ -355,7 +386,11 @@ mod tests {
     fn stat_labels_follow_the_go_key_rule() {
         assert_eq!(
             stat_labels("d.k_v.masked_remote_address_0.0.0.0/0"),
-            ("d".into(), "k_v".into(), "masked_remote_address_0_0_0_0/0".into())
+            (
+                "d".into(),
+                "k_v".into(),
+                "masked_remote_address_0_0_0_0/0".into()
+            )
         );
         assert_eq!(stat_labels("d"), ("d".into(), String::new(), String::new()));
         assert_eq!(
@@ -403,10 +438,7 @@ bucket_rls_request_duration_seconds_count 9
     fn label_values_with_quotes_and_escapes_survive_the_round_trip() {
         let native = "bucket_rls_over_limit_total{rule=\"d.k_a\\\"b\\\\c\"} 1\n";
         let go = translate(native);
-        assert!(
-            go.contains("key1=\"k_a\\\"b\\\\c\""),
-            "{go}"
-        );
+        assert!(go.contains("key1=\"k_a\\\"b\\\\c\""), "{go}");
     }
 
     #[test]

@@ -145,10 +145,35 @@ pub const MAPPED: &[&str] = &[
 /// (`PATH`, `HOSTNAME`, `KUBERNETES_*`) are not the service's and are not
 /// mentioned.
 pub const FAMILIES: &[&str] = &[
-    "BACKEND_", "CACHE_", "CONFIG_", "DEBUG_", "DISABLE_", "EXPIRATION_", "EXTRA_", "FORCE_",
-    "GRPC_", "HEALTHY_", "LIMIT_", "LOCAL_CACHE_", "LOG_", "MEMCACHE_", "MERGE_", "NEAR_LIMIT_",
-    "OTEL_", "PROMETHEUS_", "QUOTA_", "REDIS_", "RESPONSE_", "RUNTIME_", "SHADOW_", "STATSD_",
-    "STATS_", "STOP_", "TRACING_", "USE_", "XDS_",
+    "BACKEND_",
+    "CACHE_",
+    "CONFIG_",
+    "DEBUG_",
+    "DISABLE_",
+    "EXPIRATION_",
+    "EXTRA_",
+    "FORCE_",
+    "GRPC_",
+    "HEALTHY_",
+    "LIMIT_",
+    "LOCAL_CACHE_",
+    "LOG_",
+    "MEMCACHE_",
+    "MERGE_",
+    "NEAR_LIMIT_",
+    "OTEL_",
+    "PROMETHEUS_",
+    "QUOTA_",
+    "REDIS_",
+    "RESPONSE_",
+    "RUNTIME_",
+    "SHADOW_",
+    "STATSD_",
+    "STATS_",
+    "STOP_",
+    "TRACING_",
+    "USE_",
+    "XDS_",
 ];
 
 /// Bytes the Go service's local cache spends per entry, to turn
@@ -188,7 +213,11 @@ pub enum ConfigSource {
 /// [`GoEnvError`] for `GRPC_XDS_SOTW` (not built in yet) and unknown values.
 pub fn config_source(env: &Env) -> Result<ConfigSource, GoEnvError> {
     let get = |k: &str| env.get(k).map(String::as_str);
-    match get("CONFIG_TYPE").unwrap_or("FILE").to_ascii_uppercase().as_str() {
+    match get("CONFIG_TYPE")
+        .unwrap_or("FILE")
+        .to_ascii_uppercase()
+        .as_str()
+    {
         "FILE" => {
             // The Go defaults; an empty value is the default too (envconfig).
             let root = get("RUNTIME_ROOT")
@@ -237,7 +266,7 @@ impl Mapped {
                 "--redis-master-password" => "***".to_owned(),
                 "--redis-url" | "--redis-sentinel" | "--redis-cluster" => a
                     .split(',')
-                    .map(|u| crate::storage::redis::redact_url(u))
+                    .map(crate::storage::redis::redact_url)
                     .collect::<Vec<_>>()
                     .join(","),
                 _ => a.clone(),
@@ -267,7 +296,10 @@ pub fn go_bool(var: &str, v: &str) -> Result<bool, GoEnvError> {
     match v {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(refuse(var, format!("'{v}' is not a boolean (true or false)"))),
+        _ => Err(refuse(
+            var,
+            format!("'{v}' is not a boolean (true or false)"),
+        )),
     }
 }
 
@@ -384,7 +416,9 @@ pub fn map_env(env: &Env) -> Result<Mapped, GoEnvError> {
     {
         return Err(refuse(
             "BACKEND_TYPE",
-            format!("'{b}' is not supported: bucket-rls keeps its buckets in Redis (BACKEND_TYPE=redis)"),
+            format!(
+                "'{b}' is not supported: bucket-rls keeps its buckets in Redis (BACKEND_TYPE=redis)"
+            ),
         ));
     }
     if flag_bool("USE_STATSD")? {
@@ -445,11 +479,22 @@ pub fn map_env(env: &Env) -> Result<Mapped, GoEnvError> {
     if flag_bool("GRPC_SERVER_USE_TLS")? {
         let need = |k: &str| {
             get(k).filter(|v| !v.is_empty()).ok_or_else(|| {
-                refuse(k, "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
+                refuse(
+                    k,
+                    "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+                )
             })
         };
-        m.flag("--grpc-tls-cert", need("GRPC_SERVER_TLS_CERT")?, "GRPC_SERVER_TLS_CERT");
-        m.flag("--grpc-tls-key", need("GRPC_SERVER_TLS_KEY")?, "GRPC_SERVER_TLS_KEY");
+        m.flag(
+            "--grpc-tls-cert",
+            need("GRPC_SERVER_TLS_CERT")?,
+            "GRPC_SERVER_TLS_CERT",
+        );
+        m.flag(
+            "--grpc-tls-key",
+            need("GRPC_SERVER_TLS_KEY")?,
+            "GRPC_SERVER_TLS_KEY",
+        );
         if let Some(ca) = get("GRPC_CLIENT_TLS_CACERT").filter(|v| !v.is_empty()) {
             m.flag("--grpc-tls-client-ca", ca, "GRPC_CLIENT_TLS_CACERT");
             if let Some(san) = get("GRPC_CLIENT_TLS_SAN").filter(|v| !v.is_empty()) {
@@ -459,12 +504,21 @@ pub fn map_env(env: &Env) -> Result<Mapped, GoEnvError> {
     }
 
     // The Go default is WARN.
-    m.flag("--log-level", log_level(get("LOG_LEVEL").unwrap_or("warn"))?, "LOG_LEVEL");
+    m.flag(
+        "--log-level",
+        log_level(get("LOG_LEVEL").unwrap_or("warn"))?,
+        "LOG_LEVEL",
+    );
     if let Some(f) = get("LOG_FORMAT") {
         match f.to_ascii_lowercase().as_str() {
             "text" | "" => {}
             "json" => m.flag("--log-format", "json", "LOG_FORMAT"),
-            _ => return Err(refuse("LOG_FORMAT", format!("'{f}' is not a format: text or json"))),
+            _ => {
+                return Err(refuse(
+                    "LOG_FORMAT",
+                    format!("'{f}' is not a format: text or json"),
+                ));
+            }
         }
     }
 
@@ -474,7 +528,11 @@ pub fn map_env(env: &Env) -> Result<Mapped, GoEnvError> {
         m.flag("--near-limit-ratio", v, "NEAR_LIMIT_RATIO");
     }
     if flag_bool("LIMIT_RESPONSE_HEADERS_ENABLED")? {
-        m.flag("--rate-limit-headers", "go", "LIMIT_RESPONSE_HEADERS_ENABLED");
+        m.flag(
+            "--rate-limit-headers",
+            "go",
+            "LIMIT_RESPONSE_HEADERS_ENABLED",
+        );
         for (var, flag) in [
             ("LIMIT_LIMIT_HEADER", "--limit-header-name"),
             ("LIMIT_REMAINING_HEADER", "--remaining-header-name"),
@@ -495,18 +553,34 @@ pub fn map_env(env: &Env) -> Result<Mapped, GoEnvError> {
         }
     }
 
-    m.flag("--health-mode", "go", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED");
+    m.flag(
+        "--health-mode",
+        "go",
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    );
     if flag_bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")? {
-        m.switch("--health-require-config", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED");
+        m.switch(
+            "--health-require-config",
+            "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        );
     }
 
     if flag_bool("USE_PROMETHEUS")? {
-        let addr = get("PROMETHEUS_ADDR").filter(|v| !v.is_empty()).unwrap_or(":9090");
+        let addr = get("PROMETHEUS_ADDR")
+            .filter(|v| !v.is_empty())
+            .unwrap_or(":9090");
         let (host, port) = addr.rsplit_once(':').ok_or_else(|| {
-            refuse("PROMETHEUS_ADDR", format!("'{addr}' is not host:port (such as :19001)"))
+            refuse(
+                "PROMETHEUS_ADDR",
+                format!("'{addr}' is not host:port (such as :19001)"),
+            )
         })?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        m.flag("--go-metrics-addr", listen_addr(host, port), "PROMETHEUS_ADDR");
+        m.flag(
+            "--go-metrics-addr",
+            listen_addr(host, port),
+            "PROMETHEUS_ADDR",
+        );
         if let Some(p) = get("PROMETHEUS_PATH").filter(|v| !v.is_empty()) {
             m.flag("--go-metrics-path", p, "PROMETHEUS_PATH");
         }
@@ -546,8 +620,16 @@ fn map_redis(env: &Env, m: &mut Mapped) -> Result<(), GoEnvError> {
         );
         return Ok(());
     };
-    let items: Vec<&str> = url.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
-    match get("REDIS_TYPE").unwrap_or("SINGLE").to_ascii_uppercase().as_str() {
+    let items: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    match get("REDIS_TYPE")
+        .unwrap_or("SINGLE")
+        .to_ascii_uppercase()
+        .as_str()
+    {
         "SINGLE" | "" => {
             if items.len() != 1 {
                 return Err(refuse(
@@ -622,14 +704,21 @@ fn map_redis(env: &Env, m: &mut Mapped) -> Result<(), GoEnvError> {
     }
     if let Some(b) = get("LOCAL_CACHE_SIZE_IN_BYTES").filter(|v| !v.is_empty()) {
         let bytes: u64 = b.parse().map_err(|_| {
-            refuse("LOCAL_CACHE_SIZE_IN_BYTES", format!("'{b}' is not a byte count"))
+            refuse(
+                "LOCAL_CACHE_SIZE_IN_BYTES",
+                format!("'{b}' is not a byte count"),
+            )
         })?;
         let entries = if bytes == 0 {
             0
         } else {
             (bytes / LOCAL_CACHE_BYTES_PER_ENTRY).max(1)
         };
-        m.flag("--local-cache-size", entries.to_string(), "LOCAL_CACHE_SIZE_IN_BYTES");
+        m.flag(
+            "--local-cache-size",
+            entries.to_string(),
+            "LOCAL_CACHE_SIZE_IN_BYTES",
+        );
     }
     Ok(())
 }
@@ -736,7 +825,12 @@ mod tests {
         };
         let from_flags = Settings::try_from(&*args).expect("settings");
         assert_eq!(format!("{from_env:?}"), format!("{from_flags:?}"));
-        assert_eq!(from_env.health, HealthMode::Go { require_config: false });
+        assert_eq!(
+            from_env.health,
+            HealthMode::Go {
+                require_config: false
+            }
+        );
     }
 
     #[test]
@@ -778,14 +872,20 @@ mod tests {
         let (args, _) = serve_args(&env(&[])).expect("maps");
         assert_eq!(args.log_level, "warn", "the Go default");
         assert_eq!(
-            serve_args(&env(&[("LOG_LEVEL", "verbose")])).unwrap_err().var,
+            serve_args(&env(&[("LOG_LEVEL", "verbose")]))
+                .unwrap_err()
+                .var,
             "LOG_LEVEL"
         );
     }
 
     #[test]
     fn redis_types_map_onto_the_three_topologies_with_credentials() {
-        let s = settings(&[("REDIS_URL", "h:1"), ("REDIS_AUTH", "u:p@ss"), ("REDIS_TLS", "true")]);
+        let s = settings(&[
+            ("REDIS_URL", "h:1"),
+            ("REDIS_AUTH", "u:p@ss"),
+            ("REDIS_TLS", "true"),
+        ]);
         assert!(
             matches!(&s.backend, Backend::Redis { url, .. } if url == "rediss://u:p%40ss@h:1"),
             "{:?}",
@@ -804,7 +904,10 @@ mod tests {
                 master_auth,
                 ..
             } => {
-                assert_eq!(sentinels, &["redis://:spw@s1:26379", "redis://:spw@s2:26379"]);
+                assert_eq!(
+                    sentinels,
+                    &["redis://:spw@s1:26379", "redis://:spw@s2:26379"]
+                );
                 assert_eq!(master_name, "mymaster");
                 assert_eq!(
                     master_auth,
@@ -823,7 +926,9 @@ mod tests {
             s.backend
         );
         assert_eq!(
-            serve_args(&env(&[("REDIS_URL", "a:1,b:2")])).unwrap_err().var,
+            serve_args(&env(&[("REDIS_URL", "a:1,b:2")]))
+                .unwrap_err()
+                .var,
             "REDIS_URL"
         );
         assert_eq!(
@@ -860,29 +965,73 @@ mod tests {
         assert!((v.near_limit_ratio - 0.5).abs() < f64::EPSILON);
         assert_eq!(v.key_prefix, "");
         assert_eq!(s.backend.redis().expect("redis").local_cache_size, 10);
-        assert_eq!(s.health, HealthMode::Go { require_config: true });
+        assert_eq!(
+            s.health,
+            HealthMode::Go {
+                require_config: true
+            }
+        );
         let g = s.go_metrics.expect("prometheus");
-        assert_eq!((g.addr, g.path.as_str()), ("0.0.0.0:9090".parse().expect("addr"), "/m"));
+        assert_eq!(
+            (g.addr, g.path.as_str()),
+            ("0.0.0.0:9090".parse().expect("addr"), "/m")
+        );
     }
 
     #[test]
     fn every_refused_variable_gives_its_reason() {
         for (pairs, var, why) in [
-            (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE", "keeps its buckets in Redis"),
-            (&[("USE_STATSD", "true")][..], "USE_STATSD", "statsd is not supported"),
-            (&[("REDIS_PERSECOND", "true")][..], "REDIS_PERSECOND", "per-second"),
+            (
+                &[("BACKEND_TYPE", "memcache")][..],
+                "BACKEND_TYPE",
+                "keeps its buckets in Redis",
+            ),
+            (
+                &[("USE_STATSD", "true")][..],
+                "USE_STATSD",
+                "statsd is not supported",
+            ),
+            (
+                &[("REDIS_PERSECOND", "true")][..],
+                "REDIS_PERSECOND",
+                "per-second",
+            ),
             (&[("GRPC_UDS", "/tmp/s")][..], "GRPC_UDS", "Unix socket"),
-            (&[("REDIS_SOCKET_TYPE", "unix")][..], "REDIS_SOCKET_TYPE", "only tcp"),
+            (
+                &[("REDIS_SOCKET_TYPE", "unix")][..],
+                "REDIS_SOCKET_TYPE",
+                "only tcp",
+            ),
             (
                 &[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")][..],
                 "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
                 "REDIS_TLS_CACERT",
             ),
-            (&[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..], "CONFIG_TYPE", "not supported by this build"),
-            (&[("REDIS_TYPE", "ring")][..], "REDIS_TYPE", "SINGLE, SENTINEL or CLUSTER"),
-            (&[("GRPC_SERVER_USE_TLS", "true")][..], "GRPC_SERVER_TLS_CERT", "needs"),
-            (&[("SHADOW_MODE", "yes")][..], "SHADOW_MODE", "not a boolean"),
-            (&[("NEAR_LIMIT_RATIO", "2")][..], "NEAR_LIMIT_RATIO", "not between 0 and 1"),
+            (
+                &[("CONFIG_TYPE", "GRPC_XDS_SOTW")][..],
+                "CONFIG_TYPE",
+                "not supported by this build",
+            ),
+            (
+                &[("REDIS_TYPE", "ring")][..],
+                "REDIS_TYPE",
+                "SINGLE, SENTINEL or CLUSTER",
+            ),
+            (
+                &[("GRPC_SERVER_USE_TLS", "true")][..],
+                "GRPC_SERVER_TLS_CERT",
+                "needs",
+            ),
+            (
+                &[("SHADOW_MODE", "yes")][..],
+                "SHADOW_MODE",
+                "not a boolean",
+            ),
+            (
+                &[("NEAR_LIMIT_RATIO", "2")][..],
+                "NEAR_LIMIT_RATIO",
+                "not between 0 and 1",
+            ),
         ] {
             let mut e = env(pairs);
             // The variables that a refusal depends on.
@@ -899,11 +1048,19 @@ mod tests {
     fn the_logged_flags_show_no_password() {
         for pairs in [
             &[("REDIS_URL", "h:1"), ("REDIS_AUTH", "s3cret")][..],
-            &[("REDIS_TYPE", "SENTINEL"), ("REDIS_URL", "m,h:1"), ("REDIS_AUTH", "u:s3cret"), ("REDIS_SENTINEL_AUTH", "s3cret")][..],
+            &[
+                ("REDIS_TYPE", "SENTINEL"),
+                ("REDIS_URL", "m,h:1"),
+                ("REDIS_AUTH", "u:s3cret"),
+                ("REDIS_SENTINEL_AUTH", "s3cret"),
+            ][..],
         ] {
             let m = map_env(&env(pairs)).expect("maps");
             let shown = m.shown();
-            assert!(!shown.contains("s3cret") && shown.contains("***"), "{shown}");
+            assert!(
+                !shown.contains("s3cret") && shown.contains("***"),
+                "{shown}"
+            );
         }
     }
 
@@ -919,7 +1076,11 @@ mod tests {
         .expect("maps");
         assert_eq!(
             m.ignored,
-            ["CONFIG_GRPC_XDS_SERVER_URL", "MEMCACHE_HOST_PORT", "REDIS_POOL_SIZE"]
+            [
+                "CONFIG_GRPC_XDS_SERVER_URL",
+                "MEMCACHE_HOST_PORT",
+                "REDIS_POOL_SIZE"
+            ]
         );
         assert_eq!(m.unknown, ["REDIS_NO_SUCH_THING"]);
     }

@@ -81,7 +81,10 @@ pub fn go_metrics_router(path: &str) -> Router {
         path,
         get(|| async {
             (
-                [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                [(
+                    header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
                 crate::go_compat::render_metrics(),
             )
         }),

@@ -32,7 +32,10 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod conn_limit;
+pub mod go_compat;
+pub mod go_env;
 pub mod grpc;
+pub mod health;
 pub mod http;
 pub mod limiter;
 #[cfg(feature = "loadgen")]
@@ -40,10 +43,7 @@ pub mod loadgen;
 pub mod matcher;
 pub mod metrics;
 pub mod settings;
-pub mod go_compat;
-pub mod go_env;
-pub mod health;
 pub mod storage;
-pub mod tls;
 #[cfg(test)]
 mod test_log;
+pub mod tls;

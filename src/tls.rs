@@ -26,7 +26,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ParsedCertificate, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -99,7 +101,10 @@ pub fn key_from_pem(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
 ///
 /// # Errors
 /// [`TlsError`] naming `what` and `path`.
-pub fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub fn load_certs(
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     certs_from_pem(&read(what, path)?).map_err(|message| TlsError {
         what,
         path: path.to_owned(),
@@ -148,8 +153,13 @@ fn load_pair(cert: &Path, key: &Path, raw: (&[u8], &[u8])) -> Result<CertifiedKe
     };
     let chain = certs_from_pem(raw.0).map_err(|m| err("gRPC server certificate", cert, m))?;
     let der = key_from_pem(raw.1).map_err(|m| err("gRPC server key", key, m))?;
-    CertifiedKey::from_der(chain, der, &provider())
-        .map_err(|e| err("gRPC server key", key, format!("{e} (does it belong to the certificate?)")))
+    CertifiedKey::from_der(chain, der, &provider()).map_err(|e| {
+        err(
+            "gRPC server key",
+            key,
+            format!("{e} (does it belong to the certificate?)"),
+        )
+    })
 }
 
 /// The server certificate in force, swapped by the reloader.
@@ -174,7 +184,10 @@ impl Resolver {
     /// Reads the files again; swaps the certificate when they changed and
     /// load. Returns whether a new certificate is in force.
     fn reload(&self) -> bool {
-        let (cert, key) = match (std::fs::read(&self.cert_path), std::fs::read(&self.key_path)) {
+        let (cert, key) = match (
+            std::fs::read(&self.cert_path),
+            std::fs::read(&self.key_path),
+        ) {
             (Ok(c), Ok(k)) => (c, k),
             (Err(e), _) | (_, Err(e)) => {
                 tracing::debug!(error = %e, "gRPC TLS files not readable now; keeping the certificate in force");
@@ -218,7 +231,9 @@ impl ClientCertVerifier for SanVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let ok = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        let ok = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
         rustls::client::verify_server_name(&ParsedCertificate::try_from(end_entity)?, &self.san)?;
         Ok(ok)
     }
@@ -280,13 +295,14 @@ impl ServerTls {
             Some(ca) => {
                 let what = "gRPC client CA";
                 let roots = load_roots(what, ca)?;
-                let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                    .build()
-                    .map_err(|e| TlsError {
-                        what,
-                        path: ca.clone(),
-                        message: e.to_string(),
-                    })?;
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                        .build()
+                        .map_err(|e| TlsError {
+                            what,
+                            path: ca.clone(),
+                            message: e.to_string(),
+                        })?;
                 let verifier: Arc<dyn ClientCertVerifier> = match &settings.client_san {
                     None => verifier,
                     Some(san) => Arc::new(SanVerifier {

@@ -131,9 +131,14 @@ impl App {
             tls: self.tls.clone(),
             health: Some(self.health.clone()),
             shutdown_delay: self.shutdown_delay,
-            go_metrics: extra
-                .go_metrics
-                .map(|l| (l, self.go_metrics_path.clone().unwrap_or_else(|| "/metrics".into()))),
+            go_metrics: extra.go_metrics.map(|l| {
+                (
+                    l,
+                    self.go_metrics_path
+                        .clone()
+                        .unwrap_or_else(|| "/metrics".into()),
+                )
+            }),
             debug: extra.debug,
             ..super::RunOptions::default()
         };

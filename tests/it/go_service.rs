@@ -40,10 +40,21 @@ fn rsa_key(dir: &Path) -> (String, String) {
         assert!(out.status.success(), "openssl {args:?}: {out:?}");
     };
     let (k8s, k1s) = (k8.to_str().expect("utf-8"), k1.to_str().expect("utf-8"));
-    run(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", k8s]);
+    run(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+        k8s,
+    ]);
     run(&["pkey", "-in", k8s, "-traditional", "-out", k1s]);
     let pkcs1 = std::fs::read_to_string(&k1).expect("read");
-    assert!(pkcs1.starts_with("-----BEGIN RSA PRIVATE KEY-----"), "{pkcs1}");
+    assert!(
+        pkcs1.starts_with("-----BEGIN RSA PRIVATE KEY-----"),
+        "{pkcs1}"
+    );
     (std::fs::read_to_string(&k8).expect("read"), pkcs1)
 }
 
@@ -217,7 +228,7 @@ async fn tls_channel(
     client: Option<&(String, String)>,
 ) -> tonic::transport::Channel {
     let c = tokio_rustls::TlsConnector::from(Arc::new(client_config(ca_pem, client)));
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("endpoint")
         .connect_with_connector(tower::service_fn(move |_| {
             let c = c.clone();
@@ -230,8 +241,7 @@ async fn tls_channel(
             }
         }))
         .await
-        .expect("TLS channel");
-    channel
+        .expect("TLS channel")
 }
 
 /// Envoy Gateway's descriptor shape for one rule: the rule's generic key,
@@ -344,13 +354,19 @@ fn eg_env(root: &Path, ports: &Ports, redis: &RedisServer) -> Vec<(String, Strin
         ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
         ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", s(&certs.join("tls.crt"))),
         ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", s(&certs.join("tls.key"))),
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", s(&certs.join("ca.crt"))),
+        (
+            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+            s(&certs.join("ca.crt")),
+        ),
         ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
         ("REDIS_SOCKET_TYPE", "tcp".into()),
         ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
         ("USE_PROMETHEUS", "true".into()),
         ("PROMETHEUS_ADDR", ports.prometheus.to_string()),
-        ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml".into()),
+        (
+            "PROMETHEUS_MAPPER_YAML",
+            "/etc/statsd-exporter/conf.yaml".into(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -400,10 +416,14 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
             .into_inner();
         codes.push(r.overall_code);
     }
-    assert_eq!(codes, [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]);
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
     // gRPC health under the Go service's name and the server-wide one.
-    let mut health =
-        tonic_health::pb::health_client::HealthClient::new(tls_channel(ports.grpc, &ca.pem, None).await);
+    let mut health = tonic_health::pb::health_client::HealthClient::new(
+        tls_channel(ports.grpc, &ca.pem, None).await,
+    );
     for service in ["ratelimit", ""] {
         let r = health
             .check(tonic_health::pb::HealthCheckRequest {
@@ -432,7 +452,10 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
             .map(|_| ())
     };
     let refused: Result<(), Box<dyn std::error::Error>> = plain.await;
-    assert!(refused.is_err(), "a plaintext call succeeded on the TLS port");
+    assert!(
+        refused.is_err(),
+        "a plaintext call succeeded on the TLS port"
+    );
 
     // The Go metric names after the denial, on PROMETHEUS_ADDR.
     let m = http_get(ports.prometheus, "/metrics", &[])
@@ -449,14 +472,24 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
     ] {
         assert!(m.body.lines().any(|l| l == line), "no {line}:\n{}", m.body);
     }
-    assert!(m.body.contains("\nprocess_resident_memory_bytes "), "{}", m.body);
+    assert!(
+        m.body.contains("\nprocess_resident_memory_bytes "),
+        "{}",
+        m.body
+    );
     assert!(!m.body.contains("bucket_rls_"), "{}", m.body);
     // bucket-rls's own names stay on the admin port.
     let admin = http_get(ports.http, "/metrics", &[]).await.expect("GET");
-    assert!(admin.body.contains("bucket_rls_over_limit_total"), "{}", admin.body);
+    assert!(
+        admin.body.contains("bucket_rls_over_limit_total"),
+        "{}",
+        admin.body
+    );
 
     // The plain-text /rlconfig on the debug port.
-    let d = http_get(ports.debug, "/rlconfig", &[]).await.expect("GET /rlconfig");
+    let d = http_get(ports.debug, "/rlconfig", &[])
+        .await
+        .expect("GET /rlconfig");
     assert_eq!(d.status, 200);
     assert!(
         d.body.contains("default/eg/http.default/eg/http/rule-0-match-0_rule-0-match-0.masked_remote_address_0.0.0.0/0: unit=MINUTE requests_per_unit=2"),
@@ -482,10 +515,16 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
     std::fs::write(root.path().join("certs/tls.crt"), "not a certificate\n").expect("write");
     eventually(DEADLINE, "the bad certificate logged", || {
         let logs = rls.logs();
-        async move { logs.contains("do not load; keeping the certificate in force").then_some(()) }
+        async move {
+            logs.contains("do not load; keeping the certificate in force")
+                .then_some(())
+        }
     })
     .await;
-    assert_eq!(served_leaf(ports.grpc, &ca.pem).await.expect("handshake"), want);
+    assert_eq!(
+        served_leaf(ports.grpc, &ca.pem).await.expect("handshake"),
+        want
+    );
     // The existing TLS client still works.
     client
         .should_rate_limit(eg_request())
@@ -493,7 +532,9 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
         .expect("call on the old connection");
 
     // /healthcheck turns 500 on SIGTERM.
-    let ok = http_get(ports.http, "/healthcheck", &[]).await.expect("GET");
+    let ok = http_get(ports.http, "/healthcheck", &[])
+        .await
+        .expect("GET");
     assert_eq!((ok.status, ok.body.as_str()), (200, "OK"));
     let status = Command::new("kill")
         .args(["-TERM", &rls.pid().to_string()])
@@ -517,9 +558,16 @@ async fn with_a_client_ca_a_client_without_a_certificate_is_refused() {
     write_config(root.path(), EG_CONFIG);
     let ports = Ports::new();
     let mut env = eg_env(root.path(), &ports, &redis);
-    let ca_file = root.path().join("certs/ca.crt").to_string_lossy().into_owned();
+    let ca_file = root
+        .path()
+        .join("certs/ca.crt")
+        .to_string_lossy()
+        .into_owned();
     env.push(("GRPC_CLIENT_TLS_CACERT".into(), ca_file));
-    env.push(("GRPC_CLIENT_TLS_SAN".into(), "envoy.envoy-gateway-system".into()));
+    env.push((
+        "GRPC_CLIENT_TLS_SAN".into(),
+        "envoy.envoy-gateway-system".into(),
+    ));
     let (_link_dir, link) = ratelimit_link();
     let mut rls = start(&link, &env);
     wait_healthy(&mut rls, ports.http).await;
@@ -643,7 +691,9 @@ async fn envoy_over_tls_without_sni_returns_429_with_retry_after() {
     let mut statuses = Vec::new();
     let mut last = None;
     for _ in 0..3 {
-        let r = http_get(envoy.listener, "/", &[]).await.expect("GET via Envoy");
+        let r = http_get(envoy.listener, "/", &[])
+            .await
+            .expect("GET via Envoy");
         statuses.push(r.status);
         last = Some(r);
     }
@@ -759,7 +809,9 @@ descriptors:
             codes.push(r.overall_code);
         }
         assert_eq!(codes, [Code::Ok as i32, Code::OverLimit as i32], "{sub}");
-        let d = http_get(ports.debug, "/rlconfig", &[]).await.expect("GET /rlconfig");
+        let d = http_get(ports.debug, "/rlconfig", &[])
+            .await
+            .expect("GET /rlconfig");
         assert!(d.body.contains(&format!("{domain}.")), "{sub}: {}", d.body);
     }
 }
@@ -768,17 +820,27 @@ descriptors:
 fn every_refused_variable_stops_startup_with_its_reason() {
     let (_link_dir, link) = ratelimit_link();
     for (var, value, reason) in [
-        ("BACKEND_TYPE", "memcache", "bucket-rls keeps its buckets in Redis"),
+        (
+            "BACKEND_TYPE",
+            "memcache",
+            "bucket-rls keeps its buckets in Redis",
+        ),
         ("USE_STATSD", "true", "statsd is not supported"),
-        ("REDIS_PERSECOND", "true", "per-second limits is not supported"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW", "is not supported by this build"),
+        (
+            "REDIS_PERSECOND",
+            "true",
+            "per-second limits is not supported",
+        ),
+        (
+            "CONFIG_TYPE",
+            "GRPC_XDS_SOTW",
+            "is not supported by this build",
+        ),
         ("REDIS_SOCKET_TYPE", "unix", "only tcp is supported"),
         ("GRPC_UDS", "/run/rls.sock", "Unix socket is not supported"),
     ] {
         let mut cmd = Command::new(&link);
-        cmd.env_clear()
-            .envs(Ports::new().env())
-            .env(var, value);
+        cmd.env_clear().envs(Ports::new().env()).env(var, value);
         let mut proc = Proc::spawn("ratelimit", cmd);
         // It must exit by itself; one that keeps serving fails the wait.
         let deadline = std::time::Instant::now() + DEADLINE;
@@ -786,7 +848,10 @@ fn every_refused_variable_stops_startup_with_its_reason() {
             if let Some(s) = proc.try_wait() {
                 break s;
             }
-            assert!(std::time::Instant::now() < deadline, "{var}={value} started");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{var}={value} started"
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         let err = proc.logs();
@@ -817,7 +882,10 @@ async fn redis_over_tls_with_a_client_certificate_from_the_go_variables() {
         let mut env = ports.env();
         env.extend(
             [
-                ("RUNTIME_ROOT", root.path().join("data").to_string_lossy().into_owned()),
+                (
+                    "RUNTIME_ROOT",
+                    root.path().join("data").to_string_lossy().into_owned(),
+                ),
                 ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
                 ("USE_STATSD", "false".into()),
                 ("REDIS_SOCKET_TYPE", "tcp".into()),
@@ -863,9 +931,15 @@ async fn redis_over_tls_with_a_client_certificate_from_the_go_variables() {
                 .await
                 .expect_err("Redis refuses a client without a certificate");
             assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
-            let h = http_get(ports.http, "/healthcheck", &[]).await.expect("GET");
+            let h = http_get(ports.http, "/healthcheck", &[])
+                .await
+                .expect("GET");
             assert_eq!(h.status, 500, "{}", h.body);
-            assert!(h.body.contains("storage has not answered yet"), "{}", h.body);
+            assert!(
+                h.body.contains("storage has not answered yet"),
+                "{}",
+                h.body
+            );
         }
     }
 }
