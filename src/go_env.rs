@@ -276,6 +276,21 @@ impl Mapped {
         out.join(" ")
     }
 
+    /// Logs, once at startup, the flags the environment became, the
+    /// variables accepted and ignored, the unknown ones and the notes.
+    pub fn log_startup(&self) {
+        tracing::info!(flags = %self.shown(), "started as ratelimit: settings from the Go service's environment variables");
+        if !self.ignored.is_empty() {
+            tracing::info!(variables = %self.ignored.join(", "), "accepted and ignored (Go service tuning, or read by a config source not in use)");
+        }
+        if !self.unknown.is_empty() {
+            tracing::warn!(variables = %self.unknown.join(", "), "unknown variables, ignored");
+        }
+        for note in &self.notes {
+            tracing::warn!("{note}");
+        }
+    }
+
     fn flag(&mut self, flag: &str, value: impl Into<String>, from: &str) {
         self.args.push(flag.to_owned());
         self.args.push(value.into());

@@ -37,23 +37,17 @@ fn started_as_go_service() -> bool {
 /// `ratelimit` with no arguments: `serve` with the flags of the Go
 /// service's environment variables ([`bucket_rls::go_env`]).
 fn go_service_args() -> Result<(ServeArgs, bucket_rls::go_env::Mapped), String> {
-    let env: bucket_rls::go_env::Env = std::env::vars().collect();
+    // Names or values that are not UTF-8 cannot be Go service settings.
+    let env: bucket_rls::go_env::Env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
     bucket_rls::go_env::serve_args(&env).map_err(|e| format!("{e} (not starting)"))
 }
 
 fn run_serve(args: ServeArgs, mapped: Option<bucket_rls::go_env::Mapped>) -> bool {
     init_tracing(&args.log_level, args.log_format);
     if let Some(m) = mapped {
-        tracing::info!(flags = %m.shown(), "started as ratelimit: settings from the Go service's environment variables");
-        if !m.ignored.is_empty() {
-            tracing::info!(variables = %m.ignored.join(", "), "accepted and ignored (Go service tuning, or read by a config source not in use)");
-        }
-        if !m.unknown.is_empty() {
-            tracing::warn!(variables = %m.unknown.join(", "), "unknown variables, ignored");
-        }
-        for note in &m.notes {
-            tracing::warn!("{note}");
-        }
+        m.log_startup();
     }
     match tokio::runtime::Runtime::new() {
         Ok(rt) => rt
@@ -71,21 +65,27 @@ fn run_serve(args: ServeArgs, mapped: Option<bucket_rls::go_env::Mapped>) -> boo
 }
 
 fn main() -> ExitCode {
-    if started_as_go_service() {
-        let ok = match go_service_args() {
+    let ok = if started_as_go_service() {
+        match go_service_args() {
             Ok((args, mapped)) => run_serve(args, Some(mapped)),
             Err(e) => {
                 report!(std::io::stderr(), "error: {e}");
                 false
             }
-        };
-        return if ok {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        }
+    } else {
+        command(Cli::parse().command)
+    };
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
-    let ok = match Cli::parse().command {
+}
+
+/// Runs a subcommand; `true` on success.
+fn command(command: Command) -> bool {
+    match command {
         Command::CheckConfig {
             paths,
             merge_domain_config,
@@ -105,11 +105,6 @@ fn main() -> ExitCode {
             .map_err(|e| report!(std::io::stderr(), "error: {e}"))
             .is_ok(),
         Command::Serve(args) => run_serve(*args, None),
-    };
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }
 
