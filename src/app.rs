@@ -102,6 +102,10 @@ impl Default for RunOptions {
     }
 }
 
+/// How often the `ratelimit` gRPC health status is brought in line with
+/// the Go health state ([`crate::health::Health::check_go`]).
+pub const GO_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
 /// gRPC health service names reported with the RateLimitService's own: the
 /// Go service's `ratelimit` and the server-wide `""`.
 pub const HEALTH_SERVICE_NAMES: [&str; 2] = ["", "ratelimit"];
@@ -148,10 +152,18 @@ pub async fn run_with(
     } = options;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RlsServer>().await;
+    let go_mode = health
+        .as_ref()
+        .is_some_and(|h| matches!(h.mode(), crate::settings::HealthMode::Go { .. }));
     for name in HEALTH_SERVICE_NAMES {
-        health_reporter
-            .set_service_status(name, tonic_health::ServingStatus::Serving)
-            .await;
+        // In Go mode `ratelimit` starts NOT_SERVING and follows the Go
+        // health state (the task below).
+        let status = if go_mode && name == "ratelimit" {
+            tonic_health::ServingStatus::NotServing
+        } else {
+            tonic_health::ServingStatus::Serving
+        };
+        health_reporter.set_service_status(name, status).await;
     }
 
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
@@ -178,6 +190,25 @@ pub async fn run_with(
     let reloader = tls
         .as_ref()
         .map(|t| t.spawn_reloader(crate::tls::RELOAD_INTERVAL));
+    // Go health: the `ratelimit` gRPC name follows `/healthcheck`.
+    let go_health = health.clone().filter(|_| go_mode).map(|h| {
+        let (reporter, limiter) = (health_reporter.clone(), limiter.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(GO_HEALTH_INTERVAL);
+            let mut last = None;
+            while !h.is_draining() {
+                tick.tick().await;
+                let status = match h.check_go(&limiter).await {
+                    Ok(()) => tonic_health::ServingStatus::Serving,
+                    Err(_) => tonic_health::ServingStatus::NotServing,
+                };
+                if last != Some(status) && !h.is_draining() {
+                    reporter.set_service_status("ratelimit", status).await;
+                    last = Some(status);
+                }
+            }
+        })
+    });
 
     // Dead peers are found by HTTP/2 pings; each port holds a bounded number
     // of connections (crate::conn_limit).
@@ -261,6 +292,9 @@ pub async fn run_with(
     };
     let stop_tasks = || {
         sweeper.abort();
+        if let Some(g) = &go_health {
+            g.abort();
+        }
         if let Some(r) = &reloader {
             r.abort();
         }

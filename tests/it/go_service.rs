@@ -421,22 +421,26 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
         [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
     );
     // gRPC health under the Go service's name and the server-wide one.
-    let mut health = tonic_health::pb::health_client::HealthClient::new(
+    let health = tonic_health::pb::health_client::HealthClient::new(
         tls_channel(ports.grpc, &ca.pem, None).await,
     );
     for service in ["ratelimit", ""] {
-        let r = health
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: service.into(),
-            })
-            .await
-            .expect("Health/Check")
-            .into_inner();
-        assert_eq!(
-            r.status,
-            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
-            "{service:?}"
-        );
+        let health = health.clone();
+        eventually(DEADLINE, "gRPC health SERVING", || {
+            let mut health = health.clone();
+            async move {
+                let r = health
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: service.into(),
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (r.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
+                    .then_some(())
+            }
+        })
+        .await;
     }
 
     // A plaintext client is refused.
