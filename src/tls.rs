@@ -443,3 +443,75 @@ where
         Ok(c)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf() -> (String, String) {
+        let c = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("cert");
+        (c.cert.pem(), c.signing_key.serialize_pem())
+    }
+
+    fn files(dir: &Path, pair: &(String, String)) -> GrpcTls {
+        std::fs::write(dir.join("tls.crt"), &pair.0).expect("write");
+        std::fs::write(dir.join("tls.key"), &pair.1).expect("write");
+        GrpcTls {
+            cert_file: dir.join("tls.crt"),
+            key_file: dir.join("tls.key"),
+            client_ca_file: None,
+            client_san: None,
+        }
+    }
+
+    #[test]
+    fn a_replaced_pair_is_swapped_in_and_a_bad_one_keeps_the_old() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = leaf();
+        let tls = ServerTls::load(&files(dir.path(), &first)).expect("loads");
+        let served = || tls.resolver.current.load().cert[0].to_vec();
+        let der = |pem: &str| {
+            CertificateDer::from_pem_slice(pem.as_bytes())
+                .expect("pem")
+                .to_vec()
+        };
+        assert_eq!(served(), der(&first.0));
+        assert!(
+            !tls.reload_now(),
+            "unchanged files are not a new certificate"
+        );
+        let second = leaf();
+        files(dir.path(), &second);
+        assert!(tls.reload_now());
+        assert_eq!(served(), der(&second.0));
+        std::fs::write(dir.path().join("tls.crt"), "garbage").expect("write");
+        assert!(!tls.reload_now());
+        assert_eq!(
+            served(),
+            der(&second.0),
+            "the bad file keeps the certificate"
+        );
+        // A key of another certificate is refused too.
+        std::fs::write(dir.path().join("tls.crt"), &first.0).expect("write");
+        assert!(!tls.reload_now());
+        assert_eq!(served(), der(&second.0));
+    }
+
+    #[test]
+    fn load_errors_name_the_file_and_the_reason() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b) = (leaf(), leaf());
+        let mut f = files(dir.path(), &(a.0.clone(), b.1.clone()));
+        let e = ServerTls::load(&f).expect_err("mismatched key");
+        assert_eq!(e.what, "gRPC server key");
+        assert!(e.to_string().contains("tls.key"), "{e}");
+        f.cert_file = dir.path().join("missing.crt");
+        let e = ServerTls::load(&f).expect_err("missing file");
+        assert!(e.to_string().starts_with("gRPC server certificate "), "{e}");
+        std::fs::write(dir.path().join("tls.crt"), &a.0).expect("write");
+        std::fs::write(dir.path().join("tls.key"), "no key here").expect("write");
+        f.cert_file = dir.path().join("tls.crt");
+        let e = ServerTls::load(&f).expect_err("no key");
+        assert!(e.message.contains("no PEM private key"), "{e}");
+    }
+}
