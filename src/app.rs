@@ -63,11 +63,108 @@ pub async fn run_with_grace(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), AppError> {
+    let options = RunOptions {
+        grace,
+        ..RunOptions::default()
+    };
+    run_with(listeners, limiter, shutdown, options).await
+}
+
+/// What [`run_with`] serves besides the two ports in plaintext.
+#[derive(Debug)]
+pub struct RunOptions {
+    /// Longest wait for in-flight requests after shutdown (default [`DRAIN_GRACE`]).
+    pub grace: Duration,
+    /// TLS on the gRPC port; its certificate files are re-read every
+    /// [`crate::tls::RELOAD_INTERVAL`] while serving.
+    pub tls: Option<crate::tls::ServerTls>,
+    /// Health state; `None` = native health, nothing shared.
+    pub health: Option<Arc<crate::health::Health>>,
+    /// After `shutdown` resolves, how long health reports unhealthy while
+    /// every port keeps serving, before the drain starts.
+    pub shutdown_delay: Duration,
+    /// Listener of the Go-named metrics and its path ([`crate::go_compat`]).
+    pub go_metrics: Option<(TcpListener, String)>,
+    /// Listener of the plain-text `/rlconfig` (the Go debug port).
+    pub debug: Option<TcpListener>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            grace: DRAIN_GRACE,
+            tls: None,
+            health: None,
+            shutdown_delay: Duration::ZERO,
+            go_metrics: None,
+            debug: None,
+        }
+    }
+}
+
+/// How often the `ratelimit` gRPC health status is brought in line with
+/// the Go health state ([`crate::health::Health::check_go`]).
+pub const GO_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// gRPC health service names reported with the RateLimitService's own: the
+/// Go service's `ratelimit` and the server-wide `""`.
+pub const HEALTH_SERVICE_NAMES: [&str; 2] = ["", "ratelimit"];
+
+/// Serves an extra plain HTTP listener (metrics or debug) until `stop`.
+async fn serve_extra(
+    listener: Option<TcpListener>,
+    router: impl FnOnce() -> axum::Router,
+    port: &'static str,
+    mut stop: tokio::sync::broadcast::Receiver<()>,
+) -> std::io::Result<()> {
+    let Some(listener) = listener else {
+        return Ok(());
+    };
+    axum::serve(
+        LimitedListener::new(listener, per_port_limit(), false, port),
+        router(),
+    )
+    .with_graceful_shutdown(async move {
+        let _ = stop.recv().await;
+    })
+    .await
+}
+
+/// [`run_with_grace`] with TLS, the Go health semantics, a shutdown delay
+/// and the extra listeners of `options`.
+///
+/// # Errors
+/// A server failed to run.
+pub async fn run_with(
+    listeners: Listeners,
+    limiter: Arc<Limiter>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    options: RunOptions,
+) -> Result<(), AppError> {
+    type RlsServer = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitGrpc>;
+    let RunOptions {
+        grace,
+        tls,
+        health,
+        shutdown_delay,
+        go_metrics,
+        debug,
+    } = options;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitGrpc>>().await;
-    health_reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    health_reporter.set_serving::<RlsServer>().await;
+    let go_mode = health
+        .as_ref()
+        .is_some_and(|h| matches!(h.mode(), crate::settings::HealthMode::Go { .. }));
+    for name in HEALTH_SERVICE_NAMES {
+        // In Go mode `ratelimit` starts NOT_SERVING and follows the Go
+        // health state (the task below).
+        let status = if go_mode && name == "ratelimit" {
+            tonic_health::ServingStatus::NotServing
+        } else {
+            tonic_health::ServingStatus::Serving
+        };
+        health_reporter.set_service_status(name, status).await;
+    }
 
     let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut grpc_stop = stop_tx.subscribe();
@@ -90,46 +187,102 @@ pub async fn run_with_grace(
             }
         })
     };
+    let reloader = tls
+        .as_ref()
+        .map(|t| t.spawn_reloader(crate::tls::RELOAD_INTERVAL));
+    // Go health: the `ratelimit` gRPC name follows `/healthcheck`.
+    let go_health = health.clone().filter(|_| go_mode).map(|h| {
+        let (reporter, limiter) = (health_reporter.clone(), limiter.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(GO_HEALTH_INTERVAL);
+            let mut last = None;
+            while !h.is_draining() {
+                tick.tick().await;
+                let status = match h.check_go(&limiter).await {
+                    Ok(()) => tonic_health::ServingStatus::Serving,
+                    Err(_) => tonic_health::ServingStatus::NotServing,
+                };
+                if last != Some(status) && !h.is_draining() {
+                    reporter.set_service_status("ratelimit", status).await;
+                    last = Some(status);
+                }
+            }
+        })
+    });
 
     // Dead peers are found by HTTP/2 pings; each port holds a bounded number
     // of connections (crate::conn_limit).
-    let grpc = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(health_service)
-        .add_service(RateLimitGrpc::server(limiter.clone()))
-        // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
-        // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
-        .serve_with_incoming_shutdown(
-            LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc").into_stream(),
-            async move {
-                let _ = grpc_stop.recv().await;
-            },
-        );
+        .add_service(RateLimitGrpc::server(limiter.clone()));
+    // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
+    // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
+    let tcp = LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc").into_stream();
+    let grpc_signal = async move {
+        let _ = grpc_stop.recv().await;
+    };
+    let grpc: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
+        match &tls {
+            Some(t) => Box::pin(
+                router.serve_with_incoming_shutdown(crate::tls::incoming(tcp, t), grpc_signal),
+            ),
+            None => Box::pin(router.serve_with_incoming_shutdown(tcp, grpc_signal)),
+        };
     let http = axum::serve(
         LimitedListener::new(listeners.http, per_port_limit(), false, "http"),
-        crate::http::router(limiter.clone()),
+        crate::http::router_with(limiter.clone(), health.clone()),
     )
     .with_graceful_shutdown(async move {
         let _ = http_stop.recv().await;
     })
     .into_future();
+    let (metrics_listener, metrics_path) = match go_metrics {
+        Some((l, path)) => (Some(l), path),
+        None => (None, String::new()),
+    };
+    let metrics = serve_extra(
+        metrics_listener,
+        move || crate::http::go_metrics_router(&metrics_path),
+        "metrics",
+        stop_tx.subscribe(),
+    );
+    let debug = serve_extra(
+        debug,
+        {
+            let l = limiter.clone();
+            move || crate::http::debug_router(l)
+        },
+        "debug",
+        stop_tx.subscribe(),
+    );
 
     let reporter = health_reporter.clone();
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         shutdown.await;
+        if let Some(h) = &health {
+            h.set_draining();
+        }
+        for name in HEALTH_SERVICE_NAMES {
+            reporter
+                .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+        reporter.set_not_serving::<RlsServer>().await;
+        if !shutdown_delay.is_zero() {
+            tracing::info!(
+                ?shutdown_delay,
+                "shutting down: reporting unhealthy before draining"
+            );
+            tokio::time::sleep(shutdown_delay).await;
+        }
         tracing::info!("shutting down: draining in-flight requests");
-        reporter
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
-        reporter
-            .set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitGrpc>>()
-            .await;
         let _ = stop_tx.send(());
         let _ = draining_tx.send(());
     });
-    let servers = async { tokio::join!(grpc, http) };
+    let servers = async { tokio::join!(grpc, http, metrics, debug) };
     let deadline = async {
         if draining_rx.await.is_ok() {
             tokio::time::sleep(grace).await;
@@ -137,19 +290,30 @@ pub async fn run_with_grace(
             std::future::pending::<()>().await;
         }
     };
-    let (g, h) = tokio::select! {
+    let stop_tasks = || {
+        sweeper.abort();
+        if let Some(g) = &go_health {
+            g.abort();
+        }
+        if let Some(r) = &reloader {
+            r.abort();
+        }
+    };
+    let (g, h, m, d) = tokio::select! {
         r = servers => r,
         () = deadline => {
             tracing::warn!(?grace, "drain grace period elapsed; closing the remaining connections");
-            sweeper.abort();
+            stop_tasks();
             return Ok(());
         }
     };
-    sweeper.abort();
+    stop_tasks();
     g?;
     h?;
+    m?;
+    d?;
     Ok(())
 }
 
 mod setup;
-pub use setup::{App, build_storage, reload_on_sighup, shutdown_signal};
+pub use setup::{App, ExtraListeners, build_storage, reload_on_sighup, shutdown_signal};

@@ -4,8 +4,8 @@
 //! contradict each other ([`SetupError`]).
 
 use crate::settings::{
-    Backend, ConfigSource, MasterAuth, OnStorageError, RedisSettings, ServiceSettings, Settings,
-    SetupError,
+    Backend, ConfigSource, HealthMode, MasterAuth, OnStorageError, RedisSettings, ServiceSettings,
+    Settings, SetupError,
 };
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
@@ -168,6 +168,21 @@ pub struct ServeArgs {
     /// master, or Cluster nodes; default: the public web PKI roots).
     #[arg(long, env = "BUCKET_RLS_REDIS_TLS_CA_FILE")]
     pub redis_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain presented to Redis over TLS (with
+    /// `--redis-tls-client-key`; `rediss://` addresses).
+    #[arg(
+        long,
+        env = "BUCKET_RLS_REDIS_TLS_CLIENT_CERT",
+        requires = "redis_tls_client_key"
+    )]
+    pub redis_tls_client_cert: Option<PathBuf>,
+    /// PEM private key of `--redis-tls-client-cert`.
+    #[arg(
+        long,
+        env = "BUCKET_RLS_REDIS_TLS_CLIENT_KEY",
+        requires = "redis_tls_client_cert"
+    )]
+    pub redis_tls_client_key: Option<PathBuf>,
     /// Prefix of every bucket key in Redis.
     #[arg(long, env = "BUCKET_RLS_REDIS_KEY_PREFIX", default_value = "rls:")]
     pub redis_key_prefix: String,
@@ -254,6 +269,63 @@ pub struct ServeArgs {
     /// 1); a call whose `traceparent` is sampled is always traced.
     #[arg(long, env = "BUCKET_RLS_TRACING_SAMPLING_RATE", default_value_t = 1.0)]
     pub tracing_sampling_rate: f64,
+    /// Serve gRPC over TLS with this PEM certificate chain (with
+    /// `--grpc-tls-key`). The files are read again every few seconds: a
+    /// replaced certificate is used for new connections.
+    #[arg(long, env = "BUCKET_RLS_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of `--grpc-tls-cert` (PKCS#1, PKCS#8 or SEC1).
+    #[arg(long, env = "BUCKET_RLS_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// Require gRPC clients to present a certificate signed by a CA of this
+    /// PEM file (needs `--grpc-tls-cert`).
+    #[arg(
+        long,
+        env = "BUCKET_RLS_GRPC_TLS_CLIENT_CA",
+        requires = "grpc_tls_cert"
+    )]
+    pub grpc_tls_client_ca: Option<PathBuf>,
+    /// A DNS name or IP address that client certificates must carry as a
+    /// subject alternative name (needs `--grpc-tls-client-ca`).
+    #[arg(
+        long,
+        env = "BUCKET_RLS_GRPC_TLS_CLIENT_SAN",
+        requires = "grpc_tls_client_ca"
+    )]
+    pub grpc_tls_client_san: Option<String>,
+    /// What `/healthcheck` and gRPC health report: `native` (whether
+    /// storage answers now) or `go` (the Go service's: healthy once storage
+    /// answered once; unhealthy after SIGTERM).
+    #[arg(
+        long,
+        env = "BUCKET_RLS_HEALTH_MODE",
+        value_enum,
+        default_value = "native"
+    )]
+    pub health_mode: HealthModeArg,
+    /// With `--health-mode go`: unhealthy until a config is loaded.
+    #[arg(
+        long,
+        env = "BUCKET_RLS_HEALTH_REQUIRE_CONFIG",
+        default_value_t = false
+    )]
+    pub health_require_config: bool,
+    /// Also serve metrics under the Go service's names
+    /// (`ratelimit_service_*`, process metrics) on this address.
+    #[arg(long, env = "BUCKET_RLS_GO_METRICS_ADDR")]
+    pub go_metrics_addr: Option<SocketAddr>,
+    /// Path of the Go-named metrics on `--go-metrics-addr`.
+    #[arg(long, env = "BUCKET_RLS_GO_METRICS_PATH", default_value = "/metrics", value_parser = url_path)]
+    pub go_metrics_path: String,
+    /// Also serve the plain-text `/rlconfig` (the Go service's debug port,
+    /// read by `egctl config envoy-ratelimit`) on this address.
+    #[arg(long, env = "BUCKET_RLS_DEBUG_ADDR")]
+    pub debug_addr: Option<SocketAddr>,
+    /// After SIGTERM, report unhealthy for this many seconds while still
+    /// serving, then drain (lets load balancers stop sending first).
+    #[arg(long, env = "BUCKET_RLS_SHUTDOWN_DELAY_SECS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=3_600))]
+    pub shutdown_delay_secs: u64,
     /// Log level or filter (`info`, `debug`, `bucket_rls=debug,info`).
     #[arg(long, env = "BUCKET_RLS_LOG_LEVEL", default_value = "info", value_parser = parse_log_level)]
     pub log_level: String,
@@ -265,6 +337,26 @@ pub struct ServeArgs {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+/// `--health-mode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HealthModeArg {
+    /// Whether storage answers now.
+    Native,
+    /// The Go service's semantics.
+    Go,
+}
+
+/// An HTTP path: starts with `/`, at most 256 characters, no spaces.
+fn url_path(s: &str) -> Result<String, String> {
+    if !s.starts_with('/')
+        || s.len() > 256
+        || s.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!("'{s}' is not a path (starts with /, no spaces)"));
+    }
+    Ok(s.to_owned())
 }
 
 /// Parses a ratio from 0 to 1 (`--near-limit-ratio`).
@@ -343,6 +435,30 @@ impl TryFrom<&ServeArgs> for Settings {
                 service_name: args.tracing_service_name.clone(),
                 sampling_rate: args.tracing_sampling_rate,
             },
+            grpc_tls: match (&args.grpc_tls_cert, &args.grpc_tls_key) {
+                (Some(cert), Some(key)) => Some(crate::settings::GrpcTls {
+                    cert_file: cert.clone(),
+                    key_file: key.clone(),
+                    client_ca_file: args.grpc_tls_client_ca.clone(),
+                    client_san: args.grpc_tls_client_san.clone(),
+                }),
+                _ => None,
+            },
+            health: match args.health_mode {
+                HealthModeArg::Native if args.health_require_config => {
+                    return Err(SetupError::HealthRequireConfig);
+                }
+                HealthModeArg::Native => HealthMode::Native,
+                HealthModeArg::Go => HealthMode::Go {
+                    require_config: args.health_require_config,
+                },
+            },
+            go_metrics: args.go_metrics_addr.map(|addr| crate::settings::GoMetrics {
+                addr,
+                path: args.go_metrics_path.clone(),
+            }),
+            debug_addr: args.debug_addr,
+            shutdown_delay: std::time::Duration::from_secs(args.shutdown_delay_secs),
         })
     }
 }
@@ -467,10 +583,20 @@ impl TryFrom<&ServeArgs> for Backend {
             Some(path) => Some(read_ca_file(path)?),
             None => None,
         };
+        let tls_client = match (&args.redis_tls_client_cert, &args.redis_tls_client_key) {
+            (Some(_), _) | (_, Some(_)) if topologies == 0 => {
+                return Err(SetupError::Tls(
+                    "--redis-tls-client-cert needs a Redis backend (--redis-url, --redis-sentinel or --redis-cluster)".into(),
+                ));
+            }
+            (Some(cert), Some(key)) => Some(read_client_cert(cert, key)?),
+            _ => None,
+        };
         let redis = RedisSettings {
             timeout_ms: args.redis_timeout,
             local_cache_size: usize::try_from(args.local_cache_size).unwrap_or(usize::MAX),
             tls_root_ca_pem,
+            tls_client,
         };
         Ok(if !args.redis_cluster.is_empty() {
             Self::Cluster {
@@ -576,6 +702,23 @@ pub fn check_xds_dumps(
         }
     }
     ok
+}
+
+/// Reads `--redis-tls-client-cert` and `--redis-tls-client-key` and checks
+/// that they parse as a certificate chain and a private key.
+fn read_client_cert(
+    cert: &Path,
+    key: &Path,
+) -> Result<crate::storage::redis::ClientCertPem, SetupError> {
+    let tls = |e: crate::tls::TlsError| SetupError::Tls(e.to_string());
+    crate::tls::load_certs("--redis-tls-client-cert", cert).map_err(tls)?;
+    crate::tls::load_key("--redis-tls-client-key", key).map_err(tls)?;
+    let read =
+        |p: &Path| std::fs::read(p).map_err(|e| SetupError::Tls(format!("{}: {e}", p.display())));
+    Ok(crate::storage::redis::ClientCertPem {
+        cert: read(cert)?,
+        key: read(key)?,
+    })
 }
 
 /// `check-config`: loads each of `paths` as one config source with the
@@ -805,6 +948,7 @@ mod tests {
             timeout_ms: 50,
             local_cache_size: 100_000,
             tls_root_ca_pem: None,
+            tls_client: None,
         }
     }
 

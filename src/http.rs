@@ -43,15 +43,66 @@ pub const HEALTH_PING_TIMEOUT: Duration = Duration::from_secs(1);
 /// Builds the admin router (tests call it without a socket). Installs the
 /// process-wide metrics recorder if nothing did yet.
 pub fn router(limiter: Arc<Limiter>) -> Router {
+    router_with(limiter, None)
+}
+
+/// [`router`] with a shared health state: with [`HealthMode::Go`],
+/// `/healthcheck` answers with the Go service's semantics
+/// ([`crate::health::Health::check_go`]): 200 `OK`, or 500 with the reason.
+///
+/// [`HealthMode::Go`]: crate::settings::HealthMode::Go
+pub fn router_with(limiter: Arc<Limiter>, health: Option<Arc<crate::health::Health>>) -> Router {
     crate::metrics::install();
+    let healthcheck = match health {
+        Some(h) if matches!(h.mode(), crate::settings::HealthMode::Go { .. }) => {
+            get(move |State(limiter): State<Arc<Limiter>>| async move {
+                match h.check_go(&limiter).await {
+                    Ok(()) => (StatusCode::OK, "OK".to_owned()),
+                    Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")),
+                }
+            })
+        }
+        _ => get(healthcheck),
+    };
     Router::new()
-        .route("/healthcheck", get(healthcheck))
+        .route("/healthcheck", healthcheck)
         .route("/livez", get(livez))
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
+        .with_state(limiter)
+}
+
+/// The router of the Go-named metrics listener: `GET <path>` answers
+/// [`crate::go_compat::render_metrics`].
+pub fn go_metrics_router(path: &str) -> Router {
+    crate::metrics::install();
+    Router::new().route(
+        path,
+        get(|| async {
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                crate::go_compat::render_metrics(),
+            )
+        }),
+    )
+}
+
+/// The router of the Go debug port: `GET /rlconfig` answers the config in
+/// force as plain text ([`crate::go_compat::rlconfig_text`]).
+pub fn debug_router(limiter: Arc<Limiter>) -> Router {
+    Router::new()
+        .route(
+            "/rlconfig",
+            get(|State(limiter): State<Arc<Limiter>>| async move {
+                crate::go_compat::rlconfig_text(&limiter.config())
+            }),
+        )
         .with_state(limiter)
 }
 

@@ -32,7 +32,10 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod conn_limit;
+pub mod go_compat;
+pub mod go_env;
 pub mod grpc;
+pub mod health;
 pub mod http;
 pub mod limiter;
 #[cfg(feature = "loadgen")]
@@ -45,3 +48,4 @@ pub mod settings;
 pub mod storage;
 #[cfg(test)]
 mod test_log;
+pub mod tls;

@@ -25,20 +25,89 @@ macro_rules! report {
     }};
 }
 
+/// Whether the process was started as `ratelimit` (the Go service's binary
+/// name, `/bin/ratelimit` in the image) with no arguments.
+fn started_as_go_service() -> bool {
+    let mut args = std::env::args_os();
+    let name = args.next().map(std::path::PathBuf::from);
+    let base = name.as_deref().and_then(std::path::Path::file_name);
+    base.is_some_and(|b| b == "ratelimit") && args.next().is_none()
+}
+
+/// `ratelimit` with no arguments: `serve` with the flags of the Go
+/// service's environment variables ([`bucket_rls::go_env`]).
+fn go_service_args() -> Result<(ServeArgs, bucket_rls::go_env::Mapped), String> {
+    // Names or values that are not UTF-8 cannot be Go service settings.
+    let env: bucket_rls::go_env::Env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    bucket_rls::go_env::serve_args(&env).map_err(|e| format!("{e} (not starting)"))
+}
+
+fn run_serve(args: ServeArgs, mapped: Option<bucket_rls::go_env::Mapped>) -> bool {
+    init_tracing(&args.log_level, args.log_format);
+    if let Some(m) = mapped {
+        m.log_startup();
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt
+            .block_on(serve(args))
+            .map_err(|e| report!(std::io::stderr(), "error: {e:#}"))
+            .is_ok(),
+        Err(e) => {
+            report!(
+                std::io::stderr(),
+                "error: cannot start the async runtime: {e}"
+            );
+            false
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let ok = match Cli::parse().command {
+    let ok = if started_as_go_service() {
+        match go_service_args() {
+            Ok((args, mapped)) => run_serve(args, Some(mapped)),
+            Err(e) => {
+                report!(std::io::stderr(), "error: {e}");
+                false
+            }
+        }
+    } else {
+        match Cli::parse().command {
+            Command::CheckConfig {
+                paths,
+                merge_domain_config,
+                diff: Some(old),
+                ..
+            } => {
+                let load = loader::LoadOptions {
+                    merge_domains: merge_domain_config,
+                };
+                return check_config_diff(&old, &paths, load);
+            }
+            other => command(other),
+        }
+    };
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs a subcommand; `true` on success.
+fn command(command: Command) -> bool {
+    match command {
         Command::CheckConfig {
             paths,
             merge_domain_config,
-            diff,
             xds_resources,
+            ..
         } => {
             let load = loader::LoadOptions {
                 merge_domains: merge_domain_config,
             };
-            if let Some(old) = diff {
-                return check_config_diff(&old, &paths, load);
-            }
             let check = if xds_resources {
                 bucket_rls::cli::check_xds_dumps
             } else {
@@ -50,27 +119,7 @@ fn main() -> ExitCode {
         Command::Loadgen(args) => bucket_rls::loadgen::main(&args)
             .map_err(|e| report!(std::io::stderr(), "error: {e}"))
             .is_ok(),
-        Command::Serve(args) => {
-            init_tracing(&args.log_level, args.log_format);
-            match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt
-                    .block_on(serve(*args))
-                    .map_err(|e| report!(std::io::stderr(), "error: {e:#}"))
-                    .is_ok(),
-                Err(e) => {
-                    report!(
-                        std::io::stderr(),
-                        "error: cannot start the async runtime: {e}"
-                    );
-                    false
-                }
-            }
-        }
-    };
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+        Command::Serve(args) => run_serve(*args, None),
     }
 }
 
@@ -152,6 +201,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ConfigSource::Xds(_) => None,
     };
     let (grpc_addr, http_addr) = (settings.grpc_addr, settings.http_addr);
+    let go_metrics_addr = settings.go_metrics.as_ref().map(|m| m.addr);
+    let debug_addr = settings.debug_addr;
     let app = app::App::build(settings, config)?;
     app.ready().await;
     let grpc = tokio::net::TcpListener::bind(grpc_addr)
@@ -160,8 +211,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let http = tokio::net::TcpListener::bind(http_addr)
         .await
         .with_context(|| format!("binding HTTP on {http_addr}"))?;
-    tracing::info!(grpc = %grpc.local_addr()?, http = %http.local_addr()?, backend = app.limiter().storage().name(), "serving");
-    app.run(Listeners { grpc, http }, app::shutdown_signal())
+    let bind_extra = |addr: Option<std::net::SocketAddr>, what: &'static str| async move {
+        match addr {
+            None => Ok(None),
+            Some(a) => tokio::net::TcpListener::bind(a)
+                .await
+                .map(Some)
+                .with_context(|| format!("binding {what} on {a}")),
+        }
+    };
+    let extra = app::ExtraListeners {
+        go_metrics: bind_extra(go_metrics_addr, "Go-named metrics").await?,
+        debug: bind_extra(debug_addr, "debug /rlconfig").await?,
+    };
+    tracing::info!(
+        grpc = %grpc.local_addr()?,
+        http = %http.local_addr()?,
+        go_metrics = ?go_metrics_addr,
+        debug = ?debug_addr,
+        backend = app.limiter().storage().name(),
+        "serving"
+    );
+    app.run_with(Listeners { grpc, http }, extra, app::shutdown_signal())
         .await?;
     // Spans still queued leave before the process does (bounded by the
     // exporter's 10 s timeout).

@@ -136,6 +136,63 @@ pub struct Settings {
     pub backend: Backend,
     /// OpenTelemetry span export (off without an endpoint).
     pub tracing: crate::otel::TracingSettings,
+    /// TLS on the gRPC port (`--grpc-tls-cert`, `--grpc-tls-key`); `None` =
+    /// plaintext.
+    pub grpc_tls: Option<GrpcTls>,
+    /// What `/healthcheck` and the gRPC health service report.
+    pub health: HealthMode,
+    /// Listener of `/metrics` with the Go service's metric names
+    /// (`--go-metrics-addr`, the Go service's `PROMETHEUS_ADDR`).
+    pub go_metrics: Option<GoMetrics>,
+    /// Listener of the plain-text `/rlconfig` (`--debug-addr`, the Go
+    /// service's `DEBUG_HOST`/`DEBUG_PORT`).
+    pub debug_addr: Option<SocketAddr>,
+    /// After SIGTERM, how long health answers "unhealthy" while every port
+    /// keeps serving, before the drain starts (`--shutdown-delay-secs`).
+    pub shutdown_delay: Duration,
+}
+
+/// Files of the gRPC server's TLS (`--grpc-tls-*`; the Go service's
+/// `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT`,
+/// `GRPC_CLIENT_TLS_SAN`). Read at startup and again when they change
+/// ([`crate::tls`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcTls {
+    /// PEM certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#1, PKCS#8 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM CA certificate(s): when given, clients must present a
+    /// certificate signed by one of them.
+    pub client_ca_file: Option<PathBuf>,
+    /// A DNS name or IP address the client certificate must carry as a
+    /// subject alternative name (only with `client_ca_file`).
+    pub client_san: Option<String>,
+}
+
+/// The Go-compatible metrics listener (`--go-metrics-addr`, `--go-metrics-path`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GoMetrics {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Path of the exposition (default `/metrics`).
+    pub path: String,
+}
+
+/// What health reports (`--health-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HealthMode {
+    /// bucket-rls's own: `/healthcheck` reflects whether storage answers.
+    #[default]
+    Native,
+    /// The Go service's: healthy once storage answered one ping, whatever
+    /// happens to it later; unhealthy after SIGTERM; with `require_config`
+    /// (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`) also until a config is
+    /// loaded.
+    Go {
+        /// Unhealthy until a config is loaded.
+        require_config: bool,
+    },
 }
 
 /// The one source of the config: files or a control plane.
@@ -245,6 +302,10 @@ pub struct RedisSettings {
     /// (`--redis-tls-ca-file`, read and checked for a certificate block);
     /// `None` = the public web PKI roots.
     pub tls_root_ca_pem: Option<Vec<u8>>,
+    /// PEM certificate chain and key presented to Redis over TLS
+    /// (`--redis-tls-client-cert`, `--redis-tls-client-key`); `None` = no
+    /// client certificate.
+    pub tls_client: Option<crate::storage::redis::ClientCertPem>,
 }
 
 impl RedisSettings {
@@ -261,6 +322,7 @@ impl RedisSettings {
             timeout: self.timeout(),
             local_cache_size: self.local_cache_size,
             tls_root_ca_pem: self.tls_root_ca_pem.clone(),
+            tls_client: self.tls_client.clone(),
             ..crate::storage::redis::RedisOptions::default()
         }
     }
@@ -278,6 +340,7 @@ impl std::fmt::Debug for RedisSettings {
                     .as_ref()
                     .map(|p| format!("{} bytes", p.len())),
             )
+            .field("tls_client", &self.tls_client.is_some())
             .finish()
     }
 }
@@ -350,6 +413,13 @@ pub enum SetupError {
     /// An `--config-xds-*` flag is invalid (the message names it).
     #[error("{0}")]
     Xds(String),
+    /// A TLS file (gRPC server or Redis client) that cannot be used, or TLS
+    /// flags missing their partner.
+    #[error("{0}")]
+    Tls(String),
+    /// `--health-require-config` without `--health-mode go`.
+    #[error("--health-require-config applies only with --health-mode go")]
+    HealthRequireConfig,
 }
 
 impl HeaderNames {

@@ -503,3 +503,59 @@ fn run_local_script_serves_the_walkthrough_without_docker() {
     assert!((1..=12).contains(&wait), "retry-after {wait}");
     assert!(text.ends_with("run-local: ok\n"), "{text}");
 }
+
+/// examples/envoy-gateway/: Envoy Gateway's config swaps the rate limit
+/// image and keeps a Redis backend, the policy is a global rate limit on
+/// the quickstart route, and the image has the `/bin/ratelimit` link that
+/// Envoy Gateway runs.
+#[test]
+fn envoy_gateway_example_swaps_the_image_and_the_image_has_bin_ratelimit() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy-gateway");
+    let cm = yaml_docs(&dir.join("envoy-gateway-config.yaml"));
+    assert_eq!(cm.len(), 1);
+    assert_eq!(cm[0]["kind"], "ConfigMap");
+    assert_eq!(cm[0]["metadata"]["name"], "envoy-gateway-config");
+    let eg: Value = serde_saphyr::from_str(
+        cm[0]["data"]["envoy-gateway.yaml"]
+            .as_str()
+            .expect("envoy-gateway.yaml"),
+    )
+    .expect("EnvoyGateway YAML");
+    assert_eq!(eg["kind"], "EnvoyGateway");
+    let container = &eg["provider"]["kubernetes"]["rateLimitDeployment"]["container"];
+    assert!(
+        container["image"]
+            .as_str()
+            .is_some_and(|i| i.contains("bucket-rls")),
+        "{container}"
+    );
+    assert_eq!(eg["rateLimit"]["backend"]["type"], "Redis");
+    let url = eg["rateLimit"]["backend"]["redis"]["url"]
+        .as_str()
+        .expect("redis url");
+    let redis = yaml_docs(&dir.join("redis.yaml"));
+    let svc = redis
+        .iter()
+        .find(|d| d["kind"] == "Service")
+        .expect("Redis Service");
+    assert_eq!(
+        url,
+        format!(
+            "{}.{}.svc.cluster.local:{}",
+            svc["metadata"]["name"].as_str().expect("name"),
+            svc["metadata"]["namespace"].as_str().expect("namespace"),
+            svc["spec"]["ports"][0]["port"]
+        )
+    );
+    let btp = yaml_docs(&dir.join("backendtrafficpolicy.yaml"));
+    assert_eq!(btp[0]["kind"], "BackendTrafficPolicy");
+    assert_eq!(btp[0]["spec"]["rateLimit"]["type"], "Global");
+    let rules = btp[0]["spec"]["rateLimit"]["global"]["rules"]
+        .as_array()
+        .expect("rules");
+    assert_eq!(rules.len(), 2);
+    let dockerfile =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile"))
+            .expect("Dockerfile");
+    assert!(dockerfile.contains("RUN ln -s /usr/local/bin/bucket-rls /bin/ratelimit"));
+}

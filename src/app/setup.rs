@@ -23,6 +23,10 @@ use std::sync::Arc;
 pub struct App {
     limiter: Arc<Limiter>,
     source: Source,
+    tls: Option<crate::tls::ServerTls>,
+    health: Arc<crate::health::Health>,
+    shutdown_delay: std::time::Duration,
+    go_metrics_path: Option<String>,
 }
 
 /// The running config source.
@@ -37,6 +41,16 @@ enum Source {
     },
 }
 
+/// Listeners of the optional ports (`--go-metrics-addr`, `--debug-addr`),
+/// bound by the caller like [`Listeners`].
+#[derive(Debug, Default)]
+pub struct ExtraListeners {
+    /// Go-named metrics.
+    pub go_metrics: Option<tokio::net::TcpListener>,
+    /// Plain-text `/rlconfig`.
+    pub debug: Option<tokio::net::TcpListener>,
+}
+
 impl App {
     /// Builds the storage named by `settings`, a limiter, and the config
     /// source: for [`ConfigSource::File`] the limiter serves `config`
@@ -47,8 +61,16 @@ impl App {
     /// Must be called inside a Tokio runtime.
     ///
     /// # Errors
-    /// [`SetupError`] when the storage cannot be built.
+    /// [`SetupError`] when the storage cannot be built or a gRPC TLS file
+    /// cannot be used.
     pub fn build(settings: Settings, config: Option<Config>) -> Result<Self, SetupError> {
+        let tls = settings
+            .grpc_tls
+            .as_ref()
+            .map(crate::tls::ServerTls::load)
+            .transpose()
+            .map_err(|e| SetupError::Tls(e.to_string()))?;
+        let health = Arc::new(crate::health::Health::new(settings.health));
         let storage = build_storage(settings.backend)?;
         let s = &settings.service;
         if s.global_shadow_mode || s.global_quota_mode || s.response_dynamic_metadata {
@@ -78,6 +100,8 @@ impl App {
                 );
                 crate::config::watcher::record_startup_load();
                 tokio::spawn(reload_on_sighup(watcher.reload_handle()));
+                // The config given was loaded from the files.
+                health.set_config_loaded();
                 (limiter, Source::Files(watcher))
             }
             ConfigSource::Xds(xds) => {
@@ -92,10 +116,30 @@ impl App {
                     settings.load,
                 );
                 tokio::spawn(ignore_sighup());
+                // Health counts a config loaded with the first push.
+                let first = client.first_config_signal();
+                let h = health.clone();
+                tokio::spawn(async move {
+                    first.await;
+                    h.set_config_loaded();
+                });
                 (limiter, Source::Xds { client, wait })
             }
         };
-        Ok(Self { limiter, source })
+        Ok(Self {
+            limiter,
+            source,
+            tls,
+            health,
+            shutdown_delay: settings.shutdown_delay,
+            go_metrics_path: settings.go_metrics.map(|m| m.path),
+        })
+    }
+
+    /// The health state shared by the health endpoints.
+    #[must_use]
+    pub fn health(&self) -> &Arc<crate::health::Health> {
+        &self.health
     }
 
     /// Resolves when the service may bind its ports: at once, except for an
@@ -124,7 +168,37 @@ impl App {
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), AppError> {
-        let out = super::run(listeners, self.limiter.clone(), shutdown).await;
+        self.run_with(listeners, ExtraListeners::default(), shutdown)
+            .await
+    }
+
+    /// [`Self::run`] with the optional listeners, gRPC TLS, the health mode
+    /// and the shutdown delay of the settings ([`super::run_with`]).
+    ///
+    /// # Errors
+    /// A server failed to run.
+    pub async fn run_with(
+        self,
+        listeners: Listeners,
+        extra: ExtraListeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AppError> {
+        let options = super::RunOptions {
+            tls: self.tls.clone(),
+            health: Some(self.health.clone()),
+            shutdown_delay: self.shutdown_delay,
+            go_metrics: extra.go_metrics.map(|l| {
+                (
+                    l,
+                    self.go_metrics_path
+                        .clone()
+                        .unwrap_or_else(|| "/metrics".into()),
+                )
+            }),
+            debug: extra.debug,
+            ..super::RunOptions::default()
+        };
+        let out = super::run_with(listeners, self.limiter.clone(), shutdown, options).await;
         drop(self.source);
         out
     }
@@ -254,6 +328,7 @@ mod tests {
             timeout_ms: 50,
             local_cache_size: 10,
             tls_root_ca_pem,
+            tls_client: None,
         }
     }
 

@@ -88,6 +88,13 @@ impl Proc {
         }
     }
 
+    /// The exit status if the process has exited (without waiting).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// Sends SIGTERM and waits up to `grace` for the exit, then SIGKILL.
     pub fn terminate(&mut self, grace: Duration) {
         let Some(mut c) = self.child.take() else {

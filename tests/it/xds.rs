@@ -1207,3 +1207,99 @@ async fn envoy_sees_429s_after_a_push() {
     rls.assert_running();
     assert_eq!(get("k1").await, 429);
 }
+
+/// The drop-in case: the binary started as `ratelimit` with Envoy Gateway's
+/// xDS environment (mTLS to the control plane with Envoy Gateway-shaped
+/// names, node id `envoy-ratelimit`, `FORCE_START_WITHOUT_INITIAL_CONFIG`,
+/// Redis as `host:port`) is healthy before any push, answers UNKNOWN until
+/// the first config, then enforces the pushed limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ratelimit_under_envoy_gateways_xds_environment_enforces_pushed_limits() {
+    use crate::common::http::get as http_get;
+    use crate::common::procs::{Proc, bucket_rls_bin};
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let pki = Pki::new();
+    let cp = ControlPlane::start_on(None, Some(pki.server_config()), Snapshot::default()).await;
+    let tls = pki.write_client("envoy-ratelimit");
+    let redis = crate::common::redis::RedisServer::start();
+    let link_dir = tempfile::tempdir().expect("tempdir");
+    let link = link_dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(bucket_rls_bin(), &link).expect("symlink");
+    let (grpc, http) = (crate::common::free_port(), crate::common::free_port());
+    let s = |p: &Option<std::path::PathBuf>| p.as_ref().expect("path").display().to_string();
+    let mut cmd = std::process::Command::new(&link);
+    cmd.env_clear().envs([
+        ("RUNTIME_ROOT", "/data".to_owned()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+        ("RUNTIME_IGNOREDOTFILES", "true".to_owned()),
+        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
+        ("LOG_LEVEL", "info".to_owned()),
+        ("USE_STATSD", "false".to_owned()),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
+        ("CONFIG_GRPC_XDS_SERVER_URL", cp.addr.to_string()),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".to_owned()),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".to_owned()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", s(&tls.client_cert)),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", s(&tls.client_key)),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", s(&tls.ca_cert)),
+        // Dialled as 127.0.0.1; Envoy Gateway's certificate names the service.
+        ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway".to_owned()),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "100ms".to_owned()),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
+        ("HOST", "127.0.0.1".to_owned()),
+        ("PORT", http.to_string()),
+        ("GRPC_HOST", "127.0.0.1".to_owned()),
+        ("GRPC_PORT", grpc.to_string()),
+        ("DEBUG_HOST", "127.0.0.1".to_owned()),
+        ("DEBUG_PORT", crate::common::free_port().to_string()),
+    ]);
+    let mut proc = Proc::spawn("ratelimit", cmd);
+    let http_addr = SocketAddr::from(([127, 0, 0, 1], http));
+    // Healthy without any config (Envoy Gateway may never push one).
+    eventually(DEADLINE, "/healthcheck 200 before any push", || {
+        proc.assert_running();
+        async move {
+            let r = http_get(http_addr, "/healthcheck", &[]).await.ok()?;
+            (r.status == 200).then_some(())
+        }
+    })
+    .await;
+    let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    let user = [(ROUTE, ROUTE), ("rule-0-match-0", "alice")];
+    let ask = |c: &mut RateLimitServiceClient<tonic::transport::Channel>| {
+        let req = RateLimitRequest {
+            domain: DOMAIN.into(),
+            descriptors: vec![crate::common::desc(&user)],
+            hits_addend: 0,
+        };
+        let mut c = c.clone();
+        async move { c.should_rate_limit(req).await }
+    };
+    let before = ask(&mut client).await.expect_err("no config yet");
+    assert_eq!(before.code(), tonic::Code::Unknown, "{before:?}");
+
+    cp.set("1", eg_set(2));
+    cp.acked("1").await;
+    let cns = cp.seen().client_cns.lock().clone();
+    assert!(cns.iter().all(|c| c == "envoy-ratelimit"), "{cns:?}");
+    let (codes, _) = eventually(DEADLINE, "the pushed limit in force", || {
+        let mut c = client.clone();
+        async move {
+            let mut codes = Vec::new();
+            for _ in 0..3 {
+                codes.push(ask(&mut c).await.ok()?.into_inner().overall_code);
+            }
+            Some(codes)
+        }
+    })
+    .await;
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32],
+        "2 per hour per header value"
+    );
+}

@@ -81,6 +81,17 @@ impl XdsClient {
     }
 }
 
+impl XdsClient {
+    /// A future that resolves once a first config has been swapped in, not
+    /// tied to the client's lifetime (for a task that waits for it).
+    pub fn first_config_signal(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.first.clone();
+        async move {
+            let _ = rx.wait_for(|got| *got).await;
+        }
+    }
+}
+
 impl Drop for XdsClient {
     fn drop(&mut self) {
         self.task.abort();

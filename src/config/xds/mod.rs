@@ -48,7 +48,8 @@ pub const MAX_ERROR_DETAIL_BYTES: usize = 16 * 1024;
 pub const MAX_SHOWN_BYTES: usize = 128;
 
 /// Everything the xDS source needs. Built from `serve --config-xds` flags
-/// ([`crate::cli`]) or from the Go service's variables ([`from_go_env`]).
+/// ([`crate::cli`]; the Go service's variables map onto those flags in
+/// [`crate::go_env`]).
 /// `Debug` shows the header names only (their values may be credentials).
 #[derive(Clone, PartialEq)]
 pub struct XdsSettings {
@@ -247,112 +248,6 @@ impl Backoff {
     }
 }
 
-/// Builds the xDS settings from the Go service's environment variables
-/// (envoyproxy/ratelimit `settings.go`), read through `lookup`:
-///
-/// - `CONFIG_TYPE`: unset or `FILE` gives `Ok(None)`; `GRPC_XDS_SOTW` selects
-///   xDS; anything else is an error (the Go service exits).
-/// - `CONFIG_GRPC_XDS_SERVER_URL` (default `localhost:18000`),
-///   `CONFIG_GRPC_XDS_NODE_ID` (default `default`),
-///   `CONFIG_GRPC_XDS_NODE_METADATA` (`k1=v1,k2=v2`, entries without `=`
-///   dropped), `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`).
-/// - TLS when `CONFIG_GRPC_XDS_SERVER_USE_TLS` is true:
-///   `CONFIG_GRPC_XDS_CLIENT_TLS_CERT`, `CONFIG_GRPC_XDS_CLIENT_TLS_KEY`,
-///   `CONFIG_GRPC_XDS_SERVER_TLS_CACERT`, `CONFIG_GRPC_XDS_SERVER_TLS_SAN`.
-/// - `XDS_CLIENT_BACKOFF_INITIAL_INTERVAL` (Go duration, default `10s`),
-///   `XDS_CLIENT_BACKOFF_MAX_INTERVAL` (`60s`),
-///   `XDS_CLIENT_BACKOFF_RANDOM_FACTOR` (`0.5`, used here as the jitter
-///   fraction), `XDS_CLIENT_BACKOFF_JITTER` (`true`; `false` sets the jitter
-///   to 0).
-/// - `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` (default 4 MiB).
-/// - `FORCE_START_WITHOUT_INITIAL_CONFIG` (default `false`: serve only once
-///   the first config is in force).
-///
-/// # Errors
-/// A message naming the variable whose value is invalid.
-pub fn from_go_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<XdsSettings>, String> {
-    let get = |k: &str| {
-        lookup(k)
-            .map(|v| v.trim().to_owned())
-            .filter(|v| !v.is_empty())
-    };
-    match get("CONFIG_TYPE").as_deref() {
-        None | Some("FILE") => return Ok(None),
-        Some("GRPC_XDS_SOTW") => {}
-        Some(other) => {
-            return Err(format!(
-                "CONFIG_TYPE: '{other}' is not FILE or GRPC_XDS_SOTW"
-            ));
-        }
-    }
-    let boolean = |k: &str, default: bool| -> Result<bool, String> {
-        match get(k) {
-            None => Ok(default),
-            Some(v) => go_bool(&v).ok_or_else(|| format!("{k}: '{v}' is not a boolean")),
-        }
-    };
-    let duration = |k: &str, default: Duration| -> Result<Duration, String> {
-        match get(k) {
-            None => Ok(default),
-            Some(v) => go_duration(&v)
-                .ok_or_else(|| format!("{k}: '{v}' is not a duration such as 10s or 500ms")),
-        }
-    };
-    let mut s = XdsSettings::new(
-        get("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or_else(|| "localhost:18000".into()),
-    );
-    if let Some(id) = get("CONFIG_GRPC_XDS_NODE_ID") {
-        s.node_id = id;
-    }
-    s.node_metadata = get("CONFIG_GRPC_XDS_NODE_METADATA")
-        .map(|v| pairs(&v, '='))
-        .unwrap_or_default();
-    s.headers = get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS")
-        .map(|v| {
-            pairs(&v, ':')
-                .into_iter()
-                .map(|(k, v)| (k.to_ascii_lowercase(), v))
-                .collect()
-        })
-        .unwrap_or_default();
-    if boolean("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
-        s.tls = Some(XdsTls {
-            client_cert: get("CONFIG_GRPC_XDS_CLIENT_TLS_CERT").map(PathBuf::from),
-            client_key: get("CONFIG_GRPC_XDS_CLIENT_TLS_KEY").map(PathBuf::from),
-            ca_cert: get("CONFIG_GRPC_XDS_SERVER_TLS_CACERT").map(PathBuf::from),
-            server_name: get("CONFIG_GRPC_XDS_SERVER_TLS_SAN"),
-        });
-    }
-    s.backoff = Backoff {
-        initial: duration(
-            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-            Duration::from_secs(10),
-        )?,
-        max: duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Duration::from_secs(60))?,
-        jitter: match get("XDS_CLIENT_BACKOFF_RANDOM_FACTOR") {
-            None => 0.5,
-            Some(v) => v
-                .parse::<f64>()
-                .ok()
-                .filter(|f| (0.0..=1.0).contains(f))
-                .ok_or_else(|| {
-                    format!("XDS_CLIENT_BACKOFF_RANDOM_FACTOR: '{v}' is not a number from 0 to 1")
-                })?,
-        },
-    };
-    if !boolean("XDS_CLIENT_BACKOFF_JITTER", true)? {
-        s.backoff.jitter = 0.0;
-    }
-    if let Some(v) = get("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES") {
-        s.max_message_bytes = v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            format!("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: '{v}' is not a positive byte count")
-        })?;
-    }
-    s.start_without_config = boolean("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?;
-    s.check()?;
-    Ok(Some(s))
-}
-
 /// `k1<sep>v1,k2<sep>v2` as pairs; entries without `sep` or with an empty key
 /// are dropped (as the Go service's parsing does).
 #[must_use]
@@ -362,51 +257,6 @@ pub fn pairs(s: &str, sep: char) -> Vec<(String, String)> {
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
         .filter(|(k, _)| !k.is_empty())
         .collect()
-}
-
-/// A Go `strconv.ParseBool` value.
-fn go_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
-
-/// A Go `time.ParseDuration` value made of non-negative parts (`1m30s`,
-/// `500ms`, `1.5s`, `10us`); a bare `0` is zero.
-#[must_use]
-pub fn go_duration(s: &str) -> Option<Duration> {
-    if s == "0" {
-        return Some(Duration::ZERO);
-    }
-    let mut rest = s;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let n = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .filter(|n| *n > 0)?;
-        let value: f64 = rest[..n].parse().ok()?;
-        rest = &rest[n..];
-        let u = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let secs = match &rest[..u] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        total += value * secs;
-        rest = &rest[u..];
-    }
-    Duration::try_from_secs_f64(total).ok()
 }
 
 /// `s` cut to [`MAX_SHOWN_BYTES`] on a character boundary (with `...`).
@@ -432,118 +282,6 @@ pub fn cut(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect();
-        move |k| m.get(k).cloned()
-    }
-
-    #[test]
-    fn file_config_type_gives_no_xds_settings() {
-        assert_eq!(from_go_env(env(&[])).unwrap(), None);
-        assert_eq!(from_go_env(env(&[("CONFIG_TYPE", "FILE")])).unwrap(), None);
-        let e = from_go_env(env(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")])).unwrap_err();
-        assert!(e.contains("CONFIG_TYPE"), "{e}");
-    }
-
-    #[test]
-    fn envoy_gateway_environment_gives_mtls_settings() {
-        let s = from_go_env(env(&[
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
-            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
-            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
-            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
-            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
-            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-        ]))
-        .unwrap()
-        .unwrap();
-        assert_eq!(s.host_port().unwrap(), ("envoy-gateway".into(), 18001));
-        assert_eq!(s.node_id, "envoy-ratelimit");
-        assert!(s.start_without_config);
-        assert_eq!(
-            s.tls,
-            Some(XdsTls {
-                client_cert: Some("/certs/tls.crt".into()),
-                client_key: Some("/certs/tls.key".into()),
-                ca_cert: Some("/certs/ca.crt".into()),
-                server_name: None,
-            })
-        );
-        // Go defaults.
-        assert_eq!(s.backoff.initial, Duration::from_secs(10));
-        assert_eq!(s.backoff.max, Duration::from_secs(60));
-        assert_eq!(s.max_message_bytes, 4 << 20);
-    }
-
-    #[test]
-    fn go_variables_for_metadata_headers_backoff_and_size_are_read() {
-        let s = from_go_env(env(&[
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-            ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,broken,team=rl"),
-            (
-                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-                "X-Token:abc,x-env:prod",
-            ),
-            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "250ms"),
-            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1m30s"),
-            ("XDS_CLIENT_BACKOFF_JITTER", "false"),
-            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "16777216"),
-            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false"),
-        ]))
-        .unwrap()
-        .unwrap();
-        assert_eq!(s.server, "localhost:18000");
-        assert_eq!(s.node_id, "default");
-        assert_eq!(
-            s.node_metadata,
-            vec![("zone".into(), "a".into()), ("team".into(), "rl".into())]
-        );
-        assert_eq!(
-            s.headers,
-            vec![
-                ("x-token".into(), "abc".into()),
-                ("x-env".into(), "prod".into())
-            ]
-        );
-        assert_eq!(
-            s.backoff,
-            Backoff {
-                initial: Duration::from_millis(250),
-                max: Duration::from_secs(90),
-                jitter: 0.0
-            }
-        );
-        assert_eq!(s.max_message_bytes, 16 << 20);
-        assert!(!s.start_without_config);
-        assert_eq!(s.tls, None);
-    }
-
-    #[test]
-    fn bad_go_values_name_the_variable() {
-        for (k, v) in [
-            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "ten"),
-            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "0"),
-            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "yes please"),
-            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "2"),
-        ] {
-            let e = from_go_env(env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW"), (k, v)])).unwrap_err();
-            assert!(e.contains(k), "{k}: {e}");
-        }
-        let e = from_go_env(env(&[
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-            ("CONFIG_GRPC_XDS_SERVER_URL", "no-port"),
-        ]))
-        .unwrap_err();
-        assert!(e.contains("host:port"), "{e}");
-    }
-
     #[test]
     fn backoff_doubles_up_to_the_max_within_the_jitter() {
         let b = Backoff {
@@ -557,17 +295,6 @@ mod tests {
         assert_eq!(b.delay(0, 0.0), Duration::from_millis(500));
         assert!(b.delay(0, 0.999) < Duration::from_millis(1500));
         assert_eq!(b.delay(9, 0.999), Duration::from_secs(10));
-    }
-
-    #[test]
-    fn go_durations_parse() {
-        assert_eq!(go_duration("10s"), Some(Duration::from_secs(10)));
-        assert_eq!(go_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(go_duration("1h2m"), Some(Duration::from_secs(3720)));
-        assert_eq!(go_duration("0"), Some(Duration::ZERO));
-        assert_eq!(go_duration("10"), None);
-        assert_eq!(go_duration("s"), None);
-        assert_eq!(go_duration("-1s"), None);
     }
 
     #[test]

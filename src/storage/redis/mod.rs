@@ -112,6 +112,24 @@ pub struct RedisOptions {
     /// behind `rediss://` addresses (a private CA), instead of the public
     /// web PKI roots (`--redis-tls-ca-file`).
     pub tls_root_ca_pem: Option<Vec<u8>>,
+    /// Client certificate presented over TLS (`--redis-tls-client-cert`).
+    pub tls_client: Option<ClientCertPem>,
+}
+
+/// A PEM client certificate chain and its private key, for Redis over TLS.
+/// `Debug` shows neither.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientCertPem {
+    /// PEM certificate chain.
+    pub cert: Vec<u8>,
+    /// PEM private key.
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientCertPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientCertPem(..)")
+    }
 }
 
 impl Default for RedisOptions {
@@ -122,11 +140,29 @@ impl Default for RedisOptions {
             breaker_threshold: DEFAULT_BREAKER_THRESHOLD,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             tls_root_ca_pem: None,
+            tls_client: None,
         }
     }
 }
 
 impl RedisOptions {
+    /// The certificates the `redis` crate takes for TLS connections: the
+    /// private CA and the client certificate; `None` when neither is given
+    /// (the crate's defaults: web PKI roots, no client certificate).
+    #[must_use]
+    pub fn tls_certificates(&self) -> Option<::redis::TlsCertificates> {
+        if self.tls_root_ca_pem.is_none() && self.tls_client.is_none() {
+            return None;
+        }
+        Some(::redis::TlsCertificates {
+            client_tls: self.tls_client.as_ref().map(|c| ::redis::ClientTlsConfig {
+                client_cert: c.cert.clone(),
+                client_key: c.key.clone(),
+            }),
+            root_cert: self.tls_root_ca_pem.clone(),
+        })
+    }
+
     /// A closed circuit breaker with these options.
     pub(crate) fn breaker(&self) -> CircuitBreaker {
         CircuitBreaker::new(self.breaker_threshold, self.probe_interval)

@@ -160,9 +160,9 @@ impl RedisBuilder<SentinelMaster> {
                 "mix of redis:// and rediss:// Sentinel addresses; use one scheme".into(),
             ));
         }
-        if tls == 0 && self.options.tls_root_ca_pem.is_some() {
+        if tls == 0 && self.options.tls_certificates().is_some() {
             return Err(fail(
-                "a TLS CA file is given but the Sentinel addresses are not rediss://".into(),
+                "a TLS CA file or client certificate is given but the Sentinel addresses are not rediss://".into(),
             ));
         }
         let mut b = ::redis::sentinel::SentinelClientBuilder::new(
@@ -187,14 +187,10 @@ impl RedisBuilder<SentinelMaster> {
         }
         if tls > 0 {
             b = b.set_client_to_redis_tls_mode(TlsMode::Secure);
-            if let Some(pem) = &self.options.tls_root_ca_pem {
-                let certs = || ::redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                };
+            if let Some(certs) = self.options.tls_certificates() {
                 b = b
-                    .set_client_to_sentinel_certificates(certs())
-                    .set_client_to_redis_certificates(certs());
+                    .set_client_to_sentinel_certificates(certs.clone())
+                    .set_client_to_redis_certificates(certs);
             }
         }
         b.build().map_err(|e| e.to_string())

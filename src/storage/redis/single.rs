@@ -65,14 +65,8 @@ impl RedisBuilder<SingleNode> {
                     .into(),
             });
         }
-        let client = match &self.options.tls_root_ca_pem {
-            Some(pem) => ::redis::Client::build_with_tls(
-                url.as_str(),
-                ::redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
+        let client = match self.options.tls_certificates() {
+            Some(certs) => ::redis::Client::build_with_tls(url.as_str(), certs),
             None => ::redis::Client::open(url.as_str()),
         }
         .map_err(|e| invalid(&e))?;

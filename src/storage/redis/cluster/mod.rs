@@ -165,21 +165,18 @@ impl RedisBuilder<ClusterNodes> {
             .retries(0)
             .connection_timeout(timeout.max(MIN_CONNECT_TIMEOUT))
             .response_timeout(timeout);
-        if let Some(pem) = &self.options.tls_root_ca_pem {
+        if let Some(certs) = self.options.tls_certificates() {
             // The crate would switch plain `redis://` seeds to TLS silently.
             if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://")) {
                 return Err(RedisSetupError::InvalidUrl {
                     url: shown.clone(),
                     message: format!(
-                        "a TLS CA file is given but seed node {} is not rediss://",
+                        "a TLS CA file or client certificate is given but seed node {} is not rediss://",
                         super::redact_url(plain)
                     ),
                 });
             }
-            builder = builder.certs(::redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            });
+            builder = builder.certs(certs);
         }
         let client = builder.build().map_err(|e| RedisSetupError::InvalidUrl {
             url: shown.clone(),

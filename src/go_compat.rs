@@ -1,0 +1,456 @@
+//! The Go reference service's observable surfaces, for deployments that
+//! read them (Envoy Gateway's dashboard, e2e tests and `egctl`):
+//!
+//! - [`render_metrics`]: `/metrics` under the Go service's names, as
+//!   Envoy Gateway's statsd mapper exposes them
+//!   (`ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`
+//!   with labels `domain`, `key1`, `key2`; `ratelimit_service_config_load_{success,error}`;
+//!   `ratelimit_service_total_requests` and `ratelimit_service_response_time_seconds`
+//!   with `grpc_method`; `ratelimit_service_should_rate_limit_error` with
+//!   `err_type`; process metrics). Translated at scrape time from
+//!   bucket-rls's own series, so the request path records nothing twice and
+//!   the cardinality is that of the native series (bounded by
+//!   [`crate::limiter::labels`]).
+//! - [`rlconfig_text`]: the plain-text `/rlconfig` of the Go debug port.
+//!
+//! Label rule (the Go service's stat key and Envoy Gateway's mapper): the
+//! rule path `domain.key_value.key2_value2...` with `:` and `|` as `_` and
+//! the dots of IPv4 addresses as `_`; segment 1 is `domain`, 2 `key1`, 3
+//! `key2`; deeper segments are dropped (their counts summed).
+
+use crate::config::{Config, Policy};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// bucket-rls counter -> Go name, for the per-rule counters.
+const RULE_COUNTERS: [(&str, &str); 5] = [
+    (
+        crate::metrics::TOTAL_HITS,
+        "ratelimit_service_rate_limit_total_hits",
+    ),
+    (
+        crate::metrics::OVER_LIMIT,
+        "ratelimit_service_rate_limit_over_limit",
+    ),
+    (
+        crate::metrics::NEAR_LIMIT,
+        "ratelimit_service_rate_limit_near_limit",
+    ),
+    (
+        crate::metrics::WITHIN_LIMIT,
+        "ratelimit_service_rate_limit_within_limit",
+    ),
+    (
+        crate::metrics::SHADOW_MODE,
+        "ratelimit_service_rate_limit_shadow_mode",
+    ),
+];
+
+/// Go name of the response time histogram. Its values are milliseconds,
+/// as Envoy Gateway's mapper exposes the Go service's timer (no scaling).
+pub const RESPONSE_TIME: &str = "ratelimit_service_response_time_seconds";
+
+/// One sample of the text exposition: name, labels, value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// Parses `name{a="x",b="y"} value` (label values unescaped); `None` for
+/// comments and anything else.
+fn parse_sample(line: &str) -> Option<Sample> {
+    if line.starts_with('#') || line.is_empty() {
+        return None;
+    }
+    let name_end = line.find(['{', ' '])?;
+    let name = line[..name_end].to_owned();
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(r) = rest.strip_prefix('{') {
+        let mut chars = r.char_indices();
+        let mut key = String::new();
+        loop {
+            let (_, c) = chars.next()?;
+            match c {
+                '}' => {
+                    rest = &r[chars.next().map_or(r.len(), |(i, _)| i)..];
+                    break;
+                }
+                ',' => {}
+                '=' => {
+                    if chars.next()?.1 != '"' {
+                        return None;
+                    }
+                    let mut value = String::new();
+                    loop {
+                        match chars.next()?.1 {
+                            '\\' => match chars.next()?.1 {
+                                'n' => value.push('\n'),
+                                other => value.push(other),
+                            },
+                            '"' => break,
+                            other => value.push(other),
+                        }
+                    }
+                    labels.push((std::mem::take(&mut key), value));
+                }
+                other => key.push(other),
+            }
+        }
+    }
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    Some((name, labels, value))
+}
+
+fn label<'a>(labels: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    labels
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The dots of IPv4 addresses (four groups of 1 to 3 digits) in `s` as `_`.
+fn ipv4_dots(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = b.to_vec();
+    let mut i = 0;
+    while i < b.len() {
+        let starts = b[i].is_ascii_digit() && (i == 0 || !(b[i - 1].is_ascii_digit()));
+        if starts {
+            // Try four dot-separated digit groups from here.
+            let (mut j, mut groups, mut dots) = (i, 0, Vec::new());
+            while groups < 4 {
+                let g = j;
+                while j < b.len() && b[j].is_ascii_digit() && j - g < 4 {
+                    j += 1;
+                }
+                if j == g || j - g > 3 {
+                    break;
+                }
+                groups += 1;
+                if groups < 4 {
+                    if j < b.len() && b[j] == b'.' {
+                        dots.push(j);
+                        j += 1;
+                    } else {
+                        break;
+                    }
+                }
+            }
+            if groups == 4 && (j == b.len() || !b[j].is_ascii_digit()) {
+                for d in dots {
+                    out[d] = b'_';
+                }
+                i = j;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
+}
+
+/// `(domain, key1, key2)` of a rule path under the Go label rule.
+#[must_use]
+pub fn stat_labels(rule: &str) -> (String, String, String) {
+    let clean = ipv4_dots(&rule.replace([':', '|'], "_"));
+    let mut seg = clean.split('.');
+    let mut next = || seg.next().unwrap_or_default().to_owned();
+    (next(), next(), next())
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Translates bucket-rls's exposition `native` into the Go names (see the
+/// module doc). Series not mapped are left out.
+#[must_use]
+pub fn translate(native: &str) -> String {
+    let mut rules: BTreeMap<(&str, (String, String, String)), f64> = BTreeMap::new();
+    let (mut loads_ok, mut loads_err) = (0.0, 0.0);
+    let mut errors: BTreeMap<&str, f64> = BTreeMap::new();
+    let mut buckets: Vec<(String, f64)> = Vec::new();
+    let (mut sum, mut count) = (0.0, 0.0);
+    for (name, labels, value) in native.lines().filter_map(parse_sample) {
+        if let Some((_, go)) = RULE_COUNTERS.iter().find(|(n, _)| *n == name) {
+            if let Some(rule) = label(&labels, "rule") {
+                *rules.entry((go, stat_labels(rule))).or_default() += value;
+            }
+        } else if name == crate::metrics::CONFIG_LOAD {
+            match label(&labels, "result") {
+                Some("success") => loads_ok += value,
+                Some("error") => loads_err += value,
+                _ => {}
+            }
+        } else if name == crate::metrics::SERVICE_ERROR {
+            let kind = if label(&labels, "kind") == Some("storage") {
+                "redis_error"
+            } else {
+                "service_error"
+            };
+            *errors.entry(kind).or_default() += value;
+        } else if let Some(h) = name.strip_prefix(crate::metrics::REQUEST_DURATION) {
+            match h {
+                "_bucket" => {
+                    let le = match label(&labels, "le") {
+                        Some("+Inf") | None => "+Inf".to_owned(),
+                        Some(s) => s
+                            .parse::<f64>()
+                            .map_or_else(|_| s.to_owned(), |secs| num_ms(secs * 1000.0)),
+                    };
+                    buckets.push((le, value));
+                }
+                "_sum" => sum += value * 1000.0,
+                "_count" => count += value,
+                _ => {}
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut last = "";
+    for ((go, (domain, key1, key2)), v) in &rules {
+        if *go != last {
+            let _ = writeln!(out, "# TYPE {go} counter");
+            last = go;
+        }
+        let _ = writeln!(
+            out,
+            "{go}{{domain=\"{}\",key1=\"{}\",key2=\"{}\"}} {}",
+            escape(domain),
+            escape(key1),
+            escape(key2),
+            num(*v)
+        );
+    }
+    for (name, v) in [
+        ("ratelimit_service_config_load_success", loads_ok),
+        ("ratelimit_service_config_load_error", loads_err),
+    ] {
+        let _ = writeln!(out, "# TYPE {name} counter\n{name} {}", num(v));
+    }
+    let m = "grpc_method=\"ShouldRateLimit\"";
+    let _ = writeln!(
+        out,
+        "# TYPE ratelimit_service_total_requests counter\nratelimit_service_total_requests{{{m}}} {}",
+        num(count)
+    );
+    if !errors.is_empty() {
+        let _ = writeln!(
+            out,
+            "# TYPE ratelimit_service_should_rate_limit_error counter"
+        );
+        for (kind, v) in &errors {
+            let _ = writeln!(
+                out,
+                "ratelimit_service_should_rate_limit_error{{err_type=\"{kind}\"}} {}",
+                num(*v)
+            );
+        }
+    }
+    if !buckets.is_empty() {
+        let _ = writeln!(out, "# TYPE {RESPONSE_TIME} histogram");
+        for (le, v) in &buckets {
+            let _ = writeln!(out, "{RESPONSE_TIME}_bucket{{{m},le=\"{le}\"}} {}", num(*v));
+        }
+        let _ = writeln!(out, "{RESPONSE_TIME}_sum{{{m}}} {sum}");
+        let _ = writeln!(out, "{RESPONSE_TIME}_count{{{m}}} {}", num(count));
+    }
+    out
+}
+
+/// A bucket bound in milliseconds, without float noise (`0.25`, not
+/// `0.25000000000000006`).
+fn num_ms(ms: f64) -> String {
+    let rounded = (ms * 1e6).round() / 1e6;
+    num(rounded)
+}
+
+/// The Go-named exposition of this process: [`translate`] of the
+/// process-wide recorder, then the process metrics.
+#[must_use]
+pub fn render_metrics() -> String {
+    let mut out = translate(&crate::metrics::install().render());
+    out.push_str(&process_metrics());
+    out
+}
+
+/// Linux clock ticks per second of `/proc/self/stat` (`USER_HZ`, 100 on
+/// every Linux architecture's user ABI).
+const CLOCK_TICKS: f64 = 100.0;
+
+/// The standard process collector series from `/proc/self` (empty where
+/// `/proc` is not mounted): `process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
+/// `process_open_fds`, `process_max_fds`, `process_start_time_seconds`.
+#[must_use]
+pub fn process_metrics() -> String {
+    let mut out = String::new();
+    let mut gauge = |name: &str, kind: &str, v: f64| {
+        let _ = writeln!(out, "# TYPE {name} {kind}\n{name} {}", num(v));
+    };
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // Fields after the command name in parentheses (which may hold spaces).
+        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let field = |n: usize| f.get(n - 3).and_then(|s| s.parse::<f64>().ok());
+        if let (Some(u), Some(s)) = (field(14), field(15)) {
+            gauge(
+                "process_cpu_seconds_total",
+                "counter",
+                (u + s) / CLOCK_TICKS,
+            );
+        }
+        if let Some(v) = field(23) {
+            gauge("process_virtual_memory_bytes", "gauge", v);
+        }
+        let btime = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        });
+        if let (Some(start), Some(btime)) = (field(22), btime) {
+            gauge(
+                "process_start_time_seconds",
+                "gauge",
+                btime + start / CLOCK_TICKS,
+            );
+        }
+    }
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        let rss_kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok());
+        if let Some(kb) = rss_kb {
+            gauge("process_resident_memory_bytes", "gauge", kb * 1024.0);
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+        gauge("process_open_fds", "gauge", dir.count() as f64);
+    }
+    if let Ok(limits) = std::fs::read_to_string("/proc/self/limits") {
+        let max = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .and_then(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok());
+        if let Some(m) = max {
+            gauge("process_max_fds", "gauge", m);
+        }
+    }
+    out
+}
+
+/// The Go debug port's `/rlconfig`: one line per rule, in path order,
+/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>` (with
+/// bucket-rls's `burst=<n>` after the rate), or `<path>: unlimited,
+/// shadow_mode: <bool>`.
+#[must_use]
+pub fn rlconfig_text(config: &Config) -> String {
+    let mut lines: Vec<String> = config
+        .domains
+        .values()
+        .flat_map(|d| d.rules.iter())
+        .map(|r| match &r.policy {
+            Policy::Unlimited => format!("{}: unlimited, shadow_mode: {}", r.path, r.shadow_mode),
+            Policy::Limited {
+                requests_per_unit,
+                unit,
+                burst,
+            } => format!(
+                "{}: unit={} requests_per_unit={requests_per_unit} burst={burst}, shadow_mode: {}",
+                r.path,
+                unit.as_str().to_ascii_uppercase(),
+                r.shadow_mode
+            ),
+        })
+        .collect();
+    lines.sort();
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_labels_follow_the_go_key_rule() {
+        assert_eq!(
+            stat_labels("d.k_v.masked_remote_address_0.0.0.0/0"),
+            (
+                "d".into(),
+                "k_v".into(),
+                "masked_remote_address_0_0_0_0/0".into()
+            )
+        );
+        assert_eq!(stat_labels("d"), ("d".into(), String::new(), String::new()));
+        assert_eq!(
+            stat_labels("d.a:b|c.x.deeper"),
+            ("d".into(), "a_b_c".into(), "x".into())
+        );
+        // Not an address: five groups, or a version number.
+        assert_eq!(ipv4_dots("v1.2.3"), "v1.2.3");
+        assert_eq!(ipv4_dots("ip_10.1.22.255_x"), "ip_10_1_22_255_x");
+        assert_eq!(ipv4_dots("1.2.3.4444"), "1.2.3.4444");
+    }
+
+    #[test]
+    fn translate_renames_sums_deeper_segments_and_scales_the_timer_to_ms() {
+        let native = "\
+# TYPE bucket_rls_over_limit_total counter
+bucket_rls_over_limit_total{rule=\"d.k_v.x_1\"} 2
+bucket_rls_over_limit_total{rule=\"d.k_v.x_1.deep_a\"} 3
+bucket_rls_hits_total{rule=\"d.k_v\"} 7
+bucket_rls_config_load_total{result=\"success\"} 1
+bucket_rls_service_error_total{kind=\"storage\"} 4
+bucket_rls_request_duration_seconds_bucket{le=\"0.00025\"} 5
+bucket_rls_request_duration_seconds_bucket{le=\"+Inf\"} 9
+bucket_rls_request_duration_seconds_sum 0.002
+bucket_rls_request_duration_seconds_count 9
+";
+        let go = translate(native);
+        for line in [
+            "ratelimit_service_rate_limit_over_limit{domain=\"d\",key1=\"k_v\",key2=\"x_1\"} 5",
+            "ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"k_v\",key2=\"\"} 7",
+            "ratelimit_service_config_load_success 1",
+            "ratelimit_service_config_load_error 0",
+            "ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"} 4",
+            "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 9",
+            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"0.25\"} 5",
+            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"+Inf\"} 9",
+            "ratelimit_service_response_time_seconds_sum{grpc_method=\"ShouldRateLimit\"} 2",
+        ] {
+            assert!(go.lines().any(|l| l == line), "missing {line}:\n{go}");
+        }
+        assert!(!go.contains("bucket_rls_"), "{go}");
+    }
+
+    #[test]
+    fn label_values_with_quotes_and_escapes_survive_the_round_trip() {
+        let native = "bucket_rls_over_limit_total{rule=\"d.k_a\\\"b\\\\c\"} 1\n";
+        let go = translate(native);
+        assert!(go.contains("key1=\"k_a\\\"b\\\\c\""), "{go}");
+    }
+
+    #[test]
+    fn process_metrics_name_the_standard_series() {
+        let p = process_metrics();
+        for name in [
+            "process_resident_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(p.contains(&format!("\n{name} ")), "{name}:\n{p}");
+        }
+    }
+}
