@@ -91,11 +91,9 @@ pub async fn run_with_grace(
         })
     };
 
-    // Dead peers are found by HTTP/2 pings; each port holds a bounded number
-    // of connections (crate::conn_limit).
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+    // Per-connection bounds in crate::grpc::server_builder; each port holds a
+    // bounded number of connections (crate::conn_limit).
+    let grpc = crate::grpc::server_builder()
         .add_service(health_service)
         .add_service(RateLimitGrpc::server(limiter.clone()))
         // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes

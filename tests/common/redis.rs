@@ -67,7 +67,8 @@ impl RedisServer {
                     .expect("INFO server");
                 let pid = self.child.as_ref().map(Child::id).expect("child");
                 assert!(
-                    info.lines().any(|l| l.trim() == format!("process_id:{pid}")),
+                    info.lines()
+                        .any(|l| l.trim() == format!("process_id:{pid}")),
                     "port {} is answered by another redis-server, not by pid {pid}",
                     self.port
                 );

@@ -9,4 +9,5 @@ mod common;
 
 mod config_errors;
 mod conn_limit;
+mod grpc_limits;
 mod rate_limit_headers;
