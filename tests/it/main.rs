@@ -10,4 +10,5 @@ mod common;
 mod config_errors;
 mod conn_limit;
 mod grpc_limits;
+mod local_cache;
 mod rate_limit_headers;

@@ -17,9 +17,12 @@
 //! estimated tokens for every charge). Anything else goes to Redis.
 //!
 //! Limits of the guarantee: tokens given back by refunds or a config change
-//! on *another* replica are not seen until the entry is replaced; a config
-//! change on this replica clears the cache ([`LocalCache::clear`], docs/design.md, "Reloads"), and
-//! entries are keyed by limit as well.
+//! on *another* replica, or a key deleted or lost in Redis, are not seen
+//! until the entry is replaced or [`MAX_ENTRY_AGE_US`] old (1 s, whatever the
+//! refill rate); a config change on this replica, a SIGHUP, a `NOSCRIPT`
+//! (Redis restarted, failed over or flushed its scripts) and a failed
+//! background ping clear the cache ([`LocalCache::clear`], docs/design.md,
+//! "Reloads"), and entries are keyed by limit as well.
 //!
 //! Exactness: the reported tokens can be below what Redis would compute by
 //! the refill of one round trip and one micro-token of rounding; the reported
@@ -41,6 +44,13 @@ struct Entry {
     /// Microseconds just after the reply was received.
     received_us: u64,
 }
+
+/// Longest an entry answers for Redis, in microseconds (1 s), whatever the
+/// refill rate: after that the next request goes to Redis again. So a denial
+/// Redis no longer holds (an operator deleted the key, a `FLUSHALL`, a Redis
+/// restart or failover that lost the key, tokens given back on another
+/// replica) is answered from memory for at most this long.
+pub const MAX_ENTRY_AGE_US: u64 = 1_000_000;
 
 /// A bounded map from bucket key to "had `tokens` at time `at`".
 #[derive(Debug)]
@@ -88,6 +98,10 @@ impl LocalCache {
                 return None;
             }
             let e = self.map.get(c.key.as_str())?;
+            if now_us.saturating_sub(e.received_us) >= MAX_ENTRY_AGE_US {
+                self.map.remove(c.key.as_str());
+                return None;
+            }
             if e.limit != c.spec.limit {
                 return None;
             }
@@ -261,5 +275,41 @@ mod tests {
         cache.record(std::slice::from_ref(&c), &denied, 1_000_000);
         cache.clear();
         assert!(cache.lookup(&[c], 1_000_000).is_none());
+    }
+
+    /// An entry answers for at most a second, even for a rule that refills
+    /// one token a day: a bucket reset in Redis is seen within that second.
+    #[test]
+    fn entries_answer_for_at_most_a_second_whatever_the_refill() {
+        let cache = LocalCache::new(10);
+        let mut slow = charge("slow", 1, false);
+        slow.spec.limit = Limit {
+            requests_per_unit: 1,
+            unit_secs: std::num::NonZeroU64::new(86_400).expect("a day"),
+            burst: 1,
+        };
+        let denied = RequestResult {
+            admitted: false,
+            charges: vec![ChargeResult {
+                enough: false,
+                tokens_micro: 0,
+            }],
+        };
+        cache.record(std::slice::from_ref(&slow), &denied, 5_000_000);
+        assert!(
+            cache
+                .lookup(
+                    std::slice::from_ref(&slow),
+                    5_000_000 + MAX_ENTRY_AGE_US - 1
+                )
+                .is_some()
+        );
+        assert!(
+            cache
+                .lookup(std::slice::from_ref(&slow), 5_000_000 + MAX_ENTRY_AGE_US)
+                .is_none(),
+            "a second later Redis is asked again"
+        );
+        assert!(cache.is_empty(), "the stale entry is dropped");
     }
 }

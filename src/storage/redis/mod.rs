@@ -217,6 +217,7 @@ impl<T> RedisBuilder<T> {
             test_clock: self.test_clock.clone(),
             secret,
             epoch: Instant::now(),
+            seen_reloads: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -284,6 +285,9 @@ pub(crate) struct Pipeline {
     pub(crate) secret: Option<String>,
     /// Origin of the local cache's monotonic time line.
     epoch: Instant,
+    /// The script's reload count the local cache last saw: a `NOSCRIPT`
+    /// since then clears the cache.
+    seen_reloads: std::sync::atomic::AtomicU64,
 }
 
 impl Pipeline {
@@ -367,8 +371,18 @@ impl Pipeline {
 
     /// Teaches the local cache Redis's answer to `charges`, sent at
     /// `sent_us` and received now.
+    /// A `NOSCRIPT` since the last call (Redis restarted, failed over or
+    /// flushed its scripts) clears the cache first.
     pub(crate) fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64) {
         if let Some(cache) = &self.cache {
+            let reloads = self.script.reloads();
+            if self
+                .seen_reloads
+                .swap(reloads, std::sync::atomic::Ordering::Relaxed)
+                != reloads
+            {
+                cache.clear();
+            }
             cache.record_between(charges, result, sent_us, self.local_now_us());
         }
     }

@@ -179,6 +179,9 @@ impl RedisStorage {
                         }
                     }
                     failed => {
+                        // Redis may be restarting: what it said about
+                        // buckets may not hold when it is back.
+                        p.clear_cache();
                         if !warned {
                             let e = match failed {
                                 Ok(Err(e)) => p.classify(&e),
