@@ -195,11 +195,78 @@ impl RateLimitService for RateLimitGrpc {
 
 impl RateLimitGrpc {
     /// The tonic server for this service: requests of at most
-    /// [`MAX_MESSAGE_BYTES`].
+    /// [`MAX_MESSAGE_BYTES`]; a request that does not decode is
+    /// `INVALID_ARGUMENT` ([`DecodeErrorsAreInvalid`]).
     #[must_use]
-    pub fn server(limiter: Arc<Limiter>) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(Self(limiter)).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    pub fn server(limiter: Arc<Limiter>) -> DecodeErrorsAreInvalid<RateLimitServiceServer<Self>> {
+        DecodeErrorsAreInvalid(
+            RateLimitServiceServer::new(Self(limiter)).max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
     }
+}
+
+/// Wraps a tonic service so that a request body that is not a valid protobuf
+/// message (a string field that is not UTF-8, a truncated field) is answered
+/// `INVALID_ARGUMENT` instead of tonic's `INTERNAL`: the client sent it, and
+/// `INTERNAL` would read as a fault of this service (and count as one in
+/// Envoy's and the client's metrics).
+#[derive(Debug, Clone)]
+pub struct DecodeErrorsAreInvalid<S>(pub S);
+
+/// Start of tonic's message for a request body prost cannot decode, as sent
+/// in `grpc-message` (percent-encoded).
+const DECODE_ERROR_PREFIX: &[u8] = b"failed%20to%20decode%20Protobuf%20message";
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for DecodeErrorsAreInvalid<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, RB> tonic::codegen::Service<tonic::codegen::http::Request<B>>
+    for DecodeErrorsAreInvalid<S>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<B>,
+            Response = tonic::codegen::http::Response<RB>,
+        >,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::MapOk<
+        S::Future,
+        fn(tonic::codegen::http::Response<RB>) -> tonic::codegen::http::Response<RB>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        use futures::TryFutureExt as _;
+        self.0.call(req).map_ok(decode_error_as_invalid)
+    }
+}
+
+/// Rewrites a trailers-only `INTERNAL` answer for an undecodable request to
+/// `INVALID_ARGUMENT` (tonic sends errors before any message in the headers).
+fn decode_error_as_invalid<RB>(
+    mut r: tonic::codegen::http::Response<RB>,
+) -> tonic::codegen::http::Response<RB> {
+    let h = r.headers_mut();
+    let internal = h.get("grpc-status").is_some_and(|v| v.as_bytes() == b"13");
+    let decode = h
+        .get("grpc-message")
+        .is_some_and(|v| v.as_bytes().starts_with(DECODE_ERROR_PREFIX));
+    if internal && decode {
+        h.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from_static("3"),
+        );
+    }
+    r
 }
 
 /// Largest `RateLimitRequest` accepted, in bytes (2 MiB, the `/json` body

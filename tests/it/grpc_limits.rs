@@ -1,6 +1,7 @@
-//! Per-connection bounds of the gRPC port: one connection that opens streams
-//! and never grants flow-control window cannot make the process hold an
-//! unbounded number of responses.
+//! The gRPC port against abusive clients, over a raw HTTP/2 client: one
+//! connection that opens streams and never grants flow-control window cannot
+//! make the process hold an unbounded number of responses, and a body that is
+//! not a valid message is the client's error.
 
 use crate::common::procs::BucketRls;
 use bytes::Bytes;
@@ -11,6 +12,26 @@ use std::time::Duration;
 
 const CONFIG: &str = "domain: flood\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n";
 
+/// A `ShouldRateLimit` request head for the raw client.
+fn post(addr: std::net::SocketAddr) -> http::Request<()> {
+    http::Request::post(format!(
+        "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap()
+}
+
+/// `msg` as a gRPC message frame (uncompressed, 5-byte prefix).
+fn framed(msg: &[u8]) -> Bytes {
+    let mut b = Vec::with_capacity(5 + msg.len());
+    b.push(0);
+    b.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+    b.extend_from_slice(msg);
+    Bytes::from(b)
+}
+
 /// A gRPC unary request frame (uncompressed, 5-byte prefix) for `ShouldRateLimit`.
 fn frame(i: usize) -> Bytes {
     let msg = crate::common::req(
@@ -19,11 +40,7 @@ fn frame(i: usize) -> Bytes {
         1,
     )
     .encode_to_vec();
-    let mut b = Vec::with_capacity(5 + msg.len());
-    b.push(0);
-    b.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
-    b.extend_from_slice(&msg);
-    Bytes::from(b)
+    framed(&msg)
 }
 
 /// The attack: `h2load -c 1 -m N -w 0` with a `ShouldRateLimit` body. One
@@ -66,15 +83,7 @@ async fn a_peer_granting_no_window_holds_bounded_streams_and_memory() {
     let mut held = futures::stream::FuturesUnordered::new();
     for i in 0..ASKED {
         client = client.ready().await.expect("connection alive");
-        let req = http::Request::post(format!(
-            "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            rls.grpc
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-        let (resp, mut body) = client.send_request(req, false).expect("stream");
+        let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
         body.send_data(frame(i), true).expect("body");
         held.push(async move { (resp.await, body) });
     }
@@ -122,4 +131,45 @@ async fn a_peer_granting_no_window_holds_bounded_streams_and_memory() {
         "one connection grew RSS by {grown_mib} MiB ({opened} streams)"
     );
     drop((answered, held));
+}
+
+/// A domain that is not UTF-8 (protobuf `string` fields must be) is the
+/// client's error: `INVALID_ARGUMENT`, not tonic's `INTERNAL`, which reads as
+/// a fault of the service. The service keeps serving.
+#[tokio::test]
+async fn a_request_that_does_not_decode_is_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(&config, &[]).await;
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.expect("ready");
+    // Field 1 (domain), length 2, bytes that are not UTF-8.
+    for msg in [&[0x0a, 0x02, 0xff, 0xfe][..], &[0x0a, 0x09, b'x'][..]] {
+        let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+        body.send_data(framed(msg), true).expect("body");
+        let resp = resp.await.expect("response");
+        let status = resp
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(status.as_deref(), Some("3"), "{msg:?}: {resp:?}");
+        client = client.ready().await.expect("ready");
+    }
+    let mut grpc = RateLimitServiceClient::connect(format!("http://{}", rls.grpc))
+        .await
+        .expect("connect");
+    let r = grpc
+        .should_rate_limit(crate::common::req(
+            "flood",
+            vec![crate::common::desc(&[("k", "v")])],
+            1,
+        ))
+        .await
+        .expect("still serving");
+    assert_eq!(r.into_inner().overall_code, 1);
 }
