@@ -99,13 +99,17 @@ pub async fn run_with_grace(
         // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
         // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
         .serve_with_incoming_shutdown(
-            LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc").into_stream(),
+            LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc")
+                .opening_bytes(crate::conn_limit::HTTP2_PREFACE_BYTES)
+                .into_stream(),
             async move {
                 let _ = grpc_stop.recv().await;
             },
         );
     let http = axum::serve(
-        LimitedListener::new(listeners.http, per_port_limit(), false, "http"),
+        LimitedListener::new(listeners.http, per_port_limit(), false, "http")
+            .idle_timeout(crate::conn_limit::ADMIN_IDLE_TIMEOUT)
+            .shed_idle_when_full(),
         crate::http::router(limiter.clone()),
     )
     .with_graceful_shutdown(async move {

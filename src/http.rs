@@ -16,8 +16,9 @@
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
 //!   protobuf JSON ([`json`]): 200 with the `RateLimitResponse` when the
 //!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
-//!   `{"error": "..."}` for a malformed request, 503 when storage is
-//!   unavailable.
+//!   `{"error": "..."}` for a malformed request, 415 for a `Content-Type`
+//!   other than `application/json` (a browser's cross-site `text/plain` or
+//!   form post), 503 when storage is unavailable.
 //!
 //! The router is built by [`router`] so tests call it without a socket.
 
@@ -234,10 +235,39 @@ async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> Response {
     json_response(StatusCode::OK, &view)
 }
 
+/// Whether a `/json` request's `Content-Type` is acceptable: absent, or
+/// `application/json` (any parameters). The types a browser may send
+/// cross-site without asking first (`text/plain`, forms) are refused, so a
+/// web page cannot spend a client's budget through a visitor's browser.
+fn json_content_type_ok(headers: &axum::http::HeaderMap) -> Result<(), String> {
+    let Some(v) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let mime = v
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim();
+    if mime.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        let shown: String = mime.chars().take(64).collect();
+        Err(format!(
+            "POST /json takes Content-Type: application/json, not {shown:?} (curl: -H 'content-type: application/json')"
+        ))
+    }
+}
+
 async fn json(
     State(limiter): State<Arc<Limiter>>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    if let Err(msg) = json_content_type_ok(&headers) {
+        return error(StatusCode::UNSUPPORTED_MEDIA_TYPE, &msg);
+    }
     // A body over the limit (413) or one that fails to arrive: the same JSON
     // error shape as every other answer.
     let body = match body {
