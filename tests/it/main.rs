@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin_json;
 mod config_errors;
 mod conn_limit;
 mod grpc_limits;
