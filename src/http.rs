@@ -1,8 +1,11 @@
 //! HTTP admin API on the admin port (default `0.0.0.0:8080`).
 //!
 //! Endpoints:
-//! - `GET /healthcheck`: 200 `OK` when a config is loaded and storage answers
-//!   a ping within [`HEALTH_PING_TIMEOUT`]; 503 with a short reason otherwise.
+//! - `GET /healthcheck`: 200 `OK` when a config is loaded and a probe charge
+//!   works within [`HEALTH_PING_TIMEOUT`] ([`Limiter::check_charges`]: a
+//!   real write on a single node or through Sentinel, so `READONLY` and
+//!   `OOM` fail it; a ping of any node on a Cluster); 503 with a short
+//!   reason otherwise.
 //! - `GET /livez`: 200 `OK` whenever the process answers HTTP at all; it never
 //!   looks at storage, so a Kubernetes liveness probe on it does not restart
 //!   every replica during a Redis outage (docs/design.md, "Storage failures"). Use `/healthcheck` for readiness.
@@ -81,7 +84,7 @@ async fn livez() -> &'static str {
 }
 
 async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> (StatusCode, String) {
-    match tokio::time::timeout(HEALTH_PING_TIMEOUT, limiter.storage().ping()).await {
+    match tokio::time::timeout(HEALTH_PING_TIMEOUT, limiter.check_charges()).await {
         Ok(Ok(())) => (StatusCode::OK, "OK\n".into()),
         Ok(Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -89,7 +92,9 @@ async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> (StatusCode, String
         ),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("storage unavailable: no answer to ping within {HEALTH_PING_TIMEOUT:?}\n"),
+            format!(
+                "storage unavailable: no answer to the health probe within {HEALTH_PING_TIMEOUT:?}\n"
+            ),
         ),
     }
 }

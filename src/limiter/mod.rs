@@ -142,6 +142,31 @@ impl Limiter {
         &self.storage
     }
 
+    /// Whether charges work now (`/healthcheck`): the storage's
+    /// [`Storage::check_charges`] with a probe charge of 1 token on a bucket
+    /// of its own (`<prefix>health`, 1,000 tokens a second, so it is full
+    /// again within a millisecond; no bucket key can have that name, since
+    /// every bucket key continues the prefix with `d<length>:`).
+    ///
+    /// # Errors
+    /// The [`StorageError`] when the probe charge fails.
+    pub async fn check_charges(&self) -> Result<(), StorageError> {
+        let probe = Charge {
+            key: format!("{}health", self.settings.key_prefix),
+            spec: crate::storage::ChargeSpec {
+                limit: crate::storage::Limit {
+                    requests_per_unit: 1_000,
+                    unit_secs: std::num::NonZeroU64::MIN,
+                    burst: 1_000,
+                },
+                cost: 1,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+        };
+        self.storage.check_charges(&probe).await
+    }
+
     /// The settings.
     #[must_use]
     pub fn settings(&self) -> &ServiceSettings {

@@ -11,5 +11,6 @@ mod admin_json;
 mod config_errors;
 mod conn_limit;
 mod grpc_limits;
+mod health;
 mod local_cache;
 mod rate_limit_headers;

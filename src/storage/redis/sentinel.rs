@@ -475,6 +475,10 @@ impl Storage for RedisSentinelStorage {
         inner.pipeline.apply(inner, &inner.breaker, charges).await
     }
 
+    async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
+        self.apply(std::slice::from_ref(probe)).await.map(|_| ())
+    }
+
     async fn ping(&self) -> Result<(), StorageError> {
         let inner = &self.inner;
         let mut generation = None;
@@ -509,8 +513,10 @@ impl Storage for RedisSentinelStorage {
                 }
             }
         };
+        // A `ROLE` answer says nothing about whether charges work: it never
+        // closes the circuit breaker, only a charge that worked does.
         match &result {
-            Ok(()) => inner.breaker.success(),
+            Ok(()) => {}
             Err(e) => {
                 if let Some(g) = generation
                     && needs_rediscovery(e)

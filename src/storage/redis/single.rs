@@ -143,9 +143,10 @@ impl RedisStorage {
     /// Spawns the background health task: every [`HEALTH_INTERVAL`] a `PING`
     /// (bounded by the timeout). It makes the connection manager notice a dead
     /// connection and reconnect before a request would (Redis restarted while
-    /// idle), closes the circuit breaker as soon as Redis answers again, and on
-    /// the first answer loads the script and checks the eviction policy. Ends
-    /// when the storage is dropped.
+    /// idle), and on the first answer loads the script and checks the
+    /// eviction policy. It never closes the circuit breaker (a node that
+    /// answers `PING` may still refuse every charge); a failed ping clears
+    /// the local over-limit cache. Ends when the storage is dropped.
     fn spawn_health_task(&self) {
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -162,7 +163,6 @@ impl RedisStorage {
                 .await;
                 match pong {
                     Ok(Ok(_)) => {
-                        inner.breaker.success();
                         warned = false;
                         if !ready {
                             match p.script.load(&mut conn).await {
@@ -299,6 +299,10 @@ impl Storage for RedisStorage {
         inner.pipeline.apply(inner, &inner.breaker, charges).await
     }
 
+    async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
+        self.apply(std::slice::from_ref(probe)).await.map(|_| ())
+    }
+
     async fn ping(&self) -> Result<(), StorageError> {
         let inner = &self.inner;
         let p = &inner.pipeline;
@@ -309,10 +313,10 @@ impl Storage for RedisStorage {
         )
         .await;
         match pong {
-            Ok(Ok(_)) => {
-                inner.breaker.success();
-                Ok(())
-            }
+            // A PONG says nothing about whether charges work (a replica or
+            // a full `noeviction` node answers it): it never closes the
+            // circuit breaker, only a charge that worked does.
+            Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(p.classify(&e)),
             Err(_) => Err(StorageError::Timeout(p.timeout)),
         }
