@@ -14,3 +14,4 @@ mod grpc_limits;
 mod health;
 mod local_cache;
 mod rate_limit_headers;
+mod reload_stability;
