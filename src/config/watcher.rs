@@ -411,7 +411,26 @@ fn watch_dir(
         match result {
             Ok(evs) => {
                 if evs.iter().any(|e| is_change(&e.event.kind)) {
-                    let in_place = evs.iter().any(|e| is_in_place_write(&e.event));
+                    // The debouncer reports write-then-rename as a create of
+                    // the final name (and its writes under that name): a path
+                    // created or renamed in this batch is a new file, put in
+                    // place whole, not an in-place write.
+                    let renamed: Vec<&PathBuf> = evs
+                        .iter()
+                        .filter(|e| {
+                            matches!(
+                                e.event.kind,
+                                EventKind::Create(_)
+                                    | EventKind::Modify(
+                                        notify_debouncer_full::notify::event::ModifyKind::Name(_)
+                                    )
+                            )
+                        })
+                        .flat_map(|e| e.event.paths.iter())
+                        .collect();
+                    let in_place = evs
+                        .iter()
+                        .any(|e| is_in_place_write(&e.event, &renamed));
                     let _ = triggers.send(Trigger::Event { in_place });
                 }
             }
@@ -442,19 +461,24 @@ fn watched_dir(source: &Path) -> PathBuf {
 }
 
 /// Whether an event wrote data into a file the loader reads (a visible
-/// `*.yaml`/`*.yml`) where it is: such a file may be half-written. A rename
-/// into place, a delete, or writes to a temporary or hidden file (the first
-/// half of write-then-rename, a ConfigMap's `..data` swap) are not.
-fn is_in_place_write(event: &notify_debouncer_full::notify::Event) -> bool {
-    use notify_debouncer_full::notify::event::{CreateKind, ModifyKind};
+/// `*.yaml`/`*.yml`) where it is: such a file may be half-written. A file
+/// created or renamed into place (`renamed`: the paths the same batch
+/// created or renamed; the debouncer reports write-then-rename as a create
+/// of the final name), a delete, or writes to a temporary or hidden file (a
+/// ConfigMap's `..data` swap) are not. So a new file written in place with a
+/// pause gets only the short settle.
+fn is_in_place_write(event: &notify_debouncer_full::notify::Event, renamed: &[&PathBuf]) -> bool {
+    use notify_debouncer_full::notify::event::ModifyKind;
     let writes = matches!(
         event.kind,
         EventKind::Access(AccessKind::Close(AccessMode::Write))
             | EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any | ModifyKind::Other)
-            | EventKind::Create(CreateKind::File | CreateKind::Any)
     );
     writes
         && event.paths.iter().any(|p| {
+            if renamed.contains(&p) {
+                return false;
+            }
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
             !name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml"))
         })

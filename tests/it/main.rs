@@ -13,5 +13,6 @@ mod conn_limit;
 mod grpc_limits;
 mod health;
 mod local_cache;
+mod overrides;
 mod rate_limit_headers;
 mod reload_stability;
