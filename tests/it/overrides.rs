@@ -76,6 +76,9 @@ async fn ignoring_unmatched_overrides_creates_no_state() {
         .should_rate_limit(&crate::common::req("ov", vec![d], 1))
         .await
         .unwrap();
-    let cl = r.statuses[0].current_limit.as_ref().expect("override applied");
+    let cl = r.statuses[0]
+        .current_limit
+        .as_ref()
+        .expect("override applied");
     assert_eq!(cl.requests_per_unit, 3);
 }
