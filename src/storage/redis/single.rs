@@ -38,7 +38,7 @@ impl RedisBuilder<SingleNode> {
     /// Builds the backend without waiting for Redis: the connection is made in
     /// the background and remade after failures. Spawns a health task that
     /// pings Redis every second, loads the script and warns about an
-    /// eviction policy that may evict buckets in use ([`eviction_risk`]) once Redis answers (docs/design.md, "Key expiry"). Must be called
+    /// eviction policy that may evict buckets in use once Redis answers (docs/design.md, "Key expiry"). Must be called
     /// inside a Tokio runtime.
     ///
     /// # Errors
@@ -236,7 +236,7 @@ async fn check_eviction_policy(conn: &mut ConnectionManager, timeout: Duration) 
 /// `volatile-random` may evict any bucket, drained ones in use included, and
 /// `allkeys-*` too; an unknown policy is reported as such.
 #[must_use]
-pub fn eviction_risk(policy: &str) -> Option<&'static str> {
+pub(crate) fn eviction_risk(policy: &str) -> Option<&'static str> {
     match policy {
         "noeviction" | "volatile-ttl" => None,
         "volatile-lru" | "volatile-lfu" | "allkeys-lru" | "allkeys-lfu" => Some(
@@ -246,28 +246,6 @@ pub fn eviction_risk(policy: &str) -> Option<&'static str> {
             "it evicts random keys, drained buckets in use included: their next request finds a full bucket",
         ),
         _ => Some("an eviction policy bucket-rls does not know"),
-    }
-}
-
-#[cfg(test)]
-mod eviction_tests {
-    use super::eviction_risk;
-
-    #[test]
-    fn only_noeviction_and_volatile_ttl_keep_the_limits() {
-        assert_eq!(eviction_risk("noeviction"), None);
-        assert_eq!(eviction_risk("volatile-ttl"), None);
-        for p in [
-            "volatile-lru",
-            "volatile-lfu",
-            "volatile-random",
-            "allkeys-lru",
-            "allkeys-lfu",
-            "allkeys-random",
-            "something-new",
-        ] {
-            assert!(eviction_risk(p).is_some(), "{p}");
-        }
     }
 }
 
@@ -337,5 +315,27 @@ impl Storage for RedisStorage {
             hold_us,
             self.inner.pipeline.secret.clone(),
         );
+    }
+}
+
+#[cfg(test)]
+mod eviction_tests {
+    use super::eviction_risk;
+
+    #[test]
+    fn only_noeviction_and_volatile_ttl_keep_the_limits() {
+        assert_eq!(eviction_risk("noeviction"), None);
+        assert_eq!(eviction_risk("volatile-ttl"), None);
+        for p in [
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "something-new",
+        ] {
+            assert!(eviction_risk(p).is_some(), "{p}");
+        }
     }
 }
