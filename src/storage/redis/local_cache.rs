@@ -56,6 +56,8 @@ pub const MAX_ENTRY_AGE_US: u64 = 1_000_000;
 #[derive(Debug)]
 pub struct LocalCache {
     map: quick_cache::sync::Cache<String, Entry>,
+    /// [`MAX_ENTRY_AGE_US`] (tests of the refill bounds lift it).
+    max_age_us: u64,
 }
 
 /// The first step of every Redis backend's `apply`: answers from `cache` when
@@ -82,6 +84,18 @@ impl LocalCache {
     pub fn new(capacity: usize) -> Self {
         Self {
             map: quick_cache::sync::Cache::new(capacity.max(1)),
+            max_age_us: MAX_ENTRY_AGE_US,
+        }
+    }
+
+    /// A cache whose entries never age out (for tests of the refill bounds
+    /// over several seconds).
+    #[cfg(test)]
+    #[must_use]
+    fn without_age_limit(capacity: usize) -> Self {
+        Self {
+            max_age_us: u64::MAX,
+            ..Self::new(capacity)
         }
     }
 
@@ -98,7 +112,7 @@ impl LocalCache {
                 return None;
             }
             let e = self.map.get(c.key.as_str())?;
-            if now_us.saturating_sub(e.received_us) >= MAX_ENTRY_AGE_US {
+            if now_us.saturating_sub(e.received_us) >= self.max_age_us {
                 self.map.remove(c.key.as_str());
                 return None;
             }
@@ -226,7 +240,7 @@ mod tests {
 
     #[test]
     fn reports_a_lower_bound_and_denies_on_an_upper_bound() {
-        let cache = LocalCache::new(10);
+        let cache = LocalCache::without_age_limit(10);
         let c = charge("a", 1, false);
         let denied = denied_empty();
         // Sent at 1 s, received at 2 s (a slow round trip).
@@ -242,7 +256,7 @@ mod tests {
 
     #[test]
     fn answers_only_certain_denials() {
-        let cache = LocalCache::new(10);
+        let cache = LocalCache::without_age_limit(10);
         let c = charge("a", 1, false);
         let denied = denied_empty();
         cache.record(std::slice::from_ref(&c), &denied, 1_000_000);

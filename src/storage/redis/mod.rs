@@ -462,18 +462,19 @@ mod tests {
             }],
         };
         let sent_us = pipeline.local_now_us();
-        // The reply comes 1 s after the call was sent.
-        clock.advance(Duration::from_secs(1));
+        // The reply comes 300 ms after the call was sent (within an entry's
+        // one-second life).
+        clock.advance(Duration::from_millis(300));
         pipeline.record(std::slice::from_ref(&charge), &denied, sent_us);
-        // 4 s after sending: at most 4/6 token (since sending, so the denial
-        // is certain), at least 3/6 (since the reply): the answer reports
-        // the lower bound. Recorded with the send time alone it would say
-        // 666,666.
+        // 900 ms after sending: at most 0.15 token (since sending, so the
+        // denial is certain), at least 0.1 (since the reply): the answer
+        // reports the lower bound. Recorded with the send time alone it
+        // would say 150,000.
         let r = pipeline
             .cache()
             .expect("enabled")
-            .lookup(std::slice::from_ref(&charge), sent_us + 4_000_000)
+            .lookup(std::slice::from_ref(&charge), sent_us + 900_000)
             .expect("certain");
-        assert_eq!(r.charges[0].tokens_micro, MICRO / 2);
+        assert_eq!(r.charges[0].tokens_micro, MICRO / 10);
     }
 }
