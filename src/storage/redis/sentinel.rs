@@ -320,6 +320,9 @@ impl RedisSentinelStorage {
                         match &known {
                             Some(old) => {
                                 tracing::warn!(old = %old, master = %addr, name = %inner.master_name, generation, "Sentinel names a new Redis master; switching");
+                                // What the old master said about buckets may
+                                // not hold on the new one (replication lag).
+                                inner.pipeline.clear_cache();
                             }
                             None => {
                                 tracing::info!(master = %addr, name = %inner.master_name, sentinels = %inner.sentinels, generation, "Redis master found through Sentinel");
