@@ -210,16 +210,18 @@ pub async fn run_with(
         })
     });
 
-    // Dead peers are found by HTTP/2 pings; each port holds a bounded number
-    // of connections (crate::conn_limit).
-    let router = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+    // Per-connection bounds in crate::grpc::server_builder; each port holds a
+    // bounded number of connections (crate::conn_limit).
+    let router = crate::grpc::server_builder()
         .add_service(health_service)
         .add_service(RateLimitGrpc::server(limiter.clone()));
     // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
     // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
-    let tcp = LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc").into_stream();
+    // A connection must send its opening bytes (the HTTP/2 preface, or a TLS
+    // ClientHello, which is longer) within the first-byte timeout.
+    let tcp = LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc")
+        .opening_bytes(crate::conn_limit::HTTP2_PREFACE_BYTES)
+        .into_stream();
     let grpc_signal = async move {
         let _ = grpc_stop.recv().await;
     };
@@ -231,7 +233,9 @@ pub async fn run_with(
             None => Box::pin(router.serve_with_incoming_shutdown(tcp, grpc_signal)),
         };
     let http = axum::serve(
-        LimitedListener::new(listeners.http, per_port_limit(), false, "http"),
+        LimitedListener::new(listeners.http, per_port_limit(), false, "http")
+            .idle_timeout(crate::conn_limit::ADMIN_IDLE_TIMEOUT)
+            .shed_idle_when_full(),
         crate::http::router_with(limiter.clone(), health.clone()),
     )
     .with_graceful_shutdown(async move {

@@ -253,6 +253,17 @@ pub struct ServeArgs {
         default_value_t = false
     )]
     pub response_dynamic_metadata: bool,
+    /// Ignore a request's `limit` override on a descriptor that matches no
+    /// rule (answer OK without a limit, keep no state). Default: such an
+    /// override gets its own bucket in a known domain, as in the Go service,
+    /// which lets a client create keys that live up to one unit of its
+    /// override (a year for YEAR).
+    #[arg(
+        long,
+        env = "BUCKET_RLS_IGNORE_UNMATCHED_OVERRIDES",
+        default_value_t = false
+    )]
+    pub ignore_unmatched_overrides: bool,
     /// Merge files that define the same domain into one domain (a descriptor
     /// defined twice is still an error) instead of refusing the second file.
     #[arg(long, env = "BUCKET_RLS_MERGE_DOMAIN_CONFIG", default_value_t = false)]
@@ -553,6 +564,7 @@ impl From<&ServeArgs> for ServiceSettings {
             global_shadow_mode: args.shadow_mode,
             global_quota_mode: args.quota_mode,
             response_dynamic_metadata: args.response_dynamic_metadata,
+            ignore_unmatched_overrides: args.ignore_unmatched_overrides,
             ..Self::default()
         }
     }

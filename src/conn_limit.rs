@@ -8,12 +8,16 @@
 //! port never starves the admin port. Accept errors (such as `EMFILE`) are
 //! logged and retried after a short pause instead of ending the server.
 //!
-//! A connection must send its first bytes within [`FIRST_BYTE_TIMEOUT`]
-//! (Envoy sends the HTTP/2 preface, curl its request line, at once);
-//! otherwise it is closed, so connections that never speak cannot hold the
-//! cap. After the first bytes there is no idle limit: Envoy keeps its gRPC
-//! connection open between requests, and dead peers are found by HTTP/2
-//! pings.
+//! A connection must send its opening bytes within [`FIRST_BYTE_TIMEOUT`]
+//! (Envoy sends the whole HTTP/2 preface, [`HTTP2_PREFACE_BYTES`], curl its
+//! request line, at once); otherwise it is closed, so connections that never
+//! speak, or send one byte and stop, cannot hold the cap. On the gRPC port
+//! there is no idle limit after that: Envoy keeps its connection open
+//! between requests, and dead peers are found by HTTP/2 pings. The admin
+//! port closes a connection that sends nothing for [`ADMIN_IDLE_TIMEOUT`]
+//! (an unfinished request head or body included) and, when at its cap,
+//! makes room for a new connection by closing the one silent for the
+//! longest, so probes are answered under a connection flood.
 
 use std::future::Future;
 use std::io;
@@ -51,15 +55,98 @@ fn open_files_soft_limit() -> Option<usize> {
         .find_map(|w| w.parse::<usize>().ok())
 }
 
+/// Bytes the HTTP/2 client preface takes (`PRI * HTTP/2.0...`): on the gRPC
+/// port, all of them must arrive within the first-byte timeout, so a
+/// connection that sends one byte and stops is closed too.
+pub const HTTP2_PREFACE_BYTES: usize = 24;
+
+/// On the admin port: the longest a connection may go without sending a
+/// byte once it has spoken (an unfinished request head or body, or an idle
+/// keep-alive connection). Prometheus and probes send a whole request at
+/// once; a closed keep-alive connection just reconnects.
+pub const ADMIN_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A TCP stream holding one of its port's connection permits until dropped.
-/// Reading fails with `TimedOut` if no byte arrived within the first-byte
-/// deadline.
+/// Reading fails with `TimedOut` if the opening bytes did not arrive within
+/// the first-byte deadline or (with an idle timeout) no byte arrived for that
+/// long, and with `ConnectionAborted` once the listener shed it to make room.
 #[derive(Debug)]
 pub struct Limited {
     inner: TcpStream,
     _permit: OwnedSemaphorePermit,
-    /// Until the first bytes arrive: when the connection is given up.
-    first_byte: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the connection is given up if no (more) bytes arrive.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Opening bytes still expected before the first-byte deadline lifts.
+    opening_left: usize,
+    /// Re-armed after every read once the opening bytes arrived.
+    idle: Option<Duration>,
+    /// This connection's entry in its port's registry, where the listener
+    /// may shed it.
+    slot: Option<(Arc<Slot>, Arc<Slots>)>,
+}
+
+impl Drop for Limited {
+    fn drop(&mut self) {
+        if let Some((slot, slots)) = &self.slot {
+            slots.map.lock().remove(&slot.id);
+        }
+    }
+}
+
+/// One connection as the shedding listener sees it.
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    /// Milliseconds since the registry's origin of the last read with bytes.
+    last_read_ms: std::sync::atomic::AtomicU64,
+    shed: std::sync::atomic::AtomicBool,
+    waker: parking_lot::Mutex<Option<std::task::Waker>>,
+}
+
+/// The open connections of a port that sheds.
+#[derive(Debug)]
+struct Slots {
+    origin: tokio::time::Instant,
+    next_id: std::sync::atomic::AtomicU64,
+    map: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Slot>>>,
+}
+
+impl Slots {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn add(&self) -> Arc<Slot> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let slot = Arc::new(Slot {
+            id: self.next_id.fetch_add(1, Relaxed),
+            last_read_ms: self.now_ms().into(),
+            shed: false.into(),
+            waker: parking_lot::Mutex::new(None),
+        });
+        self.map.lock().insert(slot.id, slot.clone());
+        slot
+    }
+
+    /// Closes the connection that read nothing for the longest (the oldest
+    /// on ties; not one shed already): its next read fails, its server task ends and its
+    /// permit frees. False when there is none.
+    fn shed_oldest(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let victim = self
+            .map
+            .lock()
+            .values()
+            .filter(|s| !s.shed.load(Relaxed))
+            .min_by_key(|s| (s.last_read_ms.load(Relaxed), s.id))
+            .cloned();
+        let Some(v) = victim else { return false };
+        v.shed.store(true, Relaxed);
+        if let Some(w) = v.waker.lock().take() {
+            w.wake();
+        }
+        true
+    }
 }
 
 impl AsyncRead for Limited {
@@ -68,19 +155,55 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some((slot, _)) = &self.slot {
+            if slot.shed.load(Relaxed) {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "closed to make room for a new connection (the port is at its cap)",
+                )));
+            }
+            *slot.waker.lock() = Some(cx.waker().clone());
+        }
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Some(deadline) = self.first_byte.as_mut() {
-            match &r {
-                Poll::Ready(Ok(())) if buf.filled().len() > before => self.first_byte = None,
-                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+        match &r {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                let n = buf.filled().len() - before;
+                if let Some((slot, slots)) = &self.slot {
+                    slot.last_read_ms.store(slots.now_ms(), Relaxed);
+                }
+                self.opening_left = self.opening_left.saturating_sub(n);
+                if self.opening_left == 0 {
+                    match self.idle {
+                        Some(idle) => {
+                            let at = tokio::time::Instant::now() + idle;
+                            if let Some(d) = self.deadline.as_mut() {
+                                d.as_mut().reset(at);
+                            } else {
+                                self.deadline = Some(Box::pin(tokio::time::sleep_until(at)));
+                            }
+                        }
+                        None => self.deadline = None,
+                    }
+                }
+            }
+            Poll::Pending => {
+                let opening = self.opening_left > 0;
+                if let Some(deadline) = self.deadline.as_mut()
+                    && deadline.as_mut().poll(cx).is_ready()
+                {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
-                        "no bytes from the client within the first-byte timeout",
+                        if opening {
+                            "the client's opening bytes did not arrive within the first-byte timeout"
+                        } else {
+                            "no bytes from the client within the idle timeout"
+                        },
                     )));
                 }
-                _ => {}
             }
+            _ => {}
         }
         r
     }
@@ -127,6 +250,10 @@ pub struct LimitedListener {
     nodelay: bool,
     port: &'static str,
     first_byte_timeout: Duration,
+    opening_bytes: usize,
+    idle: Option<Duration>,
+    /// With [`LimitedListener::shed_idle_when_full`]: the open connections.
+    shed: Option<Arc<Slots>>,
 }
 
 impl LimitedListener {
@@ -140,10 +267,13 @@ impl LimitedListener {
             nodelay,
             port,
             first_byte_timeout: FIRST_BYTE_TIMEOUT,
+            opening_bytes: 1,
+            idle: None,
+            shed: None,
         }
     }
 
-    /// Replaces the time a new connection has to send its first bytes
+    /// Replaces the time a new connection has to send its opening bytes
     /// (default [`FIRST_BYTE_TIMEOUT`]).
     #[must_use]
     pub fn first_byte_timeout(mut self, timeout: Duration) -> Self {
@@ -151,35 +281,90 @@ impl LimitedListener {
         self
     }
 
-    /// The next connection, once a permit is free. Never fails: accept errors
-    /// are logged and retried.
-    pub async fn next(&mut self) -> (Limited, SocketAddr) {
-        let permit = match self.permits.clone().acquire_owned().await {
-            Ok(p) => p,
-            // The semaphore is never closed; wait forever rather than panic.
-            Err(_) => std::future::pending().await,
-        };
+    /// Bytes a new connection must send within the first-byte timeout
+    /// (default 1; [`HTTP2_PREFACE_BYTES`] on the gRPC port).
+    #[must_use]
+    pub fn opening_bytes(mut self, bytes: usize) -> Self {
+        self.opening_bytes = bytes.max(1);
+        self
+    }
+
+    /// After the opening bytes, closes a connection that sends nothing for
+    /// `idle` (a read waiting longer fails with `TimedOut`).
+    #[must_use]
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle = Some(idle);
+        self
+    }
+
+    /// When the port is at its cap and a new connection arrives, closes the
+    /// open connection that has sent nothing for the longest instead of
+    /// leaving the new one waiting: a flood of silent or trickling
+    /// connections cannot keep a probe (which sends its request at once)
+    /// from being answered.
+    #[must_use]
+    pub fn shed_idle_when_full(mut self) -> Self {
+        self.shed = Some(Arc::new(Slots {
+            origin: tokio::time::Instant::now(),
+            next_id: 0.into(),
+            map: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }));
+        self
+    }
+
+    fn wrap(&self, stream: TcpStream, permit: OwnedSemaphorePermit) -> Limited {
+        if self.nodelay {
+            let _ = stream.set_nodelay(true);
+        }
+        Limited {
+            inner: stream,
+            _permit: permit,
+            deadline: Some(Box::pin(tokio::time::sleep(self.first_byte_timeout))),
+            opening_left: self.opening_bytes,
+            idle: self.idle,
+            slot: self.shed.as_ref().map(|s| (s.add(), s.clone())),
+        }
+    }
+
+    async fn accept_retrying(&self) -> (TcpStream, SocketAddr) {
         loop {
             match self.inner.accept().await {
-                Ok((stream, addr)) => {
-                    if self.nodelay {
-                        let _ = stream.set_nodelay(true);
-                    }
-                    return (
-                        Limited {
-                            inner: stream,
-                            _permit: permit,
-                            first_byte: Some(Box::pin(tokio::time::sleep(self.first_byte_timeout))),
-                        },
-                        addr,
-                    );
-                }
+                Ok(c) => return c,
                 Err(e) => {
                     tracing::warn!(port = self.port, error = %e, "accept failed; retrying");
                     tokio::time::sleep(ACCEPT_RETRY).await;
                 }
             }
         }
+    }
+
+    /// The next connection, once a permit is free (or, when shedding, once
+    /// the longest-silent connection made room). Never fails: accept errors
+    /// are logged and retried.
+    pub async fn next(&mut self) -> (Limited, SocketAddr) {
+        let Some(slots) = self.shed.clone() else {
+            let permit = match self.permits.clone().acquire_owned().await {
+                Ok(p) => p,
+                // The semaphore is never closed; wait forever rather than panic.
+                Err(_) => std::future::pending().await,
+            };
+            let (stream, addr) = self.accept_retrying().await;
+            return (self.wrap(stream, permit), addr);
+        };
+        let (stream, addr) = self.accept_retrying().await;
+        let permit = loop {
+            if let Ok(p) = self.permits.clone().try_acquire_owned() {
+                break p;
+            }
+            let shed = slots.shed_oldest();
+            let wait = if shed { ACCEPT_RETRY } else { Duration::MAX };
+            match tokio::time::timeout(wait, self.permits.clone().acquire_owned()).await {
+                Ok(Ok(p)) => break p,
+                Ok(Err(_)) => std::future::pending().await,
+                Err(_) => {}
+            }
+        };
+        (self.wrap(stream, permit), addr)
     }
 
     /// The stream of connections, for tonic's `serve_with_incoming`.

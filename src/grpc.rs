@@ -209,11 +209,124 @@ impl RateLimitService for RateLimitGrpc {
 }
 
 impl RateLimitGrpc {
-    /// The tonic server for this service (max message size 4 MiB, as tonic's default).
+    /// The tonic server for this service: requests of at most
+    /// [`MAX_MESSAGE_BYTES`]; a request that does not decode is
+    /// `INVALID_ARGUMENT` ([`DecodeErrorsAreInvalid`]).
     #[must_use]
-    pub fn server(limiter: Arc<Limiter>) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(Self(limiter))
+    pub fn server(limiter: Arc<Limiter>) -> DecodeErrorsAreInvalid<RateLimitServiceServer<Self>> {
+        DecodeErrorsAreInvalid(
+            RateLimitServiceServer::new(Self(limiter)).max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
     }
+}
+
+/// Wraps a tonic service so that a request body that is not a valid protobuf
+/// message (a string field that is not UTF-8, a truncated field) is answered
+/// `INVALID_ARGUMENT` instead of tonic's `INTERNAL`: the client sent it, and
+/// `INTERNAL` would read as a fault of this service (and count as one in
+/// Envoy's and the client's metrics).
+#[derive(Debug, Clone)]
+pub struct DecodeErrorsAreInvalid<S>(pub S);
+
+/// Start of tonic's message for a request body prost cannot decode, as sent
+/// in `grpc-message` (percent-encoded).
+const DECODE_ERROR_PREFIX: &[u8] = b"failed%20to%20decode%20Protobuf%20message";
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for DecodeErrorsAreInvalid<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, RB> tonic::codegen::Service<tonic::codegen::http::Request<B>>
+    for DecodeErrorsAreInvalid<S>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<B>,
+            Response = tonic::codegen::http::Response<RB>,
+        >,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::MapOk<
+        S::Future,
+        fn(tonic::codegen::http::Response<RB>) -> tonic::codegen::http::Response<RB>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        use futures::TryFutureExt as _;
+        self.0.call(req).map_ok(decode_error_as_invalid)
+    }
+}
+
+/// Rewrites a trailers-only `INTERNAL` answer for an undecodable request to
+/// `INVALID_ARGUMENT` (tonic sends errors before any message in the headers).
+fn decode_error_as_invalid<RB>(
+    mut r: tonic::codegen::http::Response<RB>,
+) -> tonic::codegen::http::Response<RB> {
+    let h = r.headers_mut();
+    let internal = h.get("grpc-status").is_some_and(|v| v.as_bytes() == b"13");
+    let decode = h
+        .get("grpc-message")
+        .is_some_and(|v| v.as_bytes().starts_with(DECODE_ERROR_PREFIX));
+    if internal && decode {
+        h.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from_static("3"),
+        );
+    }
+    r
+}
+
+/// Largest `RateLimitRequest` accepted, in bytes (2 MiB, the `/json` body
+/// limit too); a larger one is refused with `OUT_OF_RANGE` before it is
+/// decoded.
+pub const MAX_MESSAGE_BYTES: usize = 2 << 20;
+
+/// `SETTINGS_MAX_CONCURRENT_STREAMS` advertised on the gRPC port: streams
+/// one connection may hold open at once. Envoy honours it (its default
+/// per-cluster `max_requests` is 1,024 too) and opens another connection when
+/// it needs more.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
+/// Requests of one connection decoded and decided at once; the others wait,
+/// their bytes held by HTTP/2 flow control (the connection window) rather
+/// than in memory.
+pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 64;
+
+/// HTTP/2 receive window, per stream and per connection, in bytes: what a
+/// peer may send before the service has read it.
+pub const RECEIVE_WINDOW_BYTES: u32 = 1 << 20;
+
+/// Largest header block a peer may send, in bytes (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
+/// The gRPC server builder with the per-connection bounds: at most
+/// [`MAX_CONCURRENT_STREAMS`] streams (advertised to the peer), at most
+/// [`MAX_IN_FLIGHT_PER_CONNECTION`] of them decided at once, receive windows
+/// of [`RECEIVE_WINDOW_BYTES`], headers of at most [`MAX_HEADER_LIST_BYTES`],
+/// and HTTP/2 keepalive pings every 30 s (a peer that does not answer within
+/// 10 s is dropped). So the memory one connection can hold is bounded: a
+/// peer that opens streams and never grants flow-control window keeps at most
+/// [`MAX_CONCURRENT_STREAMS`] small responses waiting, and partly sent
+/// requests hold at most [`MAX_IN_FLIGHT_PER_CONNECTION`] ×
+/// [`MAX_MESSAGE_BYTES`].
+#[must_use]
+pub fn server_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .concurrency_limit_per_connection(MAX_IN_FLIGHT_PER_CONNECTION)
+        .initial_stream_window_size(RECEIVE_WINDOW_BYTES)
+        .initial_connection_window_size(RECEIVE_WINDOW_BYTES)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
 }
 
 #[cfg(test)]

@@ -1,8 +1,11 @@
 //! HTTP admin API on the admin port (default `0.0.0.0:8080`).
 //!
 //! Endpoints:
-//! - `GET /healthcheck`: 200 `OK` when a config is loaded and storage answers
-//!   a ping within [`HEALTH_PING_TIMEOUT`]; 503 with a short reason otherwise.
+//! - `GET /healthcheck`: 200 `OK` when a probe charge
+//!   works within [`HEALTH_PING_TIMEOUT`] ([`Limiter::check_charges`]: a
+//!   real write on a single node or through Sentinel, so `READONLY` and
+//!   `OOM` fail it; a ping of any node on a Cluster); 503 with a short
+//!   reason otherwise. It does not wait for a first xDS config.
 //! - `GET /livez`: 200 `OK` whenever the process answers HTTP at all; it never
 //!   looks at storage, so a Kubernetes liveness probe on it does not restart
 //!   every replica during a Redis outage (docs/design.md, "Storage failures"). Use `/healthcheck` for readiness.
@@ -18,8 +21,9 @@
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
 //!   protobuf JSON ([`json`]): 200 with the `RateLimitResponse` when the
 //!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
-//!   `{"error": "..."}` for a malformed request, 503 when storage is
-//!   unavailable.
+//!   `{"error": "..."}` for a malformed request, 415 for a `Content-Type`
+//!   other than `application/json` (a browser's cross-site `text/plain` or
+//!   form post), 503 when storage is unavailable.
 //!
 //! The router is built by [`router`] so tests call it without a socket.
 
@@ -133,7 +137,7 @@ async fn livez() -> &'static str {
 }
 
 async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> (StatusCode, String) {
-    match tokio::time::timeout(HEALTH_PING_TIMEOUT, limiter.storage().ping()).await {
+    match tokio::time::timeout(HEALTH_PING_TIMEOUT, limiter.check_charges()).await {
         Ok(Ok(())) => (StatusCode::OK, "OK\n".into()),
         Ok(Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -141,7 +145,9 @@ async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> (StatusCode, String
         ),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("storage unavailable: no answer to ping within {HEALTH_PING_TIMEOUT:?}\n"),
+            format!(
+                "storage unavailable: no answer to the health probe within {HEALTH_PING_TIMEOUT:?}\n"
+            ),
         ),
     }
 }
@@ -340,10 +346,39 @@ async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> Response {
     json_response(StatusCode::OK, &view)
 }
 
+/// Whether a `/json` request's `Content-Type` is acceptable: absent, or
+/// `application/json` (any parameters). The types a browser may send
+/// cross-site without asking first (`text/plain`, forms) are refused, so a
+/// web page cannot spend a client's budget through a visitor's browser.
+fn json_content_type_ok(headers: &axum::http::HeaderMap) -> Result<(), String> {
+    let Some(v) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let mime = v
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim();
+    if mime.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        let shown: String = mime.chars().take(64).collect();
+        Err(format!(
+            "POST /json takes Content-Type: application/json, not {shown:?} (curl: -H 'content-type: application/json')"
+        ))
+    }
+}
+
 async fn json(
     State(limiter): State<Arc<Limiter>>,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    if let Err(msg) = json_content_type_ok(&headers) {
+        return error(StatusCode::UNSUPPORTED_MEDIA_TYPE, &msg);
+    }
     // A body over the limit (413) or one that fails to arrive: the same JSON
     // error shape as every other answer.
     let body = match body {

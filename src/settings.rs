@@ -95,6 +95,14 @@ pub struct ServiceSettings {
     /// Send `dynamic_metadata` in every response (`--response-dynamic-metadata`,
     /// the Go service's `RESPONSE_DYNAMIC_METADATA`).
     pub response_dynamic_metadata: bool,
+    /// Ignore a request's `limit` override on a descriptor that matches no
+    /// rule (`--ignore-unmatched-overrides`): answered `OK` without a limit
+    /// and no state. Off (the default, as the Go service): such a descriptor
+    /// of a known domain gets a bucket of its own, per distinct entry list,
+    /// that lives until it is full again (up to one unit of the override, a
+    /// year for `YEAR`), so a client that sends arbitrary descriptors with
+    /// overrides creates state at its request rate.
+    pub ignore_unmatched_overrides: bool,
 }
 
 impl Default for ServiceSettings {
@@ -111,6 +119,7 @@ impl Default for ServiceSettings {
             global_shadow_mode: false,
             global_quota_mode: false,
             response_dynamic_metadata: false,
+            ignore_unmatched_overrides: false,
         }
     }
 }

@@ -165,8 +165,8 @@ fn unknown_domain_counted_warned_once_and_malformed_rejected() {
         let text = String::from_utf8(logs.0.lock().clone()).unwrap();
         let warnings = text.lines().filter(|l| l.contains("unknown domain") && l.contains("ambassador")).count();
         assert_eq!(warnings, 1, "one warning per domain per minute:\n{text}");
-        // A client-chosen domain is logged escaped: no forged line, no
-        // terminal escape reaches the log.
+        // A client-chosen domain is logged clipped, control characters as
+        // `_`: no forged line, no terminal escape reaches the log.
         let forged = "evil\n2026-11-29T00:00:00Z ERROR bucket_rls: FORGED\u{1b}[31m";
         l.should_rate_limit(&req(forged, vec![desc(&[("remote_address", "1")])], 1))
             .await
@@ -174,7 +174,7 @@ fn unknown_domain_counted_warned_once_and_malformed_rejected() {
         let text = String::from_utf8(logs.0.lock().clone()).unwrap();
         assert!(!text.lines().any(|l| l.starts_with("2026-11-29T00:00:00Z")), "{text}");
         assert!(!text.contains('\u{1b}'), "{text}");
-        assert!(text.contains(r"evil\n2026"), "{text}");
+        assert!(text.contains("domain=evil_2026"), "{text}");
 
         // 2. and 3. Malformed: INVALID_ARGUMENT with the message, service_error +2.
         let before = invalid();

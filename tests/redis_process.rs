@@ -98,20 +98,43 @@ async fn serves_while_redis_is_down_and_recovers() {
     assert!(!logs.contains("pw-Zq81x"), "password in the logs:\n{logs}");
 }
 
-/// An `allkeys-*` eviction policy is reported at startup (docs/design.md,
-/// "Key expiry").
+/// An eviction policy that may evict buckets in use is reported at startup
+/// (docs/design.md, "Key expiry"): `volatile-lru` too, since every bucket
+/// key has a TTL; `volatile-ttl` is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warns_about_allkeys_eviction() {
-    let redis = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
-    let cfg = config_file();
-    let svc = BucketRls::start(cfg.path(), &["--redis-url", &redis.url()]).await;
-    let t = Instant::now();
-    while !svc.proc.logs().contains("allkeys-lru") {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "no eviction warning:\n{}",
-            svc.proc.logs()
+async fn warns_about_eviction_policies_that_evict_buckets_in_use() {
+    for (policy, warned) in [
+        ("allkeys-lru", true),
+        ("volatile-lru", true),
+        ("volatile-ttl", false),
+    ] {
+        let redis = RedisServer::start_with(&["--maxmemory-policy", policy]);
+        let cfg = config_file();
+        let svc = BucketRls::start(
+            cfg.path(),
+            &[
+                "--redis-url",
+                &redis.url(),
+                "--log-level",
+                "bucket_rls=debug,info",
+            ],
+        )
+        .await;
+        let t = Instant::now();
+        // The policy is logged either way (debug when it keeps the limits).
+        while !svc.proc.logs().contains(policy) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "policy {policy} never logged:\n{}",
+                svc.proc.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let logs = svc.proc.logs();
+        assert_eq!(
+            logs.contains("may evict rate limit buckets that are in use"),
+            warned,
+            "{policy}:\n{logs}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -367,3 +367,49 @@ async fn tls_sentinels_and_master() {
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     }
 }
+
+/// While every Sentinel is unreachable the service keeps the master it knows
+/// (requests keep working) and says once that a failover would go unseen;
+/// before, nothing was logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_every_sentinel_is_logged_once_and_the_known_master_is_kept() {
+    let mut s = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("d.yaml");
+    std::fs::write(
+        &config,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100}\n",
+    )
+    .unwrap();
+    let addrs = s.sentinel_addrs().join(",");
+    let rls = common::procs::BucketRls::start(
+        &config,
+        &[
+            "--redis-sentinel",
+            &addrs,
+            "--redis-master-name",
+            MASTER_NAME,
+        ],
+    )
+    .await;
+    for n in &mut s.sentinels {
+        n.stop();
+    }
+    let needle = "no Sentinel answers";
+    common::eventually::eventually(Duration::from_secs(20), "the warning", || async {
+        rls.proc.logs().contains(needle).then_some(())
+    })
+    .await;
+    // Still served by the known master, and warned once only.
+    let r = common::http::get(rls.http, "/healthcheck", &[])
+        .await
+        .expect("health");
+    assert_eq!(r.status, 200, "{r:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        rls.proc.logs().matches(needle).count(),
+        1,
+        "{}",
+        rls.proc.logs()
+    );
+}

@@ -99,7 +99,7 @@ impl App {
                     },
                 );
                 crate::config::watcher::record_startup_load();
-                tokio::spawn(reload_on_sighup(watcher.reload_handle()));
+                tokio::spawn(reload_on_sighup(watcher.reload_handle(), limiter.clone()));
                 // The config given was loaded from the files.
                 health.set_config_loaded();
                 (limiter, Source::Files(watcher))
@@ -271,8 +271,10 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
 }
 
 /// Asks `handle` for a reload on every SIGHUP, until the handle's watcher
-/// is gone. Logs and returns when SIGHUP cannot be listened for.
-pub async fn reload_on_sighup(handle: ReloadHandle) {
+/// is gone, and clears `limiter`'s local over-limit cache (an operator who
+/// reset buckets in Redis gets them seen at once, even when the config is
+/// unchanged). Logs and returns when SIGHUP cannot be listened for.
+pub async fn reload_on_sighup(handle: ReloadHandle, limiter: Arc<Limiter>) {
     let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => s,
         Err(e) => {
@@ -281,7 +283,8 @@ pub async fn reload_on_sighup(handle: ReloadHandle) {
         }
     };
     while hup.recv().await.is_some() {
-        tracing::info!("SIGHUP: reloading the config");
+        tracing::info!("SIGHUP: reloading the config and clearing the local over-limit cache");
+        limiter.storage().invalidate_local_cache();
         handle.reload_now();
     }
 }

@@ -622,6 +622,13 @@ pub fn hash_files(files: &[(String, Vec<u8>)]) -> String {
 /// `/dev/zero` behind a symlink) is an error, so reading stays bounded.
 pub const MAX_FILE_BYTES: u64 = 64 << 20;
 
+/// Largest config source read, in bytes, all files together: parsing holds
+/// every file's YAML tree at once (about 25 times the text), so many files
+/// each under [`MAX_FILE_BYTES`] must not add up to more memory than one
+/// file at the cap. Past it, the remaining files are errors (the source does
+/// not load, and a running service keeps its config).
+pub const MAX_SOURCE_BYTES: u64 = 64 << 20;
+
 /// The files a source stands for: the file itself, or for a directory every
 /// visible `*.yaml`/`*.yml` entry (symlinks followed; hidden entries such as
 /// Kubernetes `..data` skipped, so a ConfigMap mount loads each file once),
@@ -722,10 +729,28 @@ fn read_source_partly(source: &Path) -> Result<(Texts, Vec<ConfigError>), Config
     let files = source_files(source).map_err(|e| ConfigErrors(vec![e]))?;
     let mut texts = Vec::with_capacity(files.len());
     let mut errors = Vec::new();
+    let mut total: u64 = 0;
     for f in &files {
         let name = f.display().to_string();
         match read_file(f) {
-            Ok(bytes) => texts.push((name, bytes)),
+            Ok(bytes) if total + bytes.len() as u64 > MAX_SOURCE_BYTES => {
+                errors.push(ConfigError {
+                    file: name,
+                    line: None,
+                    path: String::new(),
+                    message: format!(
+                        "the config source is too large: this file ({} bytes) takes the files read so far past {MAX_SOURCE_BYTES} bytes in all; split the policy across services or shrink it",
+                        bytes.len()
+                    ),
+                });
+                // Counted, so every later file is refused too and the
+                // bytes held stay under the cap.
+                total = MAX_SOURCE_BYTES;
+            }
+            Ok(bytes) => {
+                total += bytes.len() as u64;
+                texts.push((name, bytes));
+            }
             Err(message) => errors.push(ConfigError {
                 file: name,
                 line: None,

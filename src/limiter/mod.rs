@@ -148,6 +148,31 @@ impl Limiter {
         &self.storage
     }
 
+    /// Whether charges work now (`/healthcheck`): the storage's
+    /// [`Storage::check_charges`] with a probe charge of 1 token on a bucket
+    /// of its own (`<prefix>health`, 1,000 tokens a second, so it is full
+    /// again within a millisecond; no bucket key can have that name, since
+    /// every bucket key continues the prefix with `d<length>:`).
+    ///
+    /// # Errors
+    /// The [`StorageError`] when the probe charge fails.
+    pub async fn check_charges(&self) -> Result<(), StorageError> {
+        let probe = Charge {
+            key: format!("{}health", self.settings.key_prefix),
+            spec: crate::storage::ChargeSpec {
+                limit: crate::storage::Limit {
+                    requests_per_unit: 1_000,
+                    unit_secs: std::num::NonZeroU64::MIN,
+                    burst: 1_000,
+                },
+                cost: 1,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+        };
+        self.storage.check_charges(&probe).await
+    }
+
     /// The settings.
     #[must_use]
     pub fn settings(&self) -> &ServiceSettings {
@@ -402,10 +427,16 @@ impl Limiter {
         }
     }
 
+    /// Counts (and at most once a minute per domain, logs) a request for a
+    /// domain no config defines. The domain is client text: the label, the
+    /// map key and the log line carry it clipped to
+    /// [`labels::MAX_LABEL_VALUE_BYTES`] (with its full length logged), so
+    /// long domains cost neither memory nor log volume.
     fn note_unknown_domain(&self, domain: &str) {
+        let clipped = labels::ValueLabels::clip(domain);
         let mut seen = self.unknown_domains.lock();
-        let label = if seen.contains_key(domain) || seen.len() < MAX_DOMAIN_LABELS {
-            domain.to_owned()
+        let label = if seen.contains_key(clipped.as_ref()) || seen.len() < MAX_DOMAIN_LABELS {
+            clipped.clone().into_owned()
         } else {
             "other".to_owned()
         };
@@ -423,7 +454,7 @@ impl Limiter {
         };
         drop(seen);
         if warn {
-            tracing::warn!(domain = ?domain, "request for unknown domain; no config defines it, answering OK without limits");
+            tracing::warn!(domain = %clipped, domain_bytes = domain.len(), "request for unknown domain; no config defines it, answering OK without limits");
         }
         metrics::counter!(m::DOMAIN_NOT_FOUND, "domain" => label).increment(1);
     }
@@ -550,6 +581,45 @@ mod tests {
         assert_eq!(codes, [Code::OverLimit, Code::OverLimit, Code::Ok]);
         assert_eq!(d.statuses[2].limit_remaining, 0, "z2 charged");
         assert_eq!(storage.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    /// A client sending long unknown domains (the attack: 100 domains of
+    /// 3.9 MiB each) gets each one counted under a clipped label and logged
+    /// clipped: the labels, the map of seen domains and the log lines stay
+    /// small whatever the domain's length.
+    #[test]
+    fn long_unknown_domains_are_clipped_in_labels_maps_and_logs() {
+        let config = crate::config::loader::compile_texts(&[(
+            "a.yaml".into(),
+            b"domain: a\ndescriptors: []\n".to_vec(),
+        )])
+        .unwrap();
+        let storage = Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(1_000_000))));
+        let l = Limiter::new(config, storage, ServiceSettings::default());
+        let domains: Vec<String> = (0..150)
+            .map(|i| format!("{i:03}-{}\n", "x".repeat(1 << 20)))
+            .collect();
+        let text = crate::test_log::logged(tracing::Level::WARN, || {
+            for d in &domains {
+                let req = Request {
+                    domain: d,
+                    descriptors: vec![Descriptor::new(vec![("k", "v")])],
+                    hits_addend: 1,
+                };
+                futures::executor::block_on(l.decide(&req)).unwrap();
+            }
+        });
+        let lines: Vec<&str> = text.lines().collect();
+        // One per labelled domain, then one for the first under `other`.
+        assert_eq!(lines.len(), MAX_DOMAIN_LABELS + 1, "{}", &text[..2000]);
+        let longest = lines.iter().map(|l| l.len()).max().unwrap();
+        assert!(longest < 400, "a log line of {longest} bytes");
+        assert!(lines[0].contains("domain_bytes=1048581"), "{}", lines[0]);
+        let seen = l.unknown_domains.lock();
+        assert_eq!(seen.len(), MAX_DOMAIN_LABELS + 1, "100 labels and other");
+        let held: usize = seen.keys().map(String::len).sum();
+        assert!(held <= (MAX_DOMAIN_LABELS + 1) * labels::MAX_LABEL_VALUE_BYTES);
+        assert!(seen.keys().all(|k| !k.contains('\n')));
     }
 
     /// At debug level every limited descriptor gets one line saying why: the

@@ -82,6 +82,10 @@ pub(super) fn plan(
             continue;
         }
         let (limit, current, shadow, quota, metadata) = match (rule, &d.limit) {
+            (None, Some(_)) if settings.ignore_unmatched_overrides => {
+                plans.push(Plan::NoLimit);
+                continue;
+            }
             (_, Some(o)) if !d.entries.is_empty() => {
                 // Validation refuses unknown units before planning.
                 let Ok(unit) = o.unit else {

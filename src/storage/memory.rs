@@ -11,9 +11,9 @@
 //! A hard cap bounds memory even when buckets take long to refill (a per-value
 //! rule per day or year under a flood of unique values): at most
 //! [`DEFAULT_MAX_BUCKETS`] buckets by default (about 150 bytes each). Past the
-//! cap a shard first drops full buckets, then forgets the eighth of its
-//! buckets that are closest to full: those clients get a full bucket a little
-//! early, the smallest give-away possible, and
+//! cap a shard first drops full buckets, then forgets a random eighth of its
+//! buckets (a new draw with a per-process secret each time, so no client can
+//! choose which): those clients get a full bucket early, and
 //! `bucket_rls_memory_evictions_total` counts them. Redis is the backend for
 //! exact limits at that scale.
 
@@ -40,12 +40,18 @@ struct Shard {
     /// key -> (state, microsecond time at which the bucket is full again)
     map: HashMap<String, (BucketState, u64)>,
     next_sweep_len: usize,
+    /// Cap evictions so far: each draws a new random order.
+    evict_round: u64,
 }
 
 impl Shard {
-    /// Keeps the shard at most `max_len` long: full buckets go first, then the
-    /// eighth closest to full.
-    fn enforce_cap(&mut self, now_us: u64, max_len: usize) {
+    /// Keeps the shard at most `max_len` long: full buckets go first, then a
+    /// random eighth of the rest. Random, with a per-process secret and a
+    /// new draw each round, because any order a client can predict lets it
+    /// choose the victim: under "closest to full first", a client drained
+    /// its own bucket and then flooded unique values drained to zero, so its
+    /// own bucket became the closest to full and was forgotten first.
+    fn enforce_cap(&mut self, now_us: u64, max_len: usize, hasher: &RandomState) {
         if self.map.len() <= max_len {
             return;
         }
@@ -53,14 +59,17 @@ impl Shard {
         if self.map.len() <= max_len {
             return;
         }
-        let mut full_ats: Vec<u64> = self.map.values().map(|(_, f)| *f).collect();
+        self.evict_round = self.evict_round.wrapping_add(1);
+        let round = self.evict_round;
+        let score = |k: &String| hasher.hash_one((k.as_str(), round));
+        let mut scores: Vec<u64> = self.map.keys().map(score).collect();
         let drop = (self.map.len() / 8).max(self.map.len() - max_len);
-        let (_, threshold, _) = full_ats.select_nth_unstable(drop - 1);
+        let (_, threshold, _) = scores.select_nth_unstable(drop - 1);
         let threshold = *threshold;
         let before = self.map.len();
         let mut budget = drop;
-        self.map.retain(|_, (_, f)| {
-            if *f <= threshold && budget > 0 {
+        self.map.retain(|k, _| {
+            if budget > 0 && score(k) <= threshold {
                 budget -= 1;
                 false
             } else {
@@ -177,6 +186,7 @@ impl MemoryStorage {
             limit_of[*i] = Some(spec.limit);
         }
         let max_per_shard = self.max_per_shard;
+        let hasher = &self.hasher;
         bucket::apply_request(&indexed, &states, now, |i, st| {
             let shard = &mut guards[guard_pos(shard_ids[i])].1;
             let ttf = limit_of[i].map_or(0, |l| bucket::time_to_full_us(&l, st.tokens_micro));
@@ -191,7 +201,7 @@ impl MemoryStorage {
             if shard.map.len() >= shard.next_sweep_len {
                 shard.sweep(now);
             }
-            shard.enforce_cap(now, max_per_shard);
+            shard.enforce_cap(now, max_per_shard, hasher);
         })
     }
 }
@@ -258,12 +268,9 @@ mod tests {
         assert_eq!(m.sweep(), 0);
     }
 
-    #[test]
-    fn the_cap_bounds_buckets_and_forgets_those_closest_to_full() {
-        let clock = ManualClock::new(1_000_000);
-        let m = MemoryStorage::with_max_buckets(Arc::new(clock.clone()), 64 * 100);
-        // A yearly rule: nothing refills during the test.
-        let yearly = |key: &str, cost: u64| Charge {
+    /// A yearly rule of burst 10: nothing refills during the test.
+    fn yearly(key: &str, cost: u64) -> Charge {
+        Charge {
             key: key.into(),
             spec: ChargeSpec {
                 limit: Limit {
@@ -275,16 +282,52 @@ mod tests {
                 kind: ChargeKind::Consume,
                 shadow: false,
             },
-        };
-        // A drained bucket (furthest from full) is kept.
-        assert!(m.apply_sync(&[yearly("drained", 10)]).admitted);
+        }
+    }
+
+    #[test]
+    fn the_cap_bounds_buckets() {
+        let clock = ManualClock::new(1_000_000);
+        let m = MemoryStorage::with_max_buckets(Arc::new(clock.clone()), 64 * 100);
         for i in 0..50_000 {
             assert!(m.apply_sync(&[yearly(&format!("k{i}"), 1)]).admitted);
         }
         assert!(m.len() <= 64 * 100, "{} buckets", m.len());
+    }
+
+    /// The attack: a client drains its own buckets, then floods unique
+    /// values each drained by `hits = burst`, so its own buckets are the
+    /// closest to full; under "closest to full first" they were forgotten
+    /// first (every one of them), and the client got full buckets back. Now
+    /// the victims are random: about one in eight is forgotten per round,
+    /// like any other bucket (at most half here; a chance draw past that is
+    /// below one in a billion).
+    #[test]
+    fn a_client_cannot_steer_cap_eviction_onto_its_own_drained_buckets() {
+        let clock = ManualClock::new(1_000_000);
+        let cap = 64 * 64;
+        let m = MemoryStorage::with_max_buckets(Arc::new(clock.clone()), cap);
+        let own: Vec<String> = (0..256).map(|i| format!("own{i}")).collect();
+        for k in &own {
+            assert!(m.apply_sync(&[yearly(k, 10)]).admitted);
+        }
+        // A second later the own buckets hold a little more than the flood's.
+        clock.advance(std::time::Duration::from_secs(1));
+        for i in 0..cap + cap / 8 {
+            // Time moves during the flood: each flood bucket is further from
+            // full than the one before.
+            clock.advance(std::time::Duration::from_micros(1));
+            assert!(m.apply_sync(&[yearly(&format!("flood{i}"), 10)]).admitted);
+        }
+        let forgotten = own
+            .iter()
+            .filter(|k| m.apply_sync(&[yearly(k, 0)]).charges[0].enough)
+            .count();
+        eprintln!("{forgotten} of {} own drained buckets forgotten", own.len());
         assert!(
-            !m.apply_sync(&[yearly("drained", 1)]).admitted,
-            "the drained bucket was kept"
+            forgotten <= own.len() / 2,
+            "{forgotten} of {} own drained buckets forgotten",
+            own.len()
         );
     }
 

@@ -231,6 +231,22 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// [`StorageError`] when it does not.
     async fn ping(&self) -> Result<(), StorageError>;
 
+    /// Whether charges work now (for `/healthcheck`): by default
+    /// [`Storage::ping`]. The single-node and Sentinel backends instead
+    /// apply `probe`, a real charge (a consume on a bucket of its own), so a
+    /// node that answers `PING` but refuses writes (`READONLY`, `OOM` under
+    /// `noeviction`) is reported unhealthy; the outcome counts in the
+    /// circuit breaker like any request's. Cluster keeps the ping of any
+    /// node: one lost slot range must not take the whole service out of
+    /// rotation.
+    ///
+    /// # Errors
+    /// [`StorageError`] when charges do not work.
+    async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
+        let _ = probe;
+        self.ping().await
+    }
+
     /// Short backend name for logs and `/rlconfig` (`memory`, `redis`).
     fn name(&self) -> &'static str;
 

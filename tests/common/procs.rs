@@ -74,6 +74,22 @@ impl Proc {
         self.child.as_ref().map_or(0, Child::id)
     }
 
+    /// Resident memory now and at its peak (`VmRSS`, `VmHWM` of
+    /// `/proc/<pid>/status`), in KiB.
+    pub fn rss_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .unwrap_or_else(|e| panic!("/proc/{}/status: {e}", self.pid()));
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in /proc/{}/status", self.pid()))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
     /// Everything the process wrote so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

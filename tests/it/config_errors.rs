@@ -831,3 +831,24 @@ fn files_of_one_domain_merge_only_when_asked() {
         "{e}"
     );
 }
+
+/// Many files each under the per-file cap cannot add up to unbounded parse
+/// memory: past 64 MiB in all, the remaining files are errors and the source
+/// does not load (a running service keeps its config).
+#[test]
+fn files_past_the_source_size_cap_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let padding = format!("# {}\n", "x".repeat(1022)).repeat(22 * 1024); // 22 MiB
+    for i in 0..3 {
+        std::fs::write(
+            dir.path().join(format!("d{i}.yaml")),
+            format!("domain: d{i}\ndescriptors: []\n{padding}"),
+        )
+        .unwrap();
+    }
+    let e = load_source(dir.path()).expect_err("66 MiB in all");
+    let text = e.to_string();
+    assert!(text.contains("d2.yaml"), "{text}");
+    assert!(text.contains("config source is too large"), "{text}");
+    assert_eq!(e.0.len(), 1, "only the file past the cap: {text}");
+}

@@ -97,3 +97,79 @@ async fn silent_connections_are_closed_after_the_first_byte_timeout() {
         "an idle connection that spoke is kept"
     );
 }
+
+/// The attack: connections that send one byte and stop fill the admin port's
+/// cap, so `/livez` waits and a liveness probe fails (a restart loop under
+/// attack). With shedding, the new connection closes the one silent for the
+/// longest and is served at once; connections that speak are kept.
+#[tokio::test]
+async fn at_the_cap_a_probe_is_served_by_closing_the_longest_silent_connection() {
+    let addr = serve_livez(|l| {
+        LimitedListener::new(l, 4, false, "test")
+            .idle_timeout(Duration::from_secs(600))
+            .shed_idle_when_full()
+    })
+    .await;
+    let mut flood = Vec::new();
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        c.write_all(b"G").await.expect("one byte");
+        flood.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for round in 0..8 {
+        let body = tokio::time::timeout(Duration::from_secs(10), get(addr))
+            .await
+            .unwrap_or_else(|_| panic!("probe {round} not served at the cap"));
+        assert!(body.ends_with("OK\n"));
+    }
+    // The oldest one-byte connections were closed to make room.
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(5), flood[0].read(&mut buf))
+        .await
+        .expect("the longest-silent connection is closed");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+}
+
+/// A connection that stops in the middle of a request head is closed after
+/// the idle timeout and gives its permit back.
+#[tokio::test]
+async fn a_connection_stalled_mid_request_is_closed_after_the_idle_timeout() {
+    let addr = serve_livez(|l| {
+        LimitedListener::new(l, 1, false, "test").idle_timeout(Duration::from_millis(300))
+    })
+    .await;
+    let mut stalled = TcpStream::connect(addr).await.expect("connect");
+    stalled
+        .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(10), stalled.read(&mut buf))
+        .await
+        .expect("closed by the server within 10 s");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    let body = tokio::time::timeout(Duration::from_secs(10), get(addr))
+        .await
+        .expect("the permit is free again");
+    assert!(body.ends_with("OK\n"));
+}
+
+/// On the gRPC port the whole HTTP/2 preface must arrive within the
+/// first-byte timeout: one byte does not buy a connection forever.
+#[tokio::test]
+async fn a_connection_that_sends_part_of_its_opening_bytes_is_closed() {
+    let addr = serve_livez(|l| {
+        LimitedListener::new(l, 1, false, "test")
+            .first_byte_timeout(Duration::from_millis(300))
+            .opening_bytes(bucket_rls::conn_limit::HTTP2_PREFACE_BYTES)
+    })
+    .await;
+    let mut c = TcpStream::connect(addr).await.expect("connect");
+    c.write_all(b"P").await.expect("one byte");
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+        .await
+        .expect("closed by the server within 10 s");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+}

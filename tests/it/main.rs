@@ -7,11 +7,17 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin_json;
 mod config_diff;
 mod config_errors;
 mod conn_limit;
 mod go_service;
+mod grpc_limits;
+mod health;
+mod local_cache;
 mod observability;
 mod otlp_tracing;
+mod overrides;
 mod rate_limit_headers;
+mod reload_stability;
 mod xds;

@@ -12,7 +12,7 @@ use ::redis::{ErrorKind, RedisError, ServerErrorKind};
 /// - server errors by their code (`READONLY`, `CLUSTERDOWN`, `LOADING`,
 ///   `MASTERDOWN`, `TRYAGAIN`, `MOVED`, `ASK`, `CROSSSLOT`, `NOSCRIPT`,
 ///   `NOPERM`, `BUSY`, `OOM`, `WRONGTYPE`), other script errors as `script`,
-///   authentication as `auth`, malformed replies as `reply`, anything else as
+///   authentication (`NOAUTH`, `WRONGPASS`, a failed handshake) as `auth`, malformed replies as `reply`, anything else as
 ///   `redis`: [`StorageError::Backend`] with that [`BackendKind`].
 ///
 /// `timeout` is the configured response timeout (reported in the error).
@@ -53,6 +53,10 @@ pub(crate) fn classify(
             Some("BUSY") => BackendKind::Busy,
             Some("OOM") => BackendKind::Oom,
             Some("WRONGTYPE") => BackendKind::WrongType,
+            // A server that wants a password or refused ours (it restarted
+            // with `requirepass`, the ACL user changed): the client library
+            // reports these as plain server errors.
+            Some("NOAUTH" | "WRONGPASS") => BackendKind::Auth,
             _ if message.contains("script") => BackendKind::Script,
             _ => BackendKind::Redis,
         },
@@ -138,5 +142,25 @@ mod tests {
         assert!(!e.to_string().contains("S3CRETPW"), "{e}");
         assert!(!source.contains("S3CRETPW"), "{source}");
         assert!(source.contains("pw=***"), "{source}");
+    }
+
+    #[test]
+    fn noauth_and_wrongpass_are_auth_failures() {
+        for (code, text) in [
+            ("NOAUTH", "Authentication required."),
+            (
+                "WRONGPASS",
+                "invalid username-password pair or user is disabled.",
+            ),
+        ] {
+            let reply = ::redis::parse_redis_value(format!("-{code} {text}\r\n").as_bytes())
+                .expect("an error reply");
+            let parsed = reply.extract_error().expect_err("a server error");
+            assert_eq!(
+                classify(&parsed, Duration::from_millis(50), None).kind(),
+                "auth",
+                "{code}: {parsed:?}"
+            );
+        }
     }
 }

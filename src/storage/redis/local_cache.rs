@@ -17,9 +17,12 @@
 //! estimated tokens for every charge). Anything else goes to Redis.
 //!
 //! Limits of the guarantee: tokens given back by refunds or a config change
-//! on *another* replica are not seen until the entry is replaced; a config
-//! change on this replica clears the cache ([`LocalCache::clear`], docs/design.md, "Reloads"), and
-//! entries are keyed by limit as well.
+//! on *another* replica, or a key deleted or lost in Redis, are not seen
+//! until the entry is replaced or [`MAX_ENTRY_AGE_US`] old (1 s, whatever the
+//! refill rate); a config change on this replica, a SIGHUP, a `NOSCRIPT`
+//! (Redis restarted, failed over or flushed its scripts), a failed
+//! background ping and a Sentinel master switch clear the cache ([`LocalCache::clear`], docs/design.md,
+//! "Reloads"), and entries are keyed by limit as well.
 //!
 //! Exactness: the reported tokens can be below what Redis would compute by
 //! the refill of one round trip and one micro-token of rounding; the reported
@@ -42,10 +45,19 @@ struct Entry {
     received_us: u64,
 }
 
+/// Longest an entry answers for Redis, in microseconds (1 s), whatever the
+/// refill rate: after that the next request goes to Redis again. So a denial
+/// Redis no longer holds (an operator deleted the key, a `FLUSHALL`, a Redis
+/// restart or failover that lost the key, tokens given back on another
+/// replica) is answered from memory for at most this long.
+pub const MAX_ENTRY_AGE_US: u64 = 1_000_000;
+
 /// A bounded map from bucket key to "had `tokens` at time `at`".
 #[derive(Debug)]
 pub struct LocalCache {
     map: quick_cache::sync::Cache<String, Entry>,
+    /// [`MAX_ENTRY_AGE_US`] (tests of the refill bounds lift it).
+    max_age_us: u64,
 }
 
 /// The first step of every Redis backend's `apply`: answers from `cache` when
@@ -72,6 +84,18 @@ impl LocalCache {
     pub fn new(capacity: usize) -> Self {
         Self {
             map: quick_cache::sync::Cache::new(capacity.max(1)),
+            max_age_us: MAX_ENTRY_AGE_US,
+        }
+    }
+
+    /// A cache whose entries never age out (for tests of the refill bounds
+    /// over several seconds).
+    #[cfg(test)]
+    #[must_use]
+    fn without_age_limit(capacity: usize) -> Self {
+        Self {
+            max_age_us: u64::MAX,
+            ..Self::new(capacity)
         }
     }
 
@@ -88,6 +112,10 @@ impl LocalCache {
                 return None;
             }
             let e = self.map.get(c.key.as_str())?;
+            if now_us.saturating_sub(e.received_us) >= self.max_age_us {
+                self.map.remove(c.key.as_str());
+                return None;
+            }
             if e.limit != c.spec.limit {
                 return None;
             }
@@ -212,7 +240,7 @@ mod tests {
 
     #[test]
     fn reports_a_lower_bound_and_denies_on_an_upper_bound() {
-        let cache = LocalCache::new(10);
+        let cache = LocalCache::without_age_limit(10);
         let c = charge("a", 1, false);
         let denied = denied_empty();
         // Sent at 1 s, received at 2 s (a slow round trip).
@@ -228,7 +256,7 @@ mod tests {
 
     #[test]
     fn answers_only_certain_denials() {
-        let cache = LocalCache::new(10);
+        let cache = LocalCache::without_age_limit(10);
         let c = charge("a", 1, false);
         let denied = denied_empty();
         cache.record(std::slice::from_ref(&c), &denied, 1_000_000);
@@ -261,5 +289,41 @@ mod tests {
         cache.record(std::slice::from_ref(&c), &denied, 1_000_000);
         cache.clear();
         assert!(cache.lookup(&[c], 1_000_000).is_none());
+    }
+
+    /// An entry answers for at most a second, even for a rule that refills
+    /// one token a day: a bucket reset in Redis is seen within that second.
+    #[test]
+    fn entries_answer_for_at_most_a_second_whatever_the_refill() {
+        let cache = LocalCache::new(10);
+        let mut slow = charge("slow", 1, false);
+        slow.spec.limit = Limit {
+            requests_per_unit: 1,
+            unit_secs: std::num::NonZeroU64::new(86_400).expect("a day"),
+            burst: 1,
+        };
+        let denied = RequestResult {
+            admitted: false,
+            charges: vec![ChargeResult {
+                enough: false,
+                tokens_micro: 0,
+            }],
+        };
+        cache.record(std::slice::from_ref(&slow), &denied, 5_000_000);
+        assert!(
+            cache
+                .lookup(
+                    std::slice::from_ref(&slow),
+                    5_000_000 + MAX_ENTRY_AGE_US - 1
+                )
+                .is_some()
+        );
+        assert!(
+            cache
+                .lookup(std::slice::from_ref(&slow), 5_000_000 + MAX_ENTRY_AGE_US)
+                .is_none(),
+            "a second later Redis is asked again"
+        );
+        assert!(cache.is_empty(), "the stale entry is dropped");
     }
 }

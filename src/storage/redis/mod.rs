@@ -253,6 +253,7 @@ impl<T> RedisBuilder<T> {
             test_clock: self.test_clock.clone(),
             secret,
             epoch: Instant::now(),
+            seen_reloads: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -320,6 +321,9 @@ pub(crate) struct Pipeline {
     pub(crate) secret: Option<String>,
     /// Origin of the local cache's monotonic time line.
     epoch: Instant,
+    /// The script's reload count the local cache last saw: a `NOSCRIPT`
+    /// since then clears the cache.
+    seen_reloads: std::sync::atomic::AtomicU64,
 }
 
 impl Pipeline {
@@ -407,8 +411,18 @@ impl Pipeline {
 
     /// Teaches the local cache Redis's answer to `charges`, sent at
     /// `sent_us` and received now.
+    /// A `NOSCRIPT` since the last call (Redis restarted, failed over or
+    /// flushed its scripts) clears the cache first.
     pub(crate) fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64) {
         if let Some(cache) = &self.cache {
+            let reloads = self.script.reloads();
+            if self
+                .seen_reloads
+                .swap(reloads, std::sync::atomic::Ordering::Relaxed)
+                != reloads
+            {
+                cache.clear();
+            }
             cache.record_between(charges, result, sent_us, self.local_now_us());
         }
     }
@@ -488,18 +502,19 @@ mod tests {
             }],
         };
         let sent_us = pipeline.local_now_us();
-        // The reply comes 1 s after the call was sent.
-        clock.advance(Duration::from_secs(1));
+        // The reply comes 300 ms after the call was sent (within an entry's
+        // one-second life).
+        clock.advance(Duration::from_millis(300));
         pipeline.record(std::slice::from_ref(&charge), &denied, sent_us);
-        // 4 s after sending: at most 4/6 token (since sending, so the denial
-        // is certain), at least 3/6 (since the reply): the answer reports
-        // the lower bound. Recorded with the send time alone it would say
-        // 666,666.
+        // 900 ms after sending: at most 0.15 token (since sending, so the
+        // denial is certain), at least 0.1 (since the reply): the answer
+        // reports the lower bound. Recorded with the send time alone it
+        // would say 150,000.
         let r = pipeline
             .cache()
             .expect("enabled")
-            .lookup(std::slice::from_ref(&charge), sent_us + 4_000_000)
+            .lookup(std::slice::from_ref(&charge), sent_us + 900_000)
             .expect("certain");
-        assert_eq!(r.charges[0].tokens_micro, MICRO / 2);
+        assert_eq!(r.charges[0].tokens_micro, MICRO / 10);
     }
 }

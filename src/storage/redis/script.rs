@@ -31,6 +31,8 @@ const FLAG_SHADOW: u8 = 2;
 #[derive(Clone, Debug)]
 pub struct BucketScript {
     sha: String,
+    /// `NOSCRIPT` reloads so far (shared by clones).
+    reloads: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Default for BucketScript {
@@ -45,7 +47,16 @@ impl BucketScript {
     pub fn new() -> Self {
         Self {
             sha: ::redis::Script::new(SOURCE).get_hash().to_owned(),
+            reloads: std::sync::Arc::default(),
         }
+    }
+
+    /// `NOSCRIPT` replies seen so far: each means Redis restarted, failed
+    /// over or flushed its scripts, so what it said about buckets before may
+    /// no longer hold.
+    #[must_use]
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// SHA-1 of the source, as Redis reports it from `SCRIPT LOAD`.
@@ -72,6 +83,8 @@ impl BucketScript {
         match first {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
+                self.reloads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::info!("Redis lost the token bucket script (NOSCRIPT); loading it again");
                 let _: String = Self::load_cmd().query_async(conn).await?;
                 self.evalsha_cmd(call).query_async::<Value>(conn).await

@@ -287,6 +287,8 @@ impl RedisSentinelStorage {
         tokio::spawn(async move {
             let mut generation = 0u64;
             let mut failing = false;
+            // Every Sentinel failed the last check while a master is known.
+            let mut sentinels_down = false;
             loop {
                 let Some(inner) = weak.upgrade() else { return };
                 let known = inner.master.lock().as_ref().map(|m| m.addr.clone());
@@ -302,6 +304,11 @@ impl RedisSentinelStorage {
                 let found =
                     tokio::time::timeout(budget, discover(&mut client, &inner, known.as_deref()))
                         .await;
+                let answered = matches!(found, Ok(Ok(_)));
+                if answered && sentinels_down {
+                    tracing::info!(name = %inner.master_name, sentinels = %inner.sentinels, "a Sentinel answers again; failovers are followed again");
+                    sentinels_down = false;
+                }
                 match found {
                     Ok(Ok(None)) => {}
                     Ok(Ok(Some((addr, conn)))) => {
@@ -309,6 +316,9 @@ impl RedisSentinelStorage {
                         match &known {
                             Some(old) => {
                                 tracing::warn!(old = %old, master = %addr, name = %inner.master_name, generation, "Sentinel names a new Redis master; switching");
+                                // What the old master said about buckets may
+                                // not hold on the new one (replication lag).
+                                inner.pipeline.clear_cache();
                             }
                             None => {
                                 tracing::info!(master = %addr, name = %inner.master_name, sentinels = %inner.sentinels, generation, "Redis master found through Sentinel");
@@ -322,8 +332,21 @@ impl RedisSentinelStorage {
                         inner.ready.send_replace(generation);
                         failing = false;
                     }
-                    // Sentinels unreachable while a master is known: keep it.
-                    _ if known.is_some() => {}
+                    // Sentinels unreachable while a master is known: keep
+                    // it, and say so once: a failover now goes unseen.
+                    _ if known.is_some() => {
+                        if !sentinels_down {
+                            let why = match &found {
+                                Ok(Err(e)) => redact(
+                                    &inner.pipeline.classify(e).to_string(),
+                                    inner.sentinel_secret.as_deref(),
+                                ),
+                                _ => format!("no answer within {budget:?}"),
+                            };
+                            tracing::warn!(name = %inner.master_name, sentinels = %inner.sentinels, master = %known.as_deref().unwrap_or(""), error = %why, "no Sentinel answers; keeping the known Redis master, but a failover is not seen until a Sentinel answers again");
+                            sentinels_down = true;
+                        }
+                    }
                     Ok(Err(e)) => {
                         if !failing {
                             let e = inner.pipeline.classify(&e);
@@ -471,6 +494,10 @@ impl Storage for RedisSentinelStorage {
         inner.pipeline.apply(inner, &inner.breaker, charges).await
     }
 
+    async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
+        self.apply(std::slice::from_ref(probe)).await.map(|_| ())
+    }
+
     async fn ping(&self) -> Result<(), StorageError> {
         let inner = &self.inner;
         let mut generation = None;
@@ -505,8 +532,10 @@ impl Storage for RedisSentinelStorage {
                 }
             }
         };
+        // A `ROLE` answer says nothing about whether charges work: it never
+        // closes the circuit breaker, only a charge that worked does.
         match &result {
-            Ok(()) => inner.breaker.success(),
+            Ok(()) => {}
             Err(e) => {
                 if let Some(g) = generation
                     && needs_rediscovery(e)

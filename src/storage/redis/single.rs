@@ -38,7 +38,7 @@ impl RedisBuilder<SingleNode> {
     /// Builds the backend without waiting for Redis: the connection is made in
     /// the background and remade after failures. Spawns a health task that
     /// pings Redis every second, loads the script and warns about an
-    /// `allkeys-*` eviction policy once Redis answers (docs/design.md, "Key expiry"). Must be called
+    /// eviction policy that may evict buckets in use once Redis answers (docs/design.md, "Key expiry"). Must be called
     /// inside a Tokio runtime.
     ///
     /// # Errors
@@ -137,9 +137,10 @@ impl RedisStorage {
     /// Spawns the background health task: every [`HEALTH_INTERVAL`] a `PING`
     /// (bounded by the timeout). It makes the connection manager notice a dead
     /// connection and reconnect before a request would (Redis restarted while
-    /// idle), closes the circuit breaker as soon as Redis answers again, and on
-    /// the first answer loads the script and checks the eviction policy. Ends
-    /// when the storage is dropped.
+    /// idle), and on the first answer loads the script and checks the
+    /// eviction policy. It never closes the circuit breaker (a node that
+    /// answers `PING` may still refuse every charge); a failed ping clears
+    /// the local over-limit cache. Ends when the storage is dropped.
     fn spawn_health_task(&self) {
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -156,7 +157,6 @@ impl RedisStorage {
                 .await;
                 match pong {
                     Ok(Ok(_)) => {
-                        inner.breaker.success();
                         warned = false;
                         if !ready {
                             match p.script.load(&mut conn).await {
@@ -173,6 +173,9 @@ impl RedisStorage {
                         }
                     }
                     failed => {
+                        // Redis may be restarting: what it said about
+                        // buckets may not hold when it is back.
+                        p.clear_cache();
                         if !warned {
                             let e = match failed {
                                 Ok(Err(e)) => p.classify(&e),
@@ -190,8 +193,9 @@ impl RedisStorage {
     }
 }
 
-/// Warns when keys may be evicted before they expire (docs/design.md, "Key expiry"): an evicted
-/// bucket is a free full bucket, a silent fail-open.
+/// Warns when a `maxmemory-policy` may evict buckets that are in use
+/// (docs/design.md, "Key expiry"): an evicted bucket is a free full bucket,
+/// a silent fail-open.
 async fn check_eviction_policy(conn: &mut ConnectionManager, timeout: Duration) {
     let got = tokio::time::timeout(
         timeout.max(MIN_CONNECT_TIMEOUT),
@@ -204,17 +208,38 @@ async fn check_eviction_policy(conn: &mut ConnectionManager, timeout: Duration) 
     match got {
         Ok(Ok(v)) => {
             if let Some(policy) = v.get(1) {
-                if policy.starts_with("allkeys-") {
-                    tracing::warn!(
+                match eviction_risk(policy) {
+                    Some(risk) => tracing::warn!(
                         maxmemory_policy = %policy,
-                        "Redis may evict live rate limit buckets (maxmemory-policy allkeys-*): an evicted bucket is a free full bucket; use volatile-ttl, volatile-lru or noeviction"
-                    );
-                } else {
-                    tracing::debug!(maxmemory_policy = %policy, "Redis eviction policy");
+                        "Redis may evict rate limit buckets that are in use: {risk}; use noeviction (writes fail when memory is full, and bucket-rls answers as on any storage failure) or volatile-ttl (evicts the buckets closest to full first)"
+                    ),
+                    None => tracing::debug!(maxmemory_policy = %policy, "Redis eviction policy"),
                 }
             }
         }
         _ => tracing::debug!("cannot read Redis maxmemory-policy (CONFIG GET not allowed?)"),
+    }
+}
+
+/// What a Redis `maxmemory-policy` does to the limits, when it breaks them;
+/// `None` for the two that keep them: `noeviction` (nothing is evicted; a
+/// charge fails with `OOM` when memory is full) and `volatile-ttl` (evicts
+/// the keys with the shortest TTL first: every bucket key's TTL is its time
+/// to full, so the buckets evicted are those about to be full anyway).
+/// Every bucket key has a TTL, so `volatile-lru`, `volatile-lfu` and
+/// `volatile-random` may evict any bucket, drained ones in use included, and
+/// `allkeys-*` too; an unknown policy is reported as such.
+#[must_use]
+pub(crate) fn eviction_risk(policy: &str) -> Option<&'static str> {
+    match policy {
+        "noeviction" | "volatile-ttl" => None,
+        "volatile-lru" | "volatile-lfu" | "allkeys-lru" | "allkeys-lfu" => Some(
+            "it evicts the least recently (or frequently) used keys, and a drained bucket a client waits on is one of them: its next request finds a full bucket",
+        ),
+        "volatile-random" | "allkeys-random" => Some(
+            "it evicts random keys, drained buckets in use included: their next request finds a full bucket",
+        ),
+        _ => Some("an eviction policy bucket-rls does not know"),
     }
 }
 
@@ -246,6 +271,10 @@ impl Storage for RedisStorage {
         inner.pipeline.apply(inner, &inner.breaker, charges).await
     }
 
+    async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
+        self.apply(std::slice::from_ref(probe)).await.map(|_| ())
+    }
+
     async fn ping(&self) -> Result<(), StorageError> {
         let inner = &self.inner;
         let p = &inner.pipeline;
@@ -256,10 +285,10 @@ impl Storage for RedisStorage {
         )
         .await;
         match pong {
-            Ok(Ok(_)) => {
-                inner.breaker.success();
-                Ok(())
-            }
+            // A PONG says nothing about whether charges work (a replica or
+            // a full `noeviction` node answers it): it never closes the
+            // circuit breaker, only a charge that worked does.
+            Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(p.classify(&e)),
             Err(_) => Err(StorageError::Timeout(p.timeout)),
         }
@@ -280,5 +309,27 @@ impl Storage for RedisStorage {
             hold_us,
             self.inner.pipeline.secret.clone(),
         );
+    }
+}
+
+#[cfg(test)]
+mod eviction_tests {
+    use super::eviction_risk;
+
+    #[test]
+    fn only_noeviction_and_volatile_ttl_keep_the_limits() {
+        assert_eq!(eviction_risk("noeviction"), None);
+        assert_eq!(eviction_risk("volatile-ttl"), None);
+        for p in [
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "something-new",
+        ] {
+            assert!(eviction_risk(p).is_some(), "{p}");
+        }
     }
 }

@@ -1,0 +1,175 @@
+//! The gRPC port against abusive clients, over a raw HTTP/2 client: one
+//! connection that opens streams and never grants flow-control window cannot
+//! make the process hold an unbounded number of responses, and a body that is
+//! not a valid message is the client's error.
+
+use crate::common::procs::BucketRls;
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use futures::StreamExt;
+use prost::Message;
+use std::time::Duration;
+
+const CONFIG: &str = "domain: flood\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n";
+
+/// A `ShouldRateLimit` request head for the raw client.
+fn post(addr: std::net::SocketAddr) -> http::Request<()> {
+    http::Request::post(format!(
+        "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap()
+}
+
+/// `msg` as a gRPC message frame (uncompressed, 5-byte prefix).
+fn framed(msg: &[u8]) -> Bytes {
+    let mut b = Vec::with_capacity(5 + msg.len());
+    b.push(0);
+    b.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+    b.extend_from_slice(msg);
+    Bytes::from(b)
+}
+
+/// A gRPC unary request frame (uncompressed, 5-byte prefix) for `ShouldRateLimit`.
+fn frame(i: usize) -> Bytes {
+    let msg = crate::common::req(
+        "flood",
+        vec![crate::common::desc(&[("k", &format!("value-{i}"))])],
+        1,
+    )
+    .encode_to_vec();
+    framed(&msg)
+}
+
+/// The attack: `h2load -c 1 -m N -w 0` with a `ShouldRateLimit` body. One
+/// connection with a stream window of 0 tries to open 20,000 streams; before
+/// the bound, every one was decided and its response held in memory (about
+/// 6 KiB each: 20,000 streams took over 100 MiB). Now the server advertises
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`, the client can open no more, and RSS
+/// stays within a bound that does not depend on the number of streams asked
+/// for. Other connections keep being served.
+#[tokio::test]
+async fn a_peer_granting_no_window_holds_bounded_streams_and_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(&config, &["--log-level", "warn"]).await;
+    let (rss_before, _) = rls.proc.rss_kib();
+
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, mut conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .max_concurrent_reset_streams(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .expect("HTTP/2 handshake");
+    let mut pings = conn.ping_pong().expect("ping handle");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    // A PONG arrives after the server's SETTINGS: the limit is known now.
+    pings.ping(h2::Ping::opaque()).await.expect("pong");
+    let advertised = client.current_max_send_streams();
+    assert!(
+        advertised <= bucket_rls::grpc::MAX_CONCURRENT_STREAMS as usize,
+        "server advertises at most {} concurrent streams, not {advertised}",
+        bucket_rls::grpc::MAX_CONCURRENT_STREAMS
+    );
+
+    const ASKED: usize = 20_000;
+    let mut client = client;
+    let mut held = futures::stream::FuturesUnordered::new();
+    for i in 0..ASKED {
+        client = client.ready().await.expect("connection alive");
+        let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+        body.send_data(frame(i), true).expect("body");
+        held.push(async move { (resp.await, body) });
+    }
+    // The client queues streams past the advertised limit; a slot frees only
+    // when a response completes, which needs window this client never grants.
+    // Count the streams the server answered (response headers are not flow
+    // controlled) until none arrives for 2 s.
+    let mut answered = Vec::new();
+    while let Ok(Some(r)) = tokio::time::timeout(Duration::from_secs(2), held.next()).await {
+        answered.push(r);
+    }
+    let opened = answered.len();
+    assert!(
+        opened <= bucket_rls::grpc::MAX_CONCURRENT_STREAMS as usize,
+        "one connection had {opened} of {ASKED} streams answered"
+    );
+
+    // The server has decided what it accepted (the responses wait for
+    // window); sample its memory while it holds them.
+    let other = format!("http://{}", rls.grpc);
+    let mut grpc = RateLimitServiceClient::connect(other)
+        .await
+        .expect("connect");
+    let mut peak = 0;
+    for i in 0..20 {
+        let r = grpc
+            .should_rate_limit(crate::common::req(
+                "flood",
+                vec![crate::common::desc(&[("k", &format!("other-{i}"))])],
+                1,
+            ))
+            .await
+            .expect("another connection is served while one is flooded");
+        assert_eq!(r.into_inner().overall_code, 1, "OK");
+        peak = peak.max(rls.proc.rss_kib().0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let grown_mib = peak.saturating_sub(rss_before) >> 10;
+    eprintln!(
+        "flood: {opened} of {ASKED} streams opened; RSS {} KiB before, {peak} KiB peak",
+        rss_before
+    );
+    assert!(
+        grown_mib <= 48,
+        "one connection grew RSS by {grown_mib} MiB ({opened} streams)"
+    );
+    drop((answered, held));
+}
+
+/// A domain that is not UTF-8 (protobuf `string` fields must be) is the
+/// client's error: `INVALID_ARGUMENT`, not tonic's `INTERNAL`, which reads as
+/// a fault of the service. The service keeps serving.
+#[tokio::test]
+async fn a_request_that_does_not_decode_is_invalid_argument() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(&config, &[]).await;
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.expect("ready");
+    // Field 1 (domain), length 2, bytes that are not UTF-8.
+    for msg in [&[0x0a, 0x02, 0xff, 0xfe][..], &[0x0a, 0x09, b'x'][..]] {
+        let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+        body.send_data(framed(msg), true).expect("body");
+        let resp = resp.await.expect("response");
+        let status = resp
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(status.as_deref(), Some("3"), "{msg:?}: {resp:?}");
+        client = client.ready().await.expect("ready");
+    }
+    let mut grpc = RateLimitServiceClient::connect(format!("http://{}", rls.grpc))
+        .await
+        .expect("connect");
+    let r = grpc
+        .should_rate_limit(crate::common::req(
+            "flood",
+            vec![crate::common::desc(&[("k", "v")])],
+            1,
+        ))
+        .await
+        .expect("still serving");
+    assert_eq!(r.into_inner().overall_code, 1);
+}
