@@ -159,6 +159,11 @@ pub struct ServeArgs {
         default_value_t = false
     )]
     pub response_dynamic_metadata: bool,
+    /// Give every limited rule without its own `max_debt` a debt bound of
+    /// this many times its burst (0: none). For token budgets charged after
+    /// the response in configs that cannot carry `max_debt` (xDS).
+    #[arg(long, env = "BUCKET_RLS_MAX_DEBT_BURSTS", default_value_t = 0)]
+    pub max_debt_bursts: u32,
     /// Merge files that define the same domain into one domain (a descriptor
     /// defined twice is still an error) instead of refusing the second file.
     #[arg(long, env = "BUCKET_RLS_MERGE_DOMAIN_CONFIG", default_value_t = false)]
@@ -268,6 +273,7 @@ impl From<&ServeArgs> for ServiceSettings {
             global_shadow_mode: args.shadow_mode,
             global_quota_mode: args.quota_mode,
             response_dynamic_metadata: args.response_dynamic_metadata,
+            max_debt_bursts: args.max_debt_bursts,
             ..Self::default()
         }
     }

@@ -152,6 +152,10 @@ struct RuleView {
     unit: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     burst: Option<u32>,
+    /// The debt bound in force (the rule's `max_debt` or the service-wide
+    /// multiple of its burst), when above 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_debt: Option<u32>,
     shadow_mode: bool,
     detailed_metric: bool,
     quota_mode: bool,
@@ -178,6 +182,7 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
                             requests_per_unit,
                             unit,
                             burst,
+                            ..
                         } => (
                             false,
                             Some(*requests_per_unit),
@@ -192,6 +197,8 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
                         requests_per_unit: rpu,
                         unit,
                         burst,
+                        max_debt: Some(r.policy.max_debt(limiter.settings().max_debt_bursts))
+                            .filter(|d| *d > 0),
                         shadow_mode: r.shadow_mode,
                         detailed_metric: r.detailed_metric,
                         quota_mode: r.quota_mode,

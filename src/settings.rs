@@ -95,6 +95,12 @@ pub struct ServiceSettings {
     /// Send `dynamic_metadata` in every response (`--response-dynamic-metadata`,
     /// the Go service's `RESPONSE_DYNAMIC_METADATA`).
     pub response_dynamic_metadata: bool,
+    /// Debt bound, in multiples of its burst, of every limited rule that has
+    /// no `max_debt` of its own (`--max-debt-bursts`, default 0: none), for
+    /// configs that cannot carry the key (pushed over xDS, or from the Go
+    /// service's environment). With 1, a rule of burst 1000 may go 1000
+    /// tokens below zero. See docs/design.md, "Debt".
+    pub max_debt_bursts: u32,
 }
 
 impl Default for ServiceSettings {
@@ -111,6 +117,7 @@ impl Default for ServiceSettings {
             global_shadow_mode: false,
             global_quota_mode: false,
             response_dynamic_metadata: false,
+            max_debt_bursts: 0,
         }
     }
 }

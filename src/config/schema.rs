@@ -80,6 +80,8 @@ pub struct RawRateLimit {
     pub requests_per_unit: Option<Text>,
     /// `burst:`
     pub burst: Option<Text>,
+    /// `max_debt:`
+    pub max_debt: Option<Text>,
     /// `name:`
     pub name: Option<Text>,
     /// `unlimited:`
@@ -225,6 +227,7 @@ map_visitor!(
             "unit" => out.unit = map.next_value()?,
             "requests_per_unit" => out.requests_per_unit = map.next_value()?,
             "burst" => out.burst = map.next_value()?,
+            "max_debt" => out.max_debt = map.next_value()?,
             "name" => out.name = map.next_value()?,
             "unlimited" => out.unlimited = map.next_value()?,
             "replaces" => {

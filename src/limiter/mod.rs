@@ -120,6 +120,7 @@ impl Limiter {
         after_swap(
             &*self.storage,
             &self.settings.key_prefix,
+            self.settings.max_debt_bursts,
             &old,
             &self.config(),
         );
@@ -133,7 +134,8 @@ impl Limiter {
     pub fn on_swap(&self) -> OnSwap {
         let storage = self.storage.clone();
         let prefix = self.settings.key_prefix.clone();
-        Arc::new(move |old: &Config, new: &Config| after_swap(&*storage, &prefix, old, new))
+        let debt = self.settings.max_debt_bursts;
+        Arc::new(move |old: &Config, new: &Config| after_swap(&*storage, &prefix, debt, old, new))
     }
 
     /// The storage backend.
@@ -420,10 +422,16 @@ impl Limiter {
     }
 }
 
-fn after_swap(storage: &dyn Storage, key_prefix: &str, old: &Config, new: &Config) {
+fn after_swap(
+    storage: &dyn Storage,
+    key_prefix: &str,
+    max_debt_bursts: u32,
+    old: &Config,
+    new: &Config,
+) {
     storage.invalidate_local_cache();
     warn_value_labels(new);
-    if let Some((hold_us, changed)) = new.loosened(old) {
+    if let Some((hold_us, changed)) = new.loosened(old, max_debt_bursts) {
         tracing::info!(
             hold_secs = hold_us / 1_000_000,
             rules = ?changed,

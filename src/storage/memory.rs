@@ -226,7 +226,7 @@ impl Storage for MemoryStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::{ChargeKind, ChargeSpec, Limit, MICRO};
+    use crate::storage::bucket::{ChargeKind, ChargeSpec, Limit, MICRO_I64};
     use crate::storage::clock::ManualClock;
     use std::time::Duration;
 
@@ -238,6 +238,7 @@ mod tests {
                     requests_per_unit: r,
                     unit_secs: std::num::NonZeroU64::new(u).expect("a unit of at least 1 s"),
                     burst: r,
+                    max_debt: 0,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -270,6 +271,7 @@ mod tests {
                     requests_per_unit: 10,
                     unit_secs: std::num::NonZeroU64::new(31_536_000).expect("a year"),
                     burst: 10,
+                    max_debt: 0,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -308,7 +310,7 @@ mod tests {
         assert!(r.admitted);
         assert!(m.is_empty());
         let r = m.apply_sync(&[charge("k", 10, 60, 4)]);
-        assert_eq!(r.charges[0].tokens_micro, 6 * MICRO);
+        assert_eq!(r.charges[0].tokens_micro, 6 * MICRO_I64);
     }
 
     #[test]

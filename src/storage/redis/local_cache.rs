@@ -35,7 +35,7 @@ use crate::storage::bucket::{BucketState, ChargeKind, ChargeResult, Limit, Reque
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
     limit: Limit,
-    tokens_micro: u64,
+    tokens_micro: i64,
     /// Microseconds (on the cache's time line) just before the call was sent.
     sent_us: u64,
     /// Microseconds just after the reply was received.
@@ -84,7 +84,11 @@ impl LocalCache {
         }
         let mut out = Vec::with_capacity(charges.len());
         for c in charges {
-            if c.spec.kind != ChargeKind::Consume || c.spec.shadow {
+            // A debt charge is taken even when denied: it must reach Redis.
+            if c.spec.kind != ChargeKind::Consume
+                || c.spec.shadow
+                || (c.spec.cost > 0 && c.spec.limit.debt_micro() > 0)
+            {
                 return None;
             }
             let e = self.map.get(c.key.as_str())?;
@@ -99,15 +103,16 @@ impl LocalCache {
                 .tokens_at(&e.limit, now_us)
             };
             let most = at(e.sent_us);
-            if most + 1 >= c.spec.need_micro() {
-                if most >= e.limit.capacity_micro() {
+            let need = i128::try_from(c.spec.need_micro()).unwrap_or(i128::MAX);
+            if most + 1 >= need {
+                if most >= i128::try_from(e.limit.capacity_micro()).unwrap_or(i128::MAX) {
                     self.map.remove(c.key.as_str());
                 }
                 return None;
             }
             out.push(ChargeResult {
                 enough: false,
-                tokens_micro: u64::try_from(at(e.received_us)).unwrap_or(u64::MAX),
+                tokens_micro: i64::try_from(at(e.received_us)).unwrap_or(i64::MAX),
             });
         }
         Some(RequestResult {
@@ -181,7 +186,7 @@ impl LocalCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::{ChargeSpec, MICRO};
+    use crate::storage::bucket::{ChargeSpec, MICRO_I64};
 
     fn charge(key: &str, cost: u64, shadow: bool) -> Charge {
         Charge {
@@ -191,6 +196,7 @@ mod tests {
                     requests_per_unit: 10,
                     unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                     burst: 10,
+                    max_debt: 0,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -253,7 +259,7 @@ mod tests {
             admitted: true,
             charges: vec![ChargeResult {
                 enough: true,
-                tokens_micro: MICRO,
+                tokens_micro: MICRO_I64,
             }],
         };
         cache.record(std::slice::from_ref(&c), &ok, 1_000_000);
