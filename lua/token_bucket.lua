@@ -200,6 +200,8 @@ local stored, work, dirty, last = {}, {}, {}, {}
 -- Per debt bucket: the balance after its debt charges only (written when
 -- the request is denied), and whether it changed.
 local dwork, ddirty = {}, {}
+-- Per bucket: the balance read before any charge.
+local read = {}
 local enough = {}
 local admitted = true
 
@@ -228,6 +230,7 @@ for c = 1, n do
     else
       work[k] = cap
     end
+    read[k] = work[k]
     dirty[k] = false
   end
   -- A later charge on the same bucket may carry another limit.
@@ -316,6 +319,17 @@ local function put(k, tokens)
   end
 end
 
+-- A bucket stamped after now (Redis's clock stepped back) that nothing
+-- else writes is written as read, stamped now, admitted or not: otherwise
+-- every later call would read "no time elapsed" until the clock caught up.
+local function unfreeze(written)
+  for k, s in pairs(stored) do
+    if s and s[2] > now and not written[k] then
+      put(k, read[k])
+    end
+  end
+end
+
 local reply = { 0 }
 if admitted then
   reply[1] = 1
@@ -324,6 +338,7 @@ if admitted then
       put(k, work[k])
     end
   end
+  unfreeze(dirty)
   for c = 1, n do
     local k = tonumber(ARGV[3 + 6 * (c - 1)])
     reply[2 * c] = enough[c]
@@ -335,6 +350,7 @@ else
       put(k, dwork[k])
     end
   end
+  unfreeze(ddirty)
   for c = 1, n do
     local base = 3 + 6 * (c - 1)
     local k = tonumber(ARGV[base])

@@ -200,11 +200,16 @@ pub fn apply_request(
     // the debt charges only, dirty) for a denied request.
     let mut work: Vec<Option<(i128, bool)>> = vec![None; states.len()];
     let mut debt_only: Vec<Option<(i128, bool)>> = vec![None; states.len()];
+    // Per bucket: the balance read before any charge.
+    let mut read: Vec<i128> = vec![0; states.len()];
     let mut results = Vec::with_capacity(charges.len());
     let mut admitted = true;
     for (bucket, spec) in charges {
         let cap = capacity(&spec.limit);
-        let slot = work[*bucket].get_or_insert_with(|| (start(*bucket, &spec.limit), false));
+        let slot = work[*bucket].get_or_insert_with(|| {
+            read[*bucket] = start(*bucket, &spec.limit);
+            (read[*bucket], false)
+        });
         // A later charge on the same bucket may carry another limit; cap again.
         if slot.0 > cap {
             slot.0 = cap;
@@ -251,17 +256,24 @@ pub fn apply_request(
     }
     let written = if admitted { &work } else { &debt_only };
     for (i, w) in written.iter().enumerate() {
-        if let Some((t, true)) = w {
-            // A stored timestamp after now is taken as now (see
-            // `BucketState::tokens_at`): the write stores now.
-            put(
-                i,
-                BucketState {
-                    tokens_micro: to_i64(*t),
-                    updated_us: now_us,
-                },
-            );
-        }
+        // Every write stores now. A bucket stamped after now (a clock
+        // stepped back) that nothing else writes is written as it is,
+        // stamped now, admitted or not: otherwise every later call would
+        // read "no time elapsed" until the clock caught up (a freeze).
+        let t = match w {
+            Some((t, true)) => *t,
+            _ => match states[i] {
+                Some(s) if s.updated_us > now_us => read[i],
+                _ => continue,
+            },
+        };
+        put(
+            i,
+            BucketState {
+                tokens_micro: to_i64(t),
+                updated_us: now_us,
+            },
+        );
     }
     if admitted {
         // Report tokens after the whole request.
@@ -543,7 +555,15 @@ mod tests {
             wrote = Some(s)
         });
         assert!(!r.admitted, "nothing refilled yet");
-        assert_eq!(wrote, None);
+        // Even a denial rewrites the future timestamp as now.
+        assert_eq!(
+            wrote,
+            Some(BucketState {
+                tokens_micro: 0,
+                updated_us: 1_000_000
+            })
+        );
+        wrote = None;
         // A refund (any write) stores now, not the future timestamp.
         let refund = ChargeSpec {
             limit: l,

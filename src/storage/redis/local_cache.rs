@@ -92,7 +92,9 @@ impl LocalCache {
                 return None;
             }
             let e = self.map.get(c.key.as_str())?;
-            if e.limit != c.spec.limit {
+            // A clock stepped back past the entry: Redis decides (it takes
+            // a future timestamp as now; the cache would freeze).
+            if e.limit != c.spec.limit || e.sent_us > now_us {
                 return None;
             }
             let at = |t_us: u64| {
@@ -148,7 +150,9 @@ impl LocalCache {
         received_us: u64,
     ) {
         for (c, r) in charges.iter().zip(&result.charges) {
-            if c.spec.kind == ChargeKind::Consume && !r.enough {
+            // A denied debt charge was taken after the balance reported.
+            let debt_taken = c.spec.cost > 0 && c.spec.limit.debt_micro() > 0;
+            if c.spec.kind == ChargeKind::Consume && !r.enough && !debt_taken {
                 self.map.insert(
                     c.key.clone(),
                     Entry {
