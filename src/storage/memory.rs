@@ -18,7 +18,7 @@
 //! exact limits at that scale.
 
 use super::bucket::{self, BucketState};
-use super::clock::{Clock, SystemClock};
+use super::clock::{Clock, MonotonicClock};
 use super::{Charge, RequestResult, Storage, StorageError, group_by_key};
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
@@ -91,7 +91,7 @@ pub struct MemoryStorage {
 
 impl Default for MemoryStorage {
     fn default() -> Self {
-        Self::new(Arc::new(SystemClock))
+        Self::new(Arc::new(MonotonicClock::default()))
     }
 }
 

@@ -1462,8 +1462,6 @@ pub async fn dynamic_metadata_names_the_rules_with_quota_left(b: &dyn Backend) {
     assert!(plain.call(quota_request()).await.dynamic_metadata.is_none());
 }
 
-/// Generates one `#[tokio::test]` per conformance case for a backend.
-/// `$make` is an async fn returning a value implementing [`Backend`].
 /// A token budget charged after the response (`max_debt`): checks pass
 /// while the balance covers one token; a charge above the balance is
 /// answered `OVER_LIMIT` from the balance before it and still taken; the
@@ -1603,6 +1601,8 @@ pub async fn a_clock_stepped_back_never_freezes_a_bucket(b: &dyn Backend) {
     assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OVER);
 }
 
+/// Generates one `#[tokio::test]` per conformance case for a backend.
+/// `$make` is an async fn returning a value implementing [`Backend`].
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:path) => {
