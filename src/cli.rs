@@ -770,6 +770,8 @@ mod tests {
             "--exact-durations",
             "--rate-limit-headers",
             "ietf",
+            "--max-debt-bursts",
+            "2",
         ]))
         .expect("settings");
         assert_eq!(s.config, PathBuf::from("c.yaml"));
@@ -780,6 +782,7 @@ mod tests {
         assert!((s.service.near_limit_ratio - 0.5).abs() < f64::EPSILON);
         assert_eq!(s.service.max_descriptors, 3);
         assert!(s.service.exact_durations);
+        assert_eq!(s.service.max_debt_bursts, 2);
         assert_eq!(
             s.service.rate_limit_headers,
             crate::settings::RateLimitHeaders::Ietf
@@ -803,6 +806,7 @@ mod tests {
         assert_eq!(s.rate_limit_headers, d.rate_limit_headers);
         assert_eq!(s.header_names, d.header_names);
         assert!(!s.global_shadow_mode && !s.global_quota_mode && !s.response_dynamic_metadata);
+        assert_eq!((s.max_debt_bursts, d.max_debt_bursts), (0, 0));
     }
 
     #[test]
