@@ -619,3 +619,63 @@ async fn a_slowing_reload_keeps_drained_keys() {
     let r = l.should_rate_limit(&check).await.unwrap();
     assert_eq!((st(&r, 0).0, st(&r, 0).1), (OVER, 0), "{r:?}");
 }
+
+const BUDGET: &str = r"
+domain: llm
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 500}
+";
+
+/// 32 concurrent streams finishing at once on one token budget, through two
+/// service instances on one Redis, charge exactly the sum of their costs
+/// (down to `-max_debt`), and a key in debt expires when its bucket would
+/// be full again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_stream_done_charges_add_up_exactly_down_to_the_floor() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let prefix = unique_prefix("debt");
+    let replicas = [
+        Arc::new(limiter(BUDGET, clocked(&server, &clock), &prefix)),
+        Arc::new(limiter(BUDGET, clocked(&server, &clock), &prefix)),
+    ];
+    let charge_all = |costs: Vec<u64>| {
+        let tasks: Vec<_> = costs
+            .into_iter()
+            .enumerate()
+            .map(|(i, cost)| {
+                let l = replicas[i % 2].clone();
+                tokio::spawn(async move {
+                    let r = req("llm", vec![desc_hits(&[("user", "alice")], cost)], 0);
+                    l.should_rate_limit(&r).await.expect("answered")
+                })
+            })
+            .collect();
+        async move {
+            for t in tasks {
+                t.await.expect("task");
+            }
+        }
+    };
+    let check = || async {
+        let r = req("llm", vec![desc_hits(&[("user", "alice")], 0)], 0);
+        st(&replicas[0].should_rate_limit(&r).await.expect("answered"), 0)
+    };
+    // 10 + 11 + ... + 41 = 816 tokens.
+    charge_all((10..42).collect()).await;
+    assert_eq!(check().await, (OK, 184, Some(2938)));
+    // 32 x 40 more: 1280 above a balance of 184, clamped at -500.
+    charge_all(vec![40; 32]).await;
+    assert_eq!(check().await, (OVER, 0, Some(1804)));
+    let key = &keys(&server, &prefix)[0];
+    assert_eq!(decode_bucket(&raw(&server, key).expect("bucket")).0, -500_000_000);
+    // Production mode (Redis TIME) writes the exact time to full from -500:
+    // 1500 tokens at 3.6 s each.
+    let prod_prefix = unique_prefix("debtp");
+    let prod = limiter(BUDGET, storage(&server), &prod_prefix);
+    let r = req("llm", vec![desc_hits(&[("user", "bob")], 5000)], 0);
+    assert_eq!(st(&prod.should_rate_limit(&r).await.expect("answered"), 0).0, OVER);
+    let ttl = pttl(&server, &keys(&server, &prod_prefix)[0]);
+    assert!((5_399_000..=5_400_000).contains(&ttl), "PTTL {ttl}");
+}
