@@ -1,5 +1,5 @@
 //! The service core over the Redis backend against real `redis-server`
-//! processes: TTLs, Redis time and timestamps that never move back, several
+//! processes: TTLs, Redis time and clock steps, token budgets in debt, several
 //! service instances sharing buckets under concurrency (exact burst), high
 //! rates, config changes and the local over-limit cache, block rules, and one
 //! script call per request whatever the number of descriptors. The cases and
@@ -660,7 +660,10 @@ async fn concurrent_stream_done_charges_add_up_exactly_down_to_the_floor() {
     };
     let check = || async {
         let r = req("llm", vec![desc_hits(&[("user", "alice")], 0)], 0);
-        st(&replicas[0].should_rate_limit(&r).await.expect("answered"), 0)
+        st(
+            &replicas[0].should_rate_limit(&r).await.expect("answered"),
+            0,
+        )
     };
     // 10 + 11 + ... + 41 = 816 tokens.
     charge_all((10..42).collect()).await;
@@ -669,13 +672,19 @@ async fn concurrent_stream_done_charges_add_up_exactly_down_to_the_floor() {
     charge_all(vec![40; 32]).await;
     assert_eq!(check().await, (OVER, 0, Some(1804)));
     let key = &keys(&server, &prefix)[0];
-    assert_eq!(decode_bucket(&raw(&server, key).expect("bucket")).0, -500_000_000);
+    assert_eq!(
+        decode_bucket(&raw(&server, key).expect("bucket")).0,
+        -500_000_000
+    );
     // Production mode (Redis TIME) writes the exact time to full from -500:
     // 1500 tokens at 3.6 s each.
     let prod_prefix = unique_prefix("debtp");
     let prod = limiter(BUDGET, storage(&server), &prod_prefix);
     let r = req("llm", vec![desc_hits(&[("user", "bob")], 5000)], 0);
-    assert_eq!(st(&prod.should_rate_limit(&r).await.expect("answered"), 0).0, OVER);
+    assert_eq!(
+        st(&prod.should_rate_limit(&r).await.expect("answered"), 0).0,
+        OVER
+    );
     let ttl = pttl(&server, &keys(&server, &prod_prefix)[0]);
     assert!((5_399_000..=5_400_000).contains(&ttl), "PTTL {ttl}");
 }

@@ -282,8 +282,15 @@ impl Limiter {
         // Each round drops the quota charges that lacked tokens in the
         // previous one, so there are at most as many rounds as quota charges
         // (a concurrent request can spend a quota between two rounds).
+        // A debt charge was taken by the first call, denied or not: it is
+        // not sent again (docs/design.md, "Debt").
+        let debt_taken = |i: usize| {
+            charges[i].spec.kind == ChargeKind::Consume
+                && charges[i].spec.cost > 0
+                && charges[i].spec.limit.debt_micro() > 0
+        };
         let mut dropped: Vec<bool> = (0..charges.len())
-            .map(|i| is_quota_consume(i) && lacks(i))
+            .map(|i| (is_quota_consume(i) && lacks(i)) || debt_taken(i))
             .collect();
         let mut merged = first;
         loop {

@@ -1531,6 +1531,24 @@ pub async fn debt_rules_are_charged_when_denied_and_deny_alone(b: &dyn Backend) 
     assert_eq!(st(&check(user(0)).await, 0), (OVER, 0, Some(1804)));
 }
 
+/// A request whose quota descriptors are only partly over is asked again
+/// without the spent quota; its debt charge was taken by the first call
+/// and is not taken again.
+pub async fn a_debt_charge_is_taken_once_when_quotas_ask_again(b: &dyn Backend) {
+    let yaml = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 500}\n  - key: q1\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: q2\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let c = Case::new(b, yaml).await;
+    let q = |k: &str| desc_hits(&[(k, "v")], 1);
+    assert_eq!(cr(&c.call(req("llm", vec![q("q1")], 0)).await, 0), (OK, 0));
+    let user = |cost: u64| desc_hits(&[("user", "alice")], cost);
+    let r = c
+        .call(req("llm", vec![user(10), q("q1"), q("q2")], 0))
+        .await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(cr(&r, 2), (OK, 4));
+    let r = c.call(req("llm", vec![user(0)], 0)).await;
+    assert_eq!(cr(&r, 0), (OK, 990), "charged once");
+}
+
 /// The service-wide `max_debt_bursts` gives every rule without its own
 /// `max_debt` a debt bound of that many bursts; `max_debt: 0` opts out;
 /// a rule without a debt bound is unchanged (a charge above the balance
@@ -1640,6 +1658,7 @@ macro_rules! conformance_tests {
             debt_charges_are_taken_and_repaid_in_real_time
             debt_rules_are_charged_when_denied_and_deny_alone
             service_wide_debt_bound_in_bursts
+            a_debt_charge_is_taken_once_when_quotas_ask_again
             an_override_never_refills_the_rules_bucket
             a_clock_stepped_back_never_freezes_a_bucket
         );
