@@ -485,6 +485,66 @@ mod tests {
         assert_eq!(slots.compensations.load(Ordering::SeqCst), 1);
     }
 
+    /// Debt charges are taken whatever the outcome, in the slot that denies
+    /// and in the slots that admit, and are never compensated; the other
+    /// charges of a denied request are given back exactly.
+    #[tokio::test]
+    async fn debt_charges_are_kept_when_the_others_are_compensated() {
+        let clock = ManualClock::new(1_000_000_000);
+        let slots = MemorySlots::new(&clock);
+        let l = limit(5, 31_536_000, 5);
+        let debt = Limit {
+            max_debt: 10,
+            ..limit(100, 31_536_000, 100)
+        };
+        assert!(
+            slots
+                .apply(&[consume("b", l, 5)])
+                .await
+                .expect("ok")
+                .admitted
+        );
+        // "b" denies; "a" (debt) and "c" admitted in their slots.
+        let r = slots
+            .apply(&[
+                consume("a", debt, 30),
+                consume("b", l, 1),
+                consume("c", l, 2),
+            ])
+            .await
+            .expect("no slot fails");
+        assert!(!r.admitted);
+        assert_eq!(
+            r.charges[0],
+            ChargeResult {
+                enough: true,
+                tokens_micro: 100 * MICRO_I64
+            }
+        );
+        assert_eq!(
+            slots.tokens("a", debt),
+            70 * MICRO_I64,
+            "the debt charge is kept"
+        );
+        assert_eq!(slots.tokens("c", l), 5 * MICRO_I64, "c got its 2 back");
+        // The debt rule itself denies (in its own slot): charged and clamped
+        // at -10; "c" is compensated.
+        let r = slots
+            .apply(&[consume("a", debt, 500), consume("c", l, 1)])
+            .await
+            .expect("no slot fails");
+        assert!(!r.admitted);
+        assert_eq!(
+            r.charges[0],
+            ChargeResult {
+                enough: false,
+                tokens_micro: 70 * MICRO_I64
+            }
+        );
+        assert_eq!(slots.tokens("a", debt), -10 * MICRO_I64);
+        assert_eq!(slots.tokens("c", l), 5 * MICRO_I64);
+    }
+
     /// A slot that fails fails the whole request, every time, and the other
     /// slots get their reservations back: a failing slot never admits a
     /// request nor leaves the others charged. Once it answers again, the
