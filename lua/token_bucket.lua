@@ -82,11 +82,14 @@ end
 -- Packing with Redis's built-in `struct` library (one C call instead of a
 -- byte loop in Lua: most of the script's time per bucket went there). Every
 -- value packed is an integer below 2^53, exact in the library's 64-bit integers.
-local PACK = { [0] = '>I7', '>I7I1', '>I7I2', '>I7I3', '>I7I4', '>I7I5', '>I7I6', '>I7I7' }
-local UNPACK = { '>I1', '>I2', '>I3', '>I4', '>I5', '>I6', '>I7' }
+-- PACK[m]: 7 bytes of timestamp, then m bytes of tokens (one call reads or
+-- writes both).
+local PACK = { [0] = '>I7', '>I7I1', '>I7I2', '>I7I3', '>I7I4', '>I7I5', '>I7I6', '>I7I7', '>I7I8' }
 -- POW[i] = 256^i: a value below POW[m] fits in m bytes.
 local POW = { [0] = 1, 256, 65536, 16777216, 4294967296, 1099511627776, 281474976710656, 72057594037927936 }
 
+-- A balance in debt is written as its magnitude in one byte more than it
+-- needs, so it starts with a 0 byte, which a minimal encoding never does.
 local function encode(tokens, updated)
   local neg = tokens < 0
   if neg then
@@ -96,11 +99,11 @@ local function encode(tokens, updated)
   while tokens >= POW[m] do
     m = m + 1
   end
+  if neg then
+    m = m + 1
+  end
   if m == 0 then
     return struct.pack(PACK[0], updated)
-  end
-  if neg then
-    return struct.pack(PACK[1], updated, 0) .. struct.pack(UNPACK[m], tokens)
   end
   return struct.pack(PACK[m], updated, tokens)
 end
@@ -114,14 +117,15 @@ local function decode(s)
   if len < 7 or len > 15 then
     return nil
   end
-  local updated = struct.unpack('>I7', s)
-  local tokens = 0
-  if len > 7 then
-    if string.byte(s, 8) == 0 then
-      tokens = -struct.unpack(UNPACK[len - 8], s, 9)
-    else
-      tokens = struct.unpack(UNPACK[len - 7], s, 8)
-    end
+  if len == 7 then
+    local updated = struct.unpack('>I7', s)
+    return { 0, updated }
+  end
+  local m = len - 7
+  local updated, tokens = struct.unpack(PACK[m], s)
+  -- Below 256^(m-1): the first of its m bytes is 0, a debt.
+  if tokens < POW[m - 1] then
+    tokens = -tokens
   end
   return { tokens, updated }
 end
@@ -200,7 +204,7 @@ local stored, work, dirty, last = {}, {}, {}, {}
 -- Per debt bucket: the balance after its debt charges only (written when
 -- the request is denied), and whether it changed.
 local dwork, ddirty = {}, {}
--- Per bucket: the balance read before any charge.
+-- Per bucket stamped after now: the balance read before any charge.
 local read = {}
 local enough = {}
 local admitted = true
@@ -214,8 +218,13 @@ for c = 1, n do
   local cost = tonumber(ARGV[base + 4])
   local flags = tonumber(ARGV[base + 5])
   local refund = math.fmod(flags, 2) == 1
-  local shadow = math.fmod(flags, 4) >= 2
-  local debt = (flags - math.fmod(flags, 4)) / 4 * MICRO
+  local shadow = flags >= 2
+  local debt = 0
+  if flags >= 4 then
+    local low = math.fmod(flags, 4)
+    shadow = low >= 2
+    debt = (flags - low) / 4 * MICRO
+  end
   local cap = 0
   if R > 0 then
     cap = C * MICRO
@@ -227,10 +236,12 @@ for c = 1, n do
     stored[k] = s or false
     if s then
       work[k] = tokens_at(s[1], s[2], R, U, cap, now)
+      if s[2] > now then
+        read[k] = work[k]
+      end
     else
       work[k] = cap
     end
-    read[k] = work[k]
     dirty[k] = false
   end
   -- A later charge on the same bucket may carry another limit.
@@ -257,7 +268,8 @@ for c = 1, n do
     if need > cap + MICRO then
       need = cap + MICRO
     end
-    if work[k] >= need then
+    local ok = work[k] >= need
+    if ok then
       enough[c] = 1
     else
       enough[c] = 0
@@ -300,7 +312,7 @@ for c = 1, n do
         dwork[k] = d
         ddirty[k] = true
       end
-    elseif enough[c] == 1 and cost > 0 then
+    elseif ok and cost > 0 then
       work[k] = work[k] - cost * MICRO
       dirty[k] = true
     end
@@ -322,35 +334,30 @@ end
 -- A bucket stamped after now (Redis's clock stepped back) that nothing
 -- else writes is written as read, stamped now, admitted or not: otherwise
 -- every later call would read "no time elapsed" until the clock caught up.
-local function unfreeze(written)
-  for k, s in pairs(stored) do
-    if s and s[2] > now and not written[k] then
-      put(k, read[k])
-    end
-  end
-end
-
+-- (`dirty` has every bucket of the request as a key.)
 local reply = { 0 }
 if admitted then
   reply[1] = 1
   for k, d in pairs(dirty) do
     if d then
       put(k, work[k])
+    elseif read[k] then
+      put(k, read[k])
     end
   end
-  unfreeze(dirty)
   for c = 1, n do
     local k = tonumber(ARGV[3 + 6 * (c - 1)])
     reply[2 * c] = enough[c]
     reply[2 * c + 1] = work[k]
   end
 else
-  for k, d in pairs(ddirty) do
-    if d then
+  for k in pairs(dirty) do
+    if ddirty[k] then
       put(k, dwork[k])
+    elseif read[k] then
+      put(k, read[k])
     end
   end
-  unfreeze(ddirty)
   for c = 1, n do
     local base = 3 + 6 * (c - 1)
     local k = tonumber(ARGV[base])
