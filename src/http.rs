@@ -10,7 +10,8 @@
 //!   README and [`crate::metrics`]), plus the identity of the config in force
 //!   (`bucket_rls_config_info{hash}`, `bucket_rls_config_load_timestamp_seconds`).
 //! - `GET /rlconfig`: JSON: the config in force (domains and rules with rates,
-//!   bursts, units, names, shadow and quota flags, metadata, `replaces`), its
+//!   bursts, units, debt bounds, names, shadow and quota flags, metadata,
+//!   `replaces`), its
 //!   hash and load time, the service-wide modes, the last reload error and
 //!   the storage backend name.
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
