@@ -46,8 +46,10 @@ pub struct RawDescriptor {
     /// Line of a `value:` written as null (`~`, `null` or nothing), which is
     /// an error: it would silently turn an exact rule into a key-only one.
     pub null_value_line: Option<u32>,
-    /// `rate_limit:`
-    pub rate_limit: Option<RawRateLimit>,
+    /// `rate_limit:` (boxed: descriptors nest, and a block held inline in
+    /// every level's frame would make a file nested to the parser's depth
+    /// limit overflow a 2 MiB stack in debug builds).
+    pub rate_limit: Option<Box<RawRateLimit>>,
     /// `replaces:` written at descriptor level (also accepted inside `rate_limit`).
     pub replaces: Option<Vec<RawReplace>>,
     /// `shadow_mode:`
