@@ -27,12 +27,14 @@ const HUGE: Limit = Limit {
     requests_per_unit: 4_000_000_000,
     unit_secs: std::num::NonZeroU64::new(3600).unwrap(),
     burst: 4_000_000_000,
+    max_debt: 0,
 };
 /// 10 per minute.
 const SMALL: Limit = Limit {
     requests_per_unit: 10,
     unit_secs: std::num::NonZeroU64::new(60).unwrap(),
     burst: 10,
+    max_debt: 0,
 };
 
 fn charge(key: String, limit: Limit) -> Charge {

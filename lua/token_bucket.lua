@@ -25,27 +25,38 @@ ARGV[3..]   six values per charge, in request order:
               U          unit length in seconds (1 .. 31,536,000)
               C          capacity (burst) in tokens (u32)
               cost       tokens; already clamped by the caller to at most
-                         capacity + 1 for a consume and capacity for a
+                         capacity + max_debt + 1 for a consume and
+                         capacity + 2^32 - 1 (the deepest debt) for a
                          refund, which changes no outcome; 0 = check only
-              flags      bit 0: refund (is_negative_hits), bit 1: shadow mode
+              flags      bit 0: refund (is_negative_hits), bit 1: shadow mode,
+                         flags / 4 (floor): max_debt D in tokens (0 when
+                         R = 0). On a bucket with D > 0 a consume is always
+                         charged, admitted or not, clamped at -D (never
+                         raised by the clamp); when the request is denied,
+                         only those debt charges are written.
 
 Reply (integers only): { admitted, enough_1, tokens_1, ..., enough_n, tokens_n }
   admitted   1 if every non-shadow consume charge had enough tokens (then all
              were charged), else 0 (then nothing was written at all).
   enough_i   1 if charge i had enough tokens (always 1 for a refund).
   tokens_i   micro-tokens in charge i's bucket after the request (admitted)
-             or now (not admitted), under charge i's limit.
+             or before it (not admitted), under charge i's limit; negative
+             while in debt.
 Durations and remaining counts are computed by the caller from these.
 
 Stored state, one string key per bucket (binary, big-endian):
-  7 bytes updated_us, then tokens_micro in as few bytes as needed (0..7).
+  7 bytes updated_us, then tokens_micro in as few bytes as needed (0..7); a
+  negative balance (debt) as a 0 byte, then its magnitude in 1..7 bytes (a
+  minimal positive encoding never starts with a 0 byte).
 Up to 12 bytes (tokens < 2^40 micro-tokens, about 1.1 million tokens) the value
 fits the same allocator class as a small embedded string, so a bucket costs at
 most 16 bytes more than a plain integer key of the same name.
 Every written key expires (PX) when its bucket would be full again (ceil, at
 least 1 ms); a bucket that is full again is deleted (a missing bucket is full).
 A check (cost 0), a refund on a full bucket and a denied request write nothing
-and refresh no TTL. A stored timestamp never moves backwards.
+and refresh no TTL. A stored timestamp after now (Redis's clock stepped
+back) is taken as now: it refills nothing and the next write stores now, so a
+clock step never freezes a bucket (docs/design.md, "Time").
 ]]
 
 local MICRO = 1000000
@@ -71,14 +82,24 @@ end
 -- Packing with Redis's built-in `struct` library (one C call instead of a
 -- byte loop in Lua: most of the script's time per bucket went there). Every
 -- value packed is an integer below 2^53, exact in the library's 64-bit integers.
-local PACK = { [0] = '>I7', '>I7I1', '>I7I2', '>I7I3', '>I7I4', '>I7I5', '>I7I6', '>I7I7' }
-local UNPACK = { '>I1', '>I2', '>I3', '>I4', '>I5', '>I6', '>I7' }
+-- PACK[m]: 7 bytes of timestamp, then m bytes of tokens (one call reads or
+-- writes both).
+local PACK = { [0] = '>I7', '>I7I1', '>I7I2', '>I7I3', '>I7I4', '>I7I5', '>I7I6', '>I7I7', '>I7I8' }
 -- POW[i] = 256^i: a value below POW[m] fits in m bytes.
 local POW = { [0] = 1, 256, 65536, 16777216, 4294967296, 1099511627776, 281474976710656, 72057594037927936 }
 
+-- A balance in debt is written as its magnitude in one byte more than it
+-- needs, so it starts with a 0 byte, which a minimal encoding never does.
 local function encode(tokens, updated)
+  local neg = tokens < 0
+  if neg then
+    tokens = -tokens
+  end
   local m = 0
   while tokens >= POW[m] do
+    m = m + 1
+  end
+  if neg then
     m = m + 1
   end
   if m == 0 then
@@ -93,13 +114,18 @@ local function decode(s)
     return nil
   end
   local len = #s
-  if len < 7 or len > 14 then
+  if len < 7 or len > 15 then
     return nil
   end
-  local updated = struct.unpack('>I7', s)
-  local tokens = 0
-  if len > 7 then
-    tokens = struct.unpack(UNPACK[len - 7], s, 8)
+  if len == 7 then
+    local updated = struct.unpack('>I7', s)
+    return { 0, updated }
+  end
+  local m = len - 7
+  local updated, tokens = struct.unpack(PACK[m], s)
+  -- Below 256^(m-1): the first of its m bytes is 0, a debt.
+  if tokens < POW[m - 1] then
+    tokens = -tokens
   end
   return { tokens, updated }
 end
@@ -133,9 +159,9 @@ local function tokens_at(tokens, updated, R, U, cap, now)
   return t
 end
 
--- Milliseconds until a bucket holding `tokens` (of `cap`) is full, counted
--- from a timestamp `skew_us` after now (ceil, at least 1).
-local function ttl_ms(R, U, cap, tokens, skew_us)
+-- Milliseconds until a bucket holding `tokens` (of `cap`; negative in
+-- debt) is full (ceil, at least 1).
+local function ttl_ms(R, U, cap, tokens)
   local deficit = cap - tokens
   local p = deficit * U
   local ms
@@ -144,14 +170,14 @@ local function ttl_ms(R, U, cap, tokens, skew_us)
     if rem > 0 then
       us = us + 1
     end
-    local m, rr = divmod(us + skew_us, 1000)
+    local m, rr = divmod(us, 1000)
     if rr > 0 then
       m = m + 1
     end
     ms = m
   else
     -- Years-long waits: doubles with an upward margin.
-    ms = math.ceil((deficit / R * U + skew_us) / 1000 * (1 + 1e-9)) + 1
+    ms = math.ceil(deficit / R * U / 1000 * (1 + 1e-9)) + 1
   end
   if ms < 1 then
     ms = 1
@@ -175,6 +201,11 @@ end
 
 local n = (#ARGV - 2) / 6
 local stored, work, dirty, last = {}, {}, {}, {}
+-- Per debt bucket: the balance after its debt charges only (written when
+-- the request is denied), and whether it changed.
+local dwork, ddirty = {}, {}
+-- Per bucket stamped after now: the balance read before any charge.
+local read = {}
 local enough = {}
 local admitted = true
 
@@ -188,6 +219,12 @@ for c = 1, n do
   local flags = tonumber(ARGV[base + 5])
   local refund = math.fmod(flags, 2) == 1
   local shadow = flags >= 2
+  local debt = 0
+  if flags >= 4 then
+    local low = math.fmod(flags, 4)
+    shadow = low >= 2
+    debt = (flags - low) / 4 * MICRO
+  end
   local cap = 0
   if R > 0 then
     cap = C * MICRO
@@ -199,6 +236,9 @@ for c = 1, n do
     stored[k] = s or false
     if s then
       work[k] = tokens_at(s[1], s[2], R, U, cap, now)
+      if s[2] > now then
+        read[k] = work[k]
+      end
     else
       work[k] = cap
     end
@@ -228,39 +268,81 @@ for c = 1, n do
     if need > cap + MICRO then
       need = cap + MICRO
     end
-    if work[k] >= need then
+    local ok = work[k] >= need
+    if ok then
       enough[c] = 1
-      if cost > 0 then
-        work[k] = work[k] - cost * MICRO
-        dirty[k] = true
-      end
     else
       enough[c] = 0
       if not shadow then
         admitted = false
       end
     end
+    if debt > 0 then
+      if cost > 0 then
+        -- Always charged, clamped at -D, never raised by the clamp.
+        local t = work[k]
+        local floor = -debt
+        if floor > t then
+          floor = t
+        end
+        t = t - cost * MICRO
+        if t < floor then
+          t = floor
+        end
+        work[k] = t
+        dirty[k] = true
+        local d = dwork[k]
+        if d == nil then
+          d = cap
+          local s = stored[k]
+          if s then
+            d = tokens_at(s[1], s[2], R, U, cap, now)
+          end
+        elseif d > cap then
+          d = cap
+        end
+        floor = -debt
+        if floor > d then
+          floor = d
+        end
+        d = d - cost * MICRO
+        if d < floor then
+          d = floor
+        end
+        dwork[k] = d
+        ddirty[k] = true
+      end
+    elseif ok and cost > 0 then
+      work[k] = work[k] - cost * MICRO
+      dirty[k] = true
+    end
   end
 end
 
+-- Writes the balance `tokens` of bucket k, stamped now. Under a rate of 0
+-- (capacity 0) a bucket counts as full, as in the model.
+local function put(k, tokens)
+  local L = last[k]
+  if tokens >= L[3] or L[1] == 0 then
+    redis.call('DEL', KEYS[k])
+  else
+    local px = ttl_ms(L[1], L[2], L[3], tokens)
+    redis.call('SET', KEYS[k], encode(tokens, now), 'PX', int(px))
+  end
+end
+
+-- A bucket stamped after now (Redis's clock stepped back) that nothing
+-- else writes is written as read, stamped now, admitted or not: otherwise
+-- every later call would read "no time elapsed" until the clock caught up.
+-- (`dirty` has every bucket of the request as a key.)
 local reply = { 0 }
 if admitted then
   reply[1] = 1
   for k, d in pairs(dirty) do
     if d then
-      local s = stored[k]
-      local updated = now
-      if s and s[2] > updated then
-        updated = s[2]
-      end
-      local L = last[k]
-      local tokens = work[k]
-      if tokens >= L[3] then
-        redis.call('DEL', KEYS[k])
-      else
-        local px = ttl_ms(L[1], L[2], L[3], tokens, updated - now)
-        redis.call('SET', KEYS[k], encode(tokens, updated), 'PX', int(px))
-      end
+      put(k, work[k])
+    elseif read[k] then
+      put(k, read[k])
     end
   end
   for c = 1, n do
@@ -269,6 +351,13 @@ if admitted then
     reply[2 * c + 1] = work[k]
   end
 else
+  for k in pairs(dirty) do
+    if ddirty[k] then
+      put(k, dwork[k])
+    elseif read[k] then
+      put(k, read[k])
+    end
+  end
   for c = 1, n do
     local base = 3 + 6 * (c - 1)
     local k = tonumber(ARGV[base])

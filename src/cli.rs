@@ -264,6 +264,11 @@ pub struct ServeArgs {
         default_value_t = false
     )]
     pub ignore_unmatched_overrides: bool,
+    /// Give every limited rule without its own `max_debt` a debt bound of
+    /// this many times its burst (0: none). For token budgets charged after
+    /// the response in configs that cannot carry `max_debt` (xDS).
+    #[arg(long, env = "BUCKET_RLS_MAX_DEBT_BURSTS", default_value_t = 0)]
+    pub max_debt_bursts: u32,
     /// Merge files that define the same domain into one domain (a descriptor
     /// defined twice is still an error) instead of refusing the second file.
     #[arg(long, env = "BUCKET_RLS_MERGE_DOMAIN_CONFIG", default_value_t = false)]
@@ -565,6 +570,7 @@ impl From<&ServeArgs> for ServiceSettings {
             global_quota_mode: args.quota_mode,
             response_dynamic_metadata: args.response_dynamic_metadata,
             ignore_unmatched_overrides: args.ignore_unmatched_overrides,
+            max_debt_bursts: args.max_debt_bursts,
             ..Self::default()
         }
     }
@@ -1254,6 +1260,8 @@ mod tests {
             "--exact-durations",
             "--rate-limit-headers",
             "ietf",
+            "--max-debt-bursts",
+            "2",
         ]))
         .expect("settings");
         assert_eq!(s.config, ConfigSource::File(PathBuf::from("c.yaml")));
@@ -1264,6 +1272,7 @@ mod tests {
         assert!((s.service.near_limit_ratio - 0.5).abs() < f64::EPSILON);
         assert_eq!(s.service.max_descriptors, 3);
         assert!(s.service.exact_durations);
+        assert_eq!(s.service.max_debt_bursts, 2);
         assert_eq!(
             s.service.rate_limit_headers,
             crate::settings::RateLimitHeaders::Ietf
@@ -1287,6 +1296,7 @@ mod tests {
         assert_eq!(s.rate_limit_headers, d.rate_limit_headers);
         assert_eq!(s.header_names, d.header_names);
         assert!(!s.global_shadow_mode && !s.global_quota_mode && !s.response_dynamic_metadata);
+        assert_eq!((s.max_debt_bursts, d.max_debt_bursts), (0, 0));
     }
 
     #[test]

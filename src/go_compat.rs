@@ -364,6 +364,7 @@ pub fn rlconfig_text(config: &Config) -> String {
                 requests_per_unit,
                 unit,
                 burst,
+                ..
             } => format!(
                 "{}: unit={} requests_per_unit={requests_per_unit} burst={burst}, shadow_mode: {}",
                 r.path,

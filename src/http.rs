@@ -13,11 +13,11 @@
 //!   README and [`crate::metrics`]), plus the identity of the config in force
 //!   (`bucket_rls_config_info{hash}`, `bucket_rls_config_load_timestamp_seconds`).
 //! - `GET /rlconfig`: JSON: the config in force (domains and rules with rates,
-//!   bursts, units, names, shadow and quota flags, metadata, `replaces`), its
-//!   hash and load time, the service-wide modes, the last reload error, the
-//!   storage backend name and the config source (`file` or `xds`; for xDS
-//!   whether it is connected, the version in force and the last push's
-//!   outcome and error).
+//!   bursts, units, debt bounds, names, shadow and quota flags, metadata,
+//!   `replaces`), its hash and load time, the service-wide modes, the last
+//!   reload error, the storage backend name and the config source (`file`
+//!   or `xds`; for xDS whether it is connected, the version in force and the
+//!   last push's outcome and error).
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
 //!   protobuf JSON ([`json`]): 200 with the `RateLimitResponse` when the
 //!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
@@ -263,6 +263,10 @@ struct RuleView {
     unit: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     burst: Option<u32>,
+    /// The debt bound in force (the rule's `max_debt` or the service-wide
+    /// multiple of its burst), when above 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_debt: Option<u32>,
     shadow_mode: bool,
     detailed_metric: bool,
     quota_mode: bool,
@@ -289,6 +293,7 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
                             requests_per_unit,
                             unit,
                             burst,
+                            ..
                         } => (
                             false,
                             Some(*requests_per_unit),
@@ -303,6 +308,8 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
                         requests_per_unit: rpu,
                         unit,
                         burst,
+                        max_debt: Some(r.policy.max_debt(limiter.settings().max_debt_bursts))
+                            .filter(|d| *d > 0),
                         shadow_mode: r.shadow_mode,
                         detailed_metric: r.detailed_metric,
                         quota_mode: r.quota_mode,

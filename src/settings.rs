@@ -103,6 +103,12 @@ pub struct ServiceSettings {
     /// year for `YEAR`), so a client that sends arbitrary descriptors with
     /// overrides creates state at its request rate.
     pub ignore_unmatched_overrides: bool,
+    /// Debt bound, in multiples of its burst, of every limited rule that has
+    /// no `max_debt` of its own (`--max-debt-bursts`, default 0: none), for
+    /// configs that cannot carry the key (pushed over xDS, or from the Go
+    /// service's environment). With 1, a rule of burst 1000 may go 1000
+    /// tokens below zero. See docs/design.md, "Debt".
+    pub max_debt_bursts: u32,
 }
 
 impl Default for ServiceSettings {
@@ -120,6 +126,7 @@ impl Default for ServiceSettings {
             global_quota_mode: false,
             response_dynamic_metadata: false,
             ignore_unmatched_overrides: false,
+            max_debt_bursts: 0,
         }
     }
 }

@@ -140,6 +140,35 @@ async fn metrics_render_prometheus_text_with_config_identity() {
     assert!(text.contains(&format!("# TYPE {} counter", m::TOTAL_HITS)));
 }
 
+/// `/rlconfig` shows the debt bound in force: a rule's own `max_debt`, the
+/// service-wide multiple of the burst for a rule without one, none for
+/// `max_debt: 0`.
+#[tokio::test]
+async fn rlconfig_shows_the_debt_bound_in_force() {
+    let yaml = "domain: llm\ndescriptors:\n  - key: own\n    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 500}\n  - key: wide\n    rate_limit: {unit: hour, requests_per_unit: 10, burst: 20}\n  - key: off\n    rate_limit: {unit: hour, requests_per_unit: 10, max_debt: 0}\n";
+    let settings = bucket_rls::settings::ServiceSettings {
+        max_debt_bursts: 3,
+        ..bucket_rls::settings::ServiceSettings::default()
+    };
+    let l = Arc::new(Limiter::new(
+        common::config(&[("llm.yaml", yaml)]),
+        memory(),
+        settings,
+    ));
+    let (_, _, body) = call(&l, "GET", "/rlconfig", "").await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let rules = v["domains"][0]["rules"].as_array().unwrap();
+    let debt = |p: &str| {
+        rules
+            .iter()
+            .find(|r| r["path"] == p)
+            .map(|r| r.get("max_debt").cloned())
+    };
+    assert_eq!(debt("llm.own"), Some(Some(json!(500))));
+    assert_eq!(debt("llm.wide"), Some(Some(json!(60))));
+    assert_eq!(debt("llm.off"), Some(None));
+}
+
 #[tokio::test]
 async fn rlconfig_lists_domains_rules_hash_and_last_error() {
     let l = common::limiter(YAML, memory(), "r:");

@@ -5,7 +5,9 @@
 //! never leak between tests.
 //!
 //! The upstream answers `200 ok`; with `nowork` in the query it also sends
-//! `x-ratelimit-refund: 1`, the signal of the refund recipe.
+//! `x-ratelimit-refund: 1`, the signal of the refund recipe, and with
+//! `tokens=N` it reports `x-tokens-used: N`, as an LLM upstream reports the
+//! tokens a response used (the token budget recipe).
 
 mod common;
 
@@ -40,7 +42,8 @@ fn edge_config() -> String {
     std::fs::read_to_string(example("ratelimit/edge.yaml")).expect("read ratelimit/edge.yaml")
 }
 
-/// A test upstream: counts requests; `nowork` in the query asks for a refund.
+/// A test upstream: counts requests; `nowork` in the query asks for a
+/// refund; `tokens=N` reports N tokens used.
 async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
     let hits = Arc::new(AtomicU64::new(0));
     let counter = hits.clone();
@@ -54,6 +57,12 @@ async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
                     "x-ratelimit-refund",
                     axum::http::HeaderValue::from_static("1"),
                 );
+            }
+            let tokens = uri
+                .query()
+                .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("tokens=")));
+            if let Some(v) = tokens.and_then(|t| axum::http::HeaderValue::from_str(t).ok()) {
+                headers.insert("x-tokens-used", v);
             }
             (headers, "ok\n")
         }
@@ -382,6 +391,65 @@ async fn refund_on_stream_done_returns_the_token() {
         429
     );
     assert_eq!(s.hits(), 11);
+}
+
+/// The token budget recipe of `/v1/chat/` (1000 tokens per hour per key,
+/// `max_debt: 1000`): requests pass while the key has budget left, each
+/// charged after the response with the tokens the upstream reported; the
+/// response that overdraws is still charged, and the next request is 429
+/// with `retry-after` the real time to repay; another key is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_budget_charged_after_the_response_goes_into_debt() {
+    let s = Stack::start(&edge_config(), |_| {}).await;
+    let alice = ("x-api-key", "alice");
+    // Charges land when the stream is done, after the client has its
+    // response: wait until the budget shows them.
+    let remaining_is = |want: u64| {
+        let s = &s;
+        async move {
+            common::eventually::eventually(
+                Duration::from_secs(10),
+                "the charge landed",
+                || async {
+                    let r = s.get("/v1/chat/ask", &[alice]).await;
+                    (r.status == 200 && r.num("x-ratelimit-remaining") == want).then_some(())
+                },
+            )
+            .await;
+        }
+    };
+    for (tokens, left) in [(400, 600), (400, 200)] {
+        let r = s
+            .get(&format!("/v1/chat/ask?tokens={tokens}"), &[alice])
+            .await;
+        assert_eq!(r.status, 200);
+        remaining_is(left).await;
+    }
+    // 200 left: let in, and its 400 tokens are charged anyway (-200).
+    let r = s.get("/v1/chat/ask?tokens=400", &[alice]).await;
+    assert_eq!(r.status, 200);
+    // Probes report no tokens, so one let in before the charge lands costs
+    // nothing.
+    let (r, _) = common::eventually::eventually(Duration::from_secs(10), "in debt", || async {
+        let r = s.get("/v1/chat/ask", &[alice]).await;
+        (r.status == 429).then_some(r)
+    })
+    .await;
+    // ceil(201 * 3.6 s) = 724 s, less the (sub-second) time since the charge.
+    let wait = r.num("retry-after");
+    assert!((723..=724).contains(&wait), "retry-after {wait}");
+    assert_eq!(r.num("x-ratelimit-remaining"), 0);
+    // The 429 was not charged: the wait is the same a moment later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = s.get("/v1/chat/ask?tokens=400", &[alice]).await;
+    assert_eq!(again.status, 429);
+    assert!((723..=724).contains(&again.num("retry-after")));
+    // Another key has its whole budget.
+    let bob = s.get("/v1/chat/ask", &[("x-api-key", "bob")]).await;
+    assert_eq!((bob.status, bob.num("x-ratelimit-remaining")), (200, 1000));
+    // Three requests reached the upstream with a cost, plus the probes;
+    // none after the 429s.
+    assert!(s.hits() >= 3);
 }
 
 /// `failure_mode_deny: false` (the example): with bucket-rls gone, requests

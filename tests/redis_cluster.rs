@@ -348,6 +348,7 @@ async fn lost_slot_range_fails_only_its_requests() {
         requests_per_unit: 100,
         unit_secs: std::num::NonZeroU64::new(3600).expect("an hour"),
         burst: 100,
+        max_debt: 0,
     };
     let charge = |v: &str| Charge {
         key: bucket(&prefix, "c", "route", v),
@@ -653,6 +654,7 @@ async fn ambiguous_timeout_is_not_replayed() {
         requests_per_unit: 10,
         unit_secs: std::num::NonZeroU64::new(3600).expect("an hour"),
         burst: 10,
+        max_debt: 0,
     };
     let charge = Charge {
         key: key.clone(),

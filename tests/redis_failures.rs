@@ -343,6 +343,7 @@ fn charge(key: &str, cost: u64) -> bucket_rls::storage::Charge {
                 requests_per_unit: 10,
                 unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                 burst: 10,
+                max_debt: 0,
             },
             cost,
             kind: bucket_rls::storage::ChargeKind::Consume,

@@ -34,10 +34,16 @@ fn limit() -> impl Strategy<Value = Limit> {
         1 => Just(Some(u32::MAX)),
         2 => (1u32..50).prop_map(Some),
     ];
-    (rate, prop::sample::select(UNITS.to_vec()), burst).prop_map(|(r, u, b)| Limit {
+    let debt = prop_oneof![
+        4 => Just(0u32),
+        3 => 1u32..60,
+        1 => Just(u32::MAX),
+    ];
+    (rate, prop::sample::select(UNITS.to_vec()), burst, debt).prop_map(|(r, u, b, d)| Limit {
         requests_per_unit: r,
         unit_secs: NonZeroU64::new(u).expect("a unit"),
         burst: b.unwrap_or(r),
+        max_debt: if r == 0 { 0 } else { d },
     })
 }
 
@@ -64,7 +70,9 @@ fn step_us() -> impl Strategy<Value = i64> {
     ]
 }
 
-/// One charge: key number, optional own limit (else the key's), cost, refund, shadow.
+/// One charge: key number, optional own limit (else the key's: a charge
+/// with another limit on the same bucket is what a per-request `limit`
+/// override on a rule's bucket would be), cost, refund, shadow.
 type ChargeGen = (usize, Option<Limit>, u64, bool, bool);
 
 fn charge() -> impl Strategy<Value = ChargeGen> {
@@ -254,21 +262,25 @@ fn extremes_match_model() {
         requests_per_unit: u32::MAX,
         unit_secs: NonZeroU64::new(1).expect("a unit"),
         burst: u32::MAX,
+        max_debt: 0,
     };
     let year = Limit {
         requests_per_unit: u32::MAX,
         unit_secs: NonZeroU64::new(31_536_000).expect("a unit"),
         burst: u32::MAX,
+        max_debt: 0,
     };
     let minute = Limit {
         requests_per_unit: u32::MAX,
         unit_secs: NonZeroU64::new(60).expect("a unit"),
         burst: u32::MAX,
+        max_debt: 0,
     };
     let zero = Limit {
         requests_per_unit: 0,
         unit_secs: NonZeroU64::new(60).expect("a unit"),
         burst: 0,
+        max_debt: 0,
     };
     let c = |l: Limit, cost: u64, kind: ChargeKind| ChargeSpec {
         limit: l,
@@ -372,6 +384,7 @@ fn bucket_memory_usage() {
                     requests_per_unit: burst,
                     unit_secs: NonZeroU64::new(60).expect("a unit"),
                     burst,
+                    max_debt: 0,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -408,6 +421,7 @@ fn test_mode_keeps_keys_alive() {
                 requests_per_unit: 6000,
                 unit_secs: NonZeroU64::new(1).expect("a unit"),
                 burst: 6000,
+                max_debt: 0,
             },
             cost: 1,
             kind: ChargeKind::Consume,

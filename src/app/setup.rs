@@ -8,7 +8,7 @@ use crate::config::{Config, ConfigHandle};
 use crate::limiter::Limiter;
 use crate::settings::{Backend, ConfigSource, Settings, SetupError};
 use crate::storage::Storage;
-use crate::storage::clock::SystemClock;
+use crate::storage::clock::MonotonicClock;
 use crate::storage::memory::MemoryStorage;
 use crate::storage::redis::RedisStorage;
 use crate::storage::redis::cluster::RedisClusterStorage;
@@ -217,7 +217,9 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
     let is_redis = backend.redis().is_some();
     let storage: Arc<dyn Storage> = match backend {
         Backend::Memory { max_buckets } => Arc::new(MemoryStorage::with_max_buckets(
-            Arc::new(SystemClock),
+            // Monotonic: a wall-clock step neither mints tokens nor freezes a
+            // bucket (docs/design.md, "Time").
+            Arc::new(MonotonicClock::default()),
             max_buckets,
         )),
         Backend::Redis { url, redis } => {

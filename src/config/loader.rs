@@ -39,6 +39,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
     "requests_per_unit",
     "burst",
+    "max_debt",
     "name",
     "unlimited",
     "replaces",
@@ -485,7 +486,11 @@ fn compile_rate_limit(
     };
     let unlimited = cx.boolean(rl.unlimited.as_ref(), path, "unlimited");
     if unlimited {
-        for (field, given) in [("unit", rl.unit.is_some()), ("burst", rl.burst.is_some())] {
+        for (field, given) in [
+            ("unit", rl.unit.is_some()),
+            ("burst", rl.burst.is_some()),
+            ("max_debt", rl.max_debt.is_some()),
+        ] {
             if given {
                 cx.err(
                     rl.line,
@@ -548,14 +553,33 @@ fn compile_rate_limit(
             b
         }
     };
-    match (unit, rpu, burst) {
-        (Some(unit), Some(requests_per_unit), Some(burst)) if cx.errors.len() == errors_before => {
+    // Tokens the balance may go below zero (charges after the response,
+    // docs/design.md, "Debt"); a rule that never refills could never repay.
+    let max_debt = match &rl.max_debt {
+        None => Some(None),
+        Some(t) => {
+            let d = cx.uint(t, path, "max_debt");
+            if d.is_some_and(|d| d > 0) && rpu == Some(0) {
+                cx.err(
+                    t.referenced.line(),
+                    path,
+                    "max_debt must be 0 when requests_per_unit is 0 (a bucket that never refills never repays a debt)",
+                );
+            }
+            d.map(Some)
+        }
+    };
+    match (unit, rpu, burst, max_debt) {
+        (Some(unit), Some(requests_per_unit), Some(burst), Some(max_debt))
+            if cx.errors.len() == errors_before =>
+        {
             let burst = if requests_per_unit == 0 { 0 } else { burst };
             Some((
                 Policy::Limited {
                     requests_per_unit,
                     unit,
                     burst,
+                    max_debt,
                 },
                 name,
             ))

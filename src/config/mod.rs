@@ -122,9 +122,35 @@ pub enum Policy {
         unit: Unit,
         /// `C` in tokens (default `R`); never 0 when `R > 0`.
         burst: u32,
+        /// `D` in tokens, when the rule gives `max_debt` (never above 0 when
+        /// `R = 0`): how far below zero the balance may go, see
+        /// [`Limit::max_debt`](crate::storage::Limit::max_debt). `None` takes
+        /// the service-wide bound ([`Policy::max_debt`]); `Some(0)` refuses it.
+        max_debt: Option<u32>,
     },
     /// Always OK, never touches storage.
     Unlimited,
+}
+
+impl Policy {
+    /// The debt bound in tokens a limited policy is evaluated with: its own
+    /// `max_debt` when it gives one (0 included), else `max_debt_bursts`
+    /// times its burst (the service-wide setting, saturating at
+    /// `u32::MAX`); 0 for a rate of 0 and for `Unlimited`.
+    #[must_use]
+    pub fn max_debt(&self, max_debt_bursts: u32) -> u32 {
+        match *self {
+            Self::Limited {
+                requests_per_unit,
+                burst,
+                max_debt,
+                ..
+            } if requests_per_unit > 0 => {
+                max_debt.unwrap_or_else(|| burst.saturating_mul(max_debt_bursts))
+            }
+            _ => 0,
+        }
+    }
 }
 
 /// A compiled rule: a node of the descriptor tree that carries a `rate_limit`.
@@ -238,20 +264,21 @@ impl Config {
     /// full from empty of any rule here, in microseconds, capped at
     /// [`MAX_HOLD_US`]; see `Storage::hold_existing`.
     #[must_use]
-    pub fn loosened_hold_us(&self, old: &Config) -> Option<u64> {
-        self.loosened(old).map(|(hold, _)| hold)
+    pub fn loosened_hold_us(&self, old: &Config, max_debt_bursts: u32) -> Option<u64> {
+        self.loosened(old, max_debt_bursts).map(|(hold, _)| hold)
     }
 
     /// [`Self::loosened_hold_us`], with what changed: one line per rule that
     /// got slower or larger (`edge.user: 10/minute burst 10 -> 20/minute
     /// burst 40`), sorted, at most 10.
     #[must_use]
-    pub fn loosened(&self, old: &Config) -> Option<(u64, Vec<String>)> {
+    pub fn loosened(&self, old: &Config, max_debt_bursts: u32) -> Option<(u64, Vec<String>)> {
         let limited = |p: &Policy| match *p {
             Policy::Limited {
                 requests_per_unit,
                 unit,
                 burst,
+                ..
             } if requests_per_unit > 0 => Some((requests_per_unit, unit.secs_nonzero(), burst)),
             _ => None,
         };
@@ -263,12 +290,22 @@ impl Config {
                 let Some((rpu, secs, burst)) = limited(&r.policy) else {
                     continue;
                 };
+                // The emptiest a bucket can be: at its debt bound (the
+                // larger of the old and the new one).
+                let debt = r.policy.max_debt(max_debt_bursts).max(
+                    before
+                        .and_then(|b| b.rules.iter().find(|o| o.path == r.path))
+                        .map_or(0, |o| o.policy.max_debt(max_debt_bursts)),
+                );
                 let empty = crate::storage::Limit {
                     requests_per_unit: rpu,
                     unit_secs: secs,
                     burst,
+                    max_debt: debt,
                 };
-                hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, 0));
+                let floor =
+                    -i64::from(debt) * i64::try_from(crate::storage::bucket::MICRO).unwrap_or(0);
+                hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, floor));
                 let prev_rule = before.and_then(|b| b.rules.iter().find(|o| o.path == r.path));
                 let prev = prev_rule.and_then(|o| limited(&o.policy));
                 if let (Some(o), Some((o_rpu, o_secs, o_burst))) = (prev_rule, prev) {
@@ -281,6 +318,7 @@ impl Config {
                                 requests_per_unit,
                                 unit,
                                 burst,
+                                ..
                             } => format!("{requests_per_unit}/{} burst {burst}", unit.as_str()),
                             Policy::Unlimited => "unlimited".into(),
                         };
@@ -500,18 +538,18 @@ mod tests {
         let old = config("{unit: minute, requests_per_unit: 10}");
         // Faster, same burst: buckets fill sooner, nothing to hold.
         assert_eq!(
-            config("{unit: minute, requests_per_unit: 20, burst: 10}").loosened(&old),
+            config("{unit: minute, requests_per_unit: 20, burst: 10}").loosened(&old, 0),
             None
         );
         // Faster but a larger burst: a drained bucket is further from full.
         let (hold_us, rules) = config("{unit: minute, requests_per_unit: 20, burst: 40}")
-            .loosened(&old)
+            .loosened(&old, 0)
             .unwrap();
         assert_eq!(rules, ["e.user: 10/minute burst 10 -> 20/minute burst 40"]);
         assert_eq!(hold_us, 120_000_000, "40 tokens at 20 per minute");
         // Slower.
         let (_, rules) = config("{unit: hour, requests_per_unit: 10}")
-            .loosened(&old)
+            .loosened(&old, 0)
             .unwrap();
         assert_eq!(rules, ["e.user: 10/minute burst 10 -> 10/hour burst 10"]);
     }

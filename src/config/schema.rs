@@ -46,8 +46,10 @@ pub struct RawDescriptor {
     /// Line of a `value:` written as null (`~`, `null` or nothing), which is
     /// an error: it would silently turn an exact rule into a key-only one.
     pub null_value_line: Option<u32>,
-    /// `rate_limit:`
-    pub rate_limit: Option<RawRateLimit>,
+    /// `rate_limit:` (boxed: descriptors nest, and a block held inline in
+    /// every level's frame would make a file nested to the parser's depth
+    /// limit overflow a 2 MiB stack in debug builds).
+    pub rate_limit: Option<Box<RawRateLimit>>,
     /// `replaces:` written at descriptor level (also accepted inside `rate_limit`).
     pub replaces: Option<Vec<RawReplace>>,
     /// `shadow_mode:`
@@ -80,6 +82,8 @@ pub struct RawRateLimit {
     pub requests_per_unit: Option<Text>,
     /// `burst:`
     pub burst: Option<Text>,
+    /// `max_debt:`
+    pub max_debt: Option<Text>,
     /// `name:`
     pub name: Option<Text>,
     /// `unlimited:`
@@ -225,6 +229,7 @@ map_visitor!(
             "unit" => out.unit = map.next_value()?,
             "requests_per_unit" => out.requests_per_unit = map.next_value()?,
             "burst" => out.burst = map.next_value()?,
+            "max_debt" => out.max_debt = map.next_value()?,
             "name" => out.name = map.next_value()?,
             "unlimited" => out.unlimited = map.next_value()?,
             "replaces" => {

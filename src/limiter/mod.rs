@@ -126,6 +126,7 @@ impl Limiter {
         after_swap(
             &*self.storage,
             &self.settings.key_prefix,
+            self.settings.max_debt_bursts,
             &old,
             &self.config(),
         );
@@ -139,7 +140,8 @@ impl Limiter {
     pub fn on_swap(&self) -> OnSwap {
         let storage = self.storage.clone();
         let prefix = self.settings.key_prefix.clone();
-        Arc::new(move |old: &Config, new: &Config| after_swap(&*storage, &prefix, old, new))
+        let debt = self.settings.max_debt_bursts;
+        Arc::new(move |old: &Config, new: &Config| after_swap(&*storage, &prefix, debt, old, new))
     }
 
     /// The storage backend.
@@ -164,6 +166,7 @@ impl Limiter {
                     requests_per_unit: 1_000,
                     unit_secs: std::num::NonZeroU64::MIN,
                     burst: 1_000,
+                    max_debt: 0,
                 },
                 cost: 1,
                 kind: ChargeKind::Consume,
@@ -314,8 +317,15 @@ impl Limiter {
         // Each round drops the quota charges that lacked tokens in the
         // previous one, so there are at most as many rounds as quota charges
         // (a concurrent request can spend a quota between two rounds).
+        // A debt charge was taken by the first call, denied or not: it is
+        // not sent again (docs/design.md, "Debt").
+        let debt_taken = |i: usize| {
+            charges[i].spec.kind == ChargeKind::Consume
+                && charges[i].spec.cost > 0
+                && charges[i].spec.limit.debt_micro() > 0
+        };
         let mut dropped: Vec<bool> = (0..charges.len())
-            .map(|i| is_quota_consume(i) && lacks(i))
+            .map(|i| (is_quota_consume(i) && lacks(i)) || debt_taken(i))
             .collect();
         let mut merged = first;
         loop {
@@ -460,10 +470,16 @@ impl Limiter {
     }
 }
 
-fn after_swap(storage: &dyn Storage, key_prefix: &str, old: &Config, new: &Config) {
+fn after_swap(
+    storage: &dyn Storage,
+    key_prefix: &str,
+    max_debt_bursts: u32,
+    old: &Config,
+    new: &Config,
+) {
     storage.invalidate_local_cache();
     warn_value_labels(new);
-    if let Some((hold_us, changed)) = new.loosened(old) {
+    if let Some((hold_us, changed)) = new.loosened(old, max_debt_bursts) {
         tracing::info!(
             hold_secs = hold_us / 1_000_000,
             rules = ?changed,

@@ -81,7 +81,7 @@ pub(super) fn plan(
             plans.push(Plan::NoLimit);
             continue;
         }
-        let (limit, current, shadow, quota, metadata) = match (rule, &d.limit) {
+        let (limit, current, shadow, quota, metadata, own_bucket) = match (rule, &d.limit) {
             (None, Some(_)) if settings.ignore_unmatched_overrides => {
                 plans.push(Plan::NoLimit);
                 continue;
@@ -96,6 +96,14 @@ pub(super) fn plan(
                     requests_per_unit: o.requests_per_unit,
                     unit_secs: unit.secs_nonzero(),
                     burst: o.requests_per_unit,
+                    // An override's burst is its rate; only the service-wide
+                    // debt bound applies (a rule's `max_debt` is in the
+                    // rule's tokens).
+                    max_debt: if o.requests_per_unit == 0 {
+                        0
+                    } else {
+                        o.requests_per_unit.saturating_mul(settings.max_debt_bursts)
+                    },
                 };
                 let current = CurrentLimit {
                     name: rule.and_then(|r| r.name.clone()).unwrap_or_default(),
@@ -105,7 +113,10 @@ pub(super) fn plan(
                 // As in the Go service, an override carries the rule's name
                 // but not its quota mode or metadata.
                 let shadow = rule.is_some_and(|r| r.shadow_mode);
-                (limit, current, shadow, false, None)
+                // Its own bucket per rate: a bucket refills only at its own
+                // rate, never at an override's (docs/design.md, "Overrides").
+                let own = Some((o.requests_per_unit, unit.secs()));
+                (limit, current, shadow, false, None, own)
             }
             (Some(r), None) => match &r.policy {
                 Policy::Unlimited => {
@@ -116,11 +127,13 @@ pub(super) fn plan(
                     requests_per_unit,
                     unit,
                     burst,
+                    ..
                 } => (
                     Limit {
                         requests_per_unit: *requests_per_unit,
                         unit_secs: unit.secs_nonzero(),
                         burst: *burst,
+                        max_debt: r.policy.max_debt(settings.max_debt_bursts),
                     },
                     CurrentLimit {
                         name: r.name.clone().unwrap_or_default(),
@@ -130,6 +143,7 @@ pub(super) fn plan(
                     r.shadow_mode,
                     r.quota_mode,
                     r.metadata.clone(),
+                    None,
                 ),
             },
             _ => {
@@ -157,7 +171,9 @@ pub(super) fn plan(
             Some(r) => rule_label(r, &domain.name, &d.entries, labels),
             None => format!("{}._override", domain.name),
         };
-        let quota = quota || settings.global_quota_mode;
+        // A debt rule is never a quota: its charge is taken anyway, so it
+        // must deny on its own (docs/design.md, "Debt").
+        let quota = (quota || settings.global_quota_mode) && limit.debt_micro() == 0;
         plans.push(Plan::Limited {
             charge: charges.len(),
             label,
@@ -168,8 +184,12 @@ pub(super) fn plan(
             metadata,
             rule: mt.as_ref().map(|m| m.rule),
         });
+        let mut bucket_key = key::encode(&settings.key_prefix, &domain.name, &entries);
+        if let Some((rpu, unit_secs)) = own_bucket {
+            key::push_override_rate(&mut bucket_key, rpu, unit_secs);
+        }
         charges.push(Charge {
-            key: key::encode(&settings.key_prefix, &domain.name, &entries),
+            key: bucket_key,
             spec: ChargeSpec {
                 limit,
                 cost,

@@ -255,7 +255,9 @@ pub(super) fn respond(
         let limit = &spec.limit;
         let cap = limit.capacity_micro();
         let tokens_micro = r.tokens_micro;
-        let remaining = u32::try_from(tokens_micro / MICRO).unwrap_or(u32::MAX);
+        // 0 while in debt.
+        let remaining =
+            u32::try_from(tokens_micro.max(0).unsigned_abs() / MICRO).unwrap_or(u32::MAX);
         // A u64 `hits_addend` near its maximum would wrap a counter in one
         // or two requests, and Prometheus reads a counter going down as a
         // reset; one request counts at most u32::MAX hits (the reference

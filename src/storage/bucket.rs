@@ -15,6 +15,9 @@ use std::num::NonZeroU64;
 /// Micro-tokens per token.
 pub const MICRO: u64 = 1_000_000;
 
+/// [`MICRO`] as a signed balance (balances go below zero in debt).
+pub const MICRO_I64: i64 = 1_000_000;
+
 /// The limit a bucket is evaluated under; taken from the rule (or a per-request
 /// override) on every call, never stored with the bucket, so a config change
 /// applies at once and never refills a bucket (docs/design.md, "Reloads").
@@ -30,6 +33,12 @@ pub struct Limit {
     pub unit_secs: NonZeroU64,
     /// `C`: capacity in tokens (`burst`, default `R`).
     pub burst: u32,
+    /// `D`: how far below zero a consume may take the balance, in tokens
+    /// (`max_debt`, default 0). On a bucket with `D > 0` a consume is always
+    /// charged, also when the request is denied, and the balance is clamped
+    /// at `-D`; 0 when `R = 0` (such a bucket never refills, so never
+    /// repays).
+    pub max_debt: u32,
 }
 
 impl Limit {
@@ -40,6 +49,16 @@ impl Limit {
             0
         } else {
             u128::from(self.burst) * u128::from(MICRO)
+        }
+    }
+
+    /// The debt bound in micro-tokens (`D`, 0 when `R = 0`).
+    #[must_use]
+    pub fn debt_micro(&self) -> u128 {
+        if self.requests_per_unit == 0 {
+            0
+        } else {
+            u128::from(self.max_debt) * u128::from(MICRO)
         }
     }
 
@@ -65,32 +84,37 @@ impl Limit {
 /// Stored state of one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BucketState {
-    /// Tokens present at `updated_us`, in micro-tokens.
-    pub tokens_micro: u64,
+    /// Balance at `updated_us`, in micro-tokens; below zero only on a bucket
+    /// in debt (`max_debt`), never below `-max_debt`.
+    pub tokens_micro: i64,
     /// Time of the last write, microseconds since the Unix epoch.
     pub updated_us: u64,
 }
 
 impl BucketState {
-    /// Tokens at `now_us` under `limit`: refilled since `updated_us` and capped at
-    /// the capacity. A clock behind `updated_us` refills nothing (a stored
-    /// timestamp never moves backwards).
+    /// Balance at `now_us` under `limit`: refilled since `updated_us` and
+    /// capped at the capacity (negative while in debt). A timestamp after
+    /// `now_us` (a clock stepped back, or another clock) is taken as now: it
+    /// refills nothing, and the next write stores `now_us`, so a clock step
+    /// never freezes a bucket (docs/design.md, "Time").
     #[must_use]
-    pub fn tokens_at(&self, limit: &Limit, now_us: u64) -> u128 {
-        let cap = limit.capacity_micro();
-        let have = u128::from(self.tokens_micro).min(cap);
+    pub fn tokens_at(&self, limit: &Limit, now_us: u64) -> i128 {
+        let cap = i128::try_from(limit.capacity_micro()).unwrap_or(i128::MAX);
+        let have = i128::from(self.tokens_micro).min(cap);
         if have >= cap {
             return cap;
         }
         let elapsed = now_us.saturating_sub(self.updated_us);
-        (have + limit.refill_micro(elapsed)).min(cap)
+        let refill = i128::try_from(limit.refill_micro(elapsed)).unwrap_or(i128::MAX);
+        have.saturating_add(refill).min(cap)
     }
 }
 
 /// What to do with one bucket in a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChargeKind {
-    /// Take `cost` tokens if the whole request is admitted. Cost 0 only checks.
+    /// Take `cost` tokens if the whole request is admitted (always, on a
+    /// bucket with a `max_debt`). Cost 0 only checks.
     Consume,
     /// Give `cost` tokens back (`is_negative_hits`), capped at the capacity.
     Refund,
@@ -126,9 +150,10 @@ impl ChargeSpec {
 pub struct ChargeResult {
     /// The bucket had enough tokens for this charge (always true for refunds).
     pub enough: bool,
-    /// Micro-tokens in the bucket after the request (after charging when the
-    /// request was admitted, unchanged otherwise).
-    pub tokens_micro: u64,
+    /// Balance of the bucket in micro-tokens: after the request when it was
+    /// admitted, before it otherwise (a denied request's debt charges are
+    /// taken but not reported). Negative while in debt.
+    pub tokens_micro: i64,
 }
 
 /// Result for a whole request.
@@ -146,7 +171,17 @@ pub struct RequestResult {
 ///    same bucket add up. A shadow charge that lacks tokens is skipped (not
 ///    charged) and does not deny.
 /// 2. If every non-shadow consume charge had enough tokens, the simulated states
-///    are written (`put`); otherwise nothing is written at all, refunds included.
+///    are written (`put`); otherwise nothing is written, refunds included,
+///    except the consumes on buckets with a `max_debt`.
+///
+/// A consume on a bucket with `max_debt: D > 0` (a *debt charge*) is always
+/// taken, whether it had enough tokens, whether the request is admitted:
+/// the balance goes down by the cost, clamped at `-D` (never raised by the
+/// clamp: a balance already below `-D` after a reload stays where it is).
+/// It lacks tokens, and denies, when the balance before it is below
+/// `max(cost, 1)`, as any consume. In a denied request the debt charges are
+/// applied on their own (in order, from the stored balance), so the other
+/// buckets stay uncharged.
 ///
 /// `slots[i]` is the stored state of charge `i`'s bucket (`None` = full / never
 /// seen); charges on the same bucket must carry the same `bucket` index. `put`
@@ -158,15 +193,22 @@ pub fn apply_request(
     now_us: u64,
     mut put: impl FnMut(usize, BucketState),
 ) -> RequestResult {
-    // Working state per bucket: micro-tokens now (u128, capped), dirty flag.
-    let mut work: Vec<Option<(u128, bool)>> = vec![None; states.len()];
+    let start = |bucket: usize, limit: &Limit| -> i128 {
+        states[bucket].map_or(capacity(limit), |s| s.tokens_at(limit, now_us))
+    };
+    // Per bucket: (balance after every charge, dirty), and (balance after
+    // the debt charges only, dirty) for a denied request.
+    let mut work: Vec<Option<(i128, bool)>> = vec![None; states.len()];
+    let mut debt_only: Vec<Option<(i128, bool)>> = vec![None; states.len()];
+    // Per bucket: the balance read before any charge.
+    let mut read: Vec<i128> = vec![0; states.len()];
     let mut results = Vec::with_capacity(charges.len());
     let mut admitted = true;
     for (bucket, spec) in charges {
-        let cap = spec.limit.capacity_micro();
+        let cap = capacity(&spec.limit);
         let slot = work[*bucket].get_or_insert_with(|| {
-            let t = states[*bucket].map_or(cap, |s| s.tokens_at(&spec.limit, now_us));
-            (t, false)
+            read[*bucket] = start(*bucket, &spec.limit);
+            (read[*bucket], false)
         });
         // A later charge on the same bucket may carry another limit; cap again.
         if slot.0 > cap {
@@ -174,8 +216,8 @@ pub fn apply_request(
         }
         match spec.kind {
             ChargeKind::Refund => {
-                let add = u128::from(spec.cost) * u128::from(MICRO);
-                let new = (slot.0 + add).min(cap);
+                let add = i128::from(spec.cost) * i128::from(MICRO);
+                let new = slot.0.saturating_add(add).min(cap);
                 if new != slot.0 {
                     slot.0 = new;
                     slot.1 = true;
@@ -186,9 +228,20 @@ pub fn apply_request(
                 });
             }
             ChargeKind::Consume => {
-                let enough = slot.0 >= spec.need_micro();
-                if enough && spec.cost > 0 {
-                    slot.0 -= u128::from(spec.cost) * u128::from(MICRO);
+                let need = i128::try_from(spec.need_micro()).unwrap_or(i128::MAX);
+                let enough = slot.0 >= need;
+                let debt = i128::try_from(spec.limit.debt_micro()).unwrap_or(0);
+                if debt > 0 {
+                    if spec.cost > 0 {
+                        slot.0 = charge_debt(slot.0, spec.cost, debt);
+                        slot.1 = true;
+                        let d = debt_only[*bucket]
+                            .get_or_insert_with(|| (start(*bucket, &spec.limit), false));
+                        d.0 = charge_debt(d.0.min(cap), spec.cost, debt);
+                        d.1 = true;
+                    }
+                } else if enough && spec.cost > 0 {
+                    slot.0 -= i128::from(spec.cost) * i128::from(MICRO);
                     slot.1 = true;
                 }
                 if !enough && !spec.shadow {
@@ -201,28 +254,36 @@ pub fn apply_request(
             }
         }
     }
+    let written = if admitted { &work } else { &debt_only };
+    for (i, w) in written.iter().enumerate() {
+        // Every write stores now. A bucket stamped after now (a clock
+        // stepped back) that nothing else writes is written as it is,
+        // stamped now, admitted or not: otherwise every later call would
+        // read "no time elapsed" until the clock caught up (a freeze).
+        let t = match w {
+            Some((t, true)) => *t,
+            _ => match states[i] {
+                Some(s) if s.updated_us > now_us => read[i],
+                _ => continue,
+            },
+        };
+        put(
+            i,
+            BucketState {
+                tokens_micro: to_i64(t),
+                updated_us: now_us,
+            },
+        );
+    }
     if admitted {
-        for (i, w) in work.iter().enumerate() {
-            if let Some((t, true)) = w {
-                put(
-                    i,
-                    BucketState {
-                        tokens_micro: to_u64(*t),
-                        updated_us: now_us.max(states[i].map_or(0, |s| s.updated_us)),
-                    },
-                );
-            }
-        }
         // Report tokens after the whole request.
         for ((bucket, _), r) in charges.iter().zip(results.iter_mut()) {
-            r.tokens_micro = to_u64(work[*bucket].map_or(0, |w| w.0));
+            r.tokens_micro = to_i64(work[*bucket].map_or(0, |w| w.0));
         }
     } else {
-        // Nothing charged: report tokens as they are now.
+        // Report tokens as they were before the request.
         for ((bucket, spec), r) in charges.iter().zip(results.iter_mut()) {
-            let cap = spec.limit.capacity_micro();
-            let t = states[*bucket].map_or(cap, |s| s.tokens_at(&spec.limit, now_us));
-            r.tokens_micro = to_u64(t.min(cap));
+            r.tokens_micro = to_i64(start(*bucket, &spec.limit).min(capacity(&spec.limit)));
         }
     }
     RequestResult {
@@ -231,20 +292,34 @@ pub fn apply_request(
     }
 }
 
-fn to_u64(v: u128) -> u64 {
-    u64::try_from(v).unwrap_or(u64::MAX)
+/// The capacity of `limit` in micro-tokens, signed.
+fn capacity(limit: &Limit) -> i128 {
+    i128::try_from(limit.capacity_micro()).unwrap_or(i128::MAX)
 }
 
-/// Microseconds until a bucket holding `tokens_micro` is full under `limit`
-/// (0 when already full, and always 0 when `R = 0`: capacity 0 is always full).
+/// `balance` after a debt charge of `cost` tokens on a bucket whose debt
+/// bound is `debt` micro-tokens: down by the cost, clamped at `-debt`, and
+/// never raised by the clamp.
+fn charge_debt(balance: i128, cost: u64, debt: i128) -> i128 {
+    let after = balance.saturating_sub(i128::from(cost) * i128::from(MICRO));
+    after.max((-debt).min(balance))
+}
+
+fn to_i64(v: i128) -> i64 {
+    i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// Microseconds until a bucket holding `tokens_micro` (negative in debt) is
+/// full under `limit` (0 when already full, and always 0 when `R = 0`:
+/// capacity 0 is always full).
 #[must_use]
-pub fn time_to_full_us(limit: &Limit, tokens_micro: u64) -> u128 {
-    let cap = limit.capacity_micro();
-    let deficit = cap.saturating_sub(u128::from(tokens_micro));
-    if deficit == 0 {
+pub fn time_to_full_us(limit: &Limit, tokens_micro: i64) -> u128 {
+    let cap = capacity(limit);
+    let deficit = cap - i128::from(tokens_micro).min(cap);
+    if deficit <= 0 {
         return 0;
     }
-    limit.wait_us(deficit).unwrap_or(0)
+    limit.wait_us(deficit.unsigned_abs()).unwrap_or(0)
 }
 
 /// Whole seconds, rounded up, for a wait in microseconds (docs/design.md, "Durations": Envoy reads
@@ -277,20 +352,22 @@ pub fn request_needs(charges: &[super::Charge]) -> Vec<u128> {
         .collect()
 }
 
-/// Microseconds until a bucket holding `tokens_micro` has `need_micro`
-/// under `limit`, at least 1 (a denial never says "now"): the unit's length
-/// when `R = 0` (nothing ever refills), the time to full when `need_micro`
-/// is more than the capacity (the most that can ever be there).
+/// Microseconds until a bucket holding `tokens_micro` (negative in debt)
+/// has `need_micro` under `limit`, at least 1 (a denial never says "now"):
+/// the unit's length when `R = 0` (nothing ever refills), the time to full
+/// when `need_micro` is more than the capacity (the most that can ever be
+/// there). In debt this is the real time to repay: for 1000 per hour, a
+/// balance of -200 tokens needs 201 tokens for a check, 723.6 s.
 #[must_use]
-pub fn wait_until_fits_us(limit: &Limit, tokens_micro: u64, need_micro: u128) -> u128 {
+pub fn wait_until_fits_us(limit: &Limit, tokens_micro: i64, need_micro: u128) -> u128 {
     let wait = if limit.requests_per_unit == 0 {
         u128::from(limit.unit_secs.get()) * 1_000_000
     } else if need_micro > limit.capacity_micro() {
         time_to_full_us(limit, tokens_micro)
     } else {
-        limit
-            .wait_us(need_micro - u128::from(tokens_micro).min(need_micro))
-            .unwrap_or(0)
+        let need = i128::try_from(need_micro).unwrap_or(i128::MAX);
+        let deficit = (need - i128::from(tokens_micro)).max(0);
+        limit.wait_us(deficit.unsigned_abs()).unwrap_or(0)
     };
     wait.max(1)
 }
@@ -326,7 +403,7 @@ mod tests {
         let l = lim(10, 1, 10); // 10 tokens/s, capacity 10
         let m = MICRO;
         assert_eq!(wait_until_fits_us(&l, 0, u128::from(m)), 100_000);
-        assert_eq!(wait_until_fits_us(&l, 5 * m, u128::from(m)), 1);
+        assert_eq!(wait_until_fits_us(&l, 5 * MICRO_I64, u128::from(m)), 1);
         // More than the capacity: until full (1 s from empty).
         assert_eq!(wait_until_fits_us(&l, 0, 50 * u128::from(m)), 1_000_000);
         assert_eq!(wait_until_fits_us(&lim(0, 60, 0), 0, 1), 60_000_000);
@@ -337,6 +414,7 @@ mod tests {
             requests_per_unit: r,
             unit_secs: NonZeroU64::new(u).expect("a unit of at least 1 s"),
             burst: c,
+            max_debt: 0,
         }
     }
 
@@ -360,11 +438,11 @@ mod tests {
         for s in 1..=10u64 {
             let t = st.tokens_at(&l, s * 1_000_000);
             st = BucketState {
-                tokens_micro: to_u64(t),
+                tokens_micro: to_i64(t),
                 updated_us: s * 1_000_000,
             };
         }
-        assert_eq!(st.tokens_micro, 3 * MICRO); // capped
+        assert_eq!(st.tokens_micro, 3 * MICRO_I64); // capped
         let mut st = BucketState {
             tokens_micro: 0,
             updated_us: 0,
@@ -373,12 +451,12 @@ mod tests {
         let mut admitted = 0;
         for s in 1..=10u64 {
             let mut t = st.tokens_at(&l, s * 1_000_000);
-            while t >= u128::from(MICRO) {
-                t -= u128::from(MICRO);
+            while t >= i128::from(MICRO) {
+                t -= i128::from(MICRO);
                 admitted += 1;
             }
             st = BucketState {
-                tokens_micro: to_u64(t),
+                tokens_micro: to_i64(t),
                 updated_us: s * 1_000_000,
             };
         }
@@ -392,7 +470,7 @@ mod tests {
             tokens_micro: 0,
             updated_us: 0,
         };
-        assert_eq!(st.tokens_at(&l, u64::MAX), l.capacity_micro());
+        assert_eq!(st.tokens_at(&l, u64::MAX), capacity(&l));
         let s = ChargeSpec {
             limit: l,
             cost: u64::MAX,
@@ -419,14 +497,14 @@ mod tests {
             r.charges[0],
             ChargeResult {
                 enough: true,
-                tokens_micro: 10 * MICRO
+                tokens_micro: 10 * MICRO_I64
             }
         );
         assert_eq!(
             r.charges[1],
             ChargeResult {
                 enough: false,
-                tokens_micro: MICRO
+                tokens_micro: MICRO_I64
             }
         );
     }
@@ -460,15 +538,33 @@ mod tests {
         assert_eq!(r.charges[0].tokens_micro, 0);
     }
 
+    /// A stored timestamp in the future (the clock stepped back) is taken
+    /// as now: the bucket refills from now on instead of freezing until the
+    /// clock catches up, and the next write stores now.
     #[test]
-    fn timestamp_never_moves_back() {
+    fn a_timestamp_in_the_future_is_taken_as_now() {
         let l = lim(10, 1, 10);
+        // Drained at 3601 s; the clock then stepped back one hour.
         let st = BucketState {
             tokens_micro: 0,
-            updated_us: 5_000_000,
+            updated_us: 3_601_000_000,
         };
         assert_eq!(st.tokens_at(&l, 1_000_000), 0);
         let mut wrote = None;
+        let r = apply_request(&[(0, spec(l, 0))], &[Some(st)], 1_000_000, |_, s| {
+            wrote = Some(s)
+        });
+        assert!(!r.admitted, "nothing refilled yet");
+        // Even a denial rewrites the future timestamp as now.
+        assert_eq!(
+            wrote,
+            Some(BucketState {
+                tokens_micro: 0,
+                updated_us: 1_000_000
+            })
+        );
+        wrote = None;
+        // A refund (any write) stores now, not the future timestamp.
         let refund = ChargeSpec {
             limit: l,
             cost: 1,
@@ -478,7 +574,65 @@ mod tests {
         apply_request(&[(0, refund)], &[Some(st)], 1_000_000, |_, s| {
             wrote = Some(s)
         });
-        assert_eq!(wrote.map(|s| s.updated_us), Some(5_000_000));
+        let written = wrote.expect("a refund writes");
+        assert_eq!(written.updated_us, 1_000_000);
+        // One second later the bucket has refilled: it is not frozen.
+        assert_eq!(written.tokens_at(&l, 2_000_000), 10 * i128::from(MICRO));
+    }
+
+    /// With a debt bound the charge is always taken, clamped at `-D`, and
+    /// the status comes from the balance before it.
+    #[test]
+    fn debt_charges_are_always_taken_and_clamped() {
+        let mut l = lim(1000, 3600, 1000);
+        l.max_debt = 500;
+        let m = MICRO_I64;
+        let st = |t: i64| BucketState {
+            tokens_micro: t * m,
+            updated_us: 0,
+        };
+        // 10 tokens left, a cost of 210: not enough, taken anyway.
+        let mut wrote = None;
+        let r = apply_request(&[(0, spec(l, 210))], &[Some(st(10))], 0, |_, s| {
+            wrote = Some(s)
+        });
+        assert!(!r.admitted);
+        assert_eq!(r.charges[0].tokens_micro, 10 * m, "reported before");
+        assert_eq!(wrote.map(|s| s.tokens_micro), Some(-200 * m));
+        // At -200 a check waits ceil(201 * 3.6 s) = 724 s.
+        let wait = wait_until_fits_us(&l, -200 * m, u128::from(MICRO));
+        assert_eq!(ceil_secs(wait), 724);
+        // Clamped at -500, and never raised by the clamp.
+        apply_request(&[(0, spec(l, 10_000))], &[Some(st(-200))], 0, |_, s| {
+            wrote = Some(s)
+        });
+        assert_eq!(wrote.map(|s| s.tokens_micro), Some(-500 * m));
+        apply_request(&[(0, spec(l, 1))], &[Some(st(-900))], 0, |_, s| {
+            wrote = Some(s)
+        });
+        assert_eq!(wrote.map(|s| s.tokens_micro), Some(-900 * m));
+        // Another denying bucket: the debt charge is taken, the other is not.
+        let normal = spec(lim(1, 3600, 1), 2);
+        let mut puts = Vec::new();
+        let r = apply_request(
+            &[(0, spec(l, 30)), (1, normal)],
+            &[Some(st(100)), None],
+            0,
+            |i, s| puts.push((i, s.tokens_micro)),
+        );
+        assert!(!r.admitted);
+        assert_eq!(puts, vec![(0, 70 * m)]);
+        // A debt charge that denies leaves the other bucket uncharged.
+        let mut puts = Vec::new();
+        let r = apply_request(
+            &[(0, spec(l, 1)), (1, spec(lim(5, 3600, 5), 1))],
+            &[Some(st(-1)), None],
+            0,
+            |i, s| puts.push((i, s.tokens_micro)),
+        );
+        assert!(!r.admitted);
+        assert_eq!(puts, vec![(0, -2 * m)]);
+        assert_eq!(time_to_full_us(&l, -2 * m), 1002 * 3_600_000);
     }
 
     mod props {
@@ -523,11 +677,11 @@ mod tests {
                     let spec = ChargeSpec { limit, cost: s.cost, kind, shadow: false };
                     let mut wrote = None;
                     let res = apply_request(&[(0, spec)], &[state], now, |_, st| wrote = Some(st));
-                    prop_assert!(u128::from(res.charges[0].tokens_micro) <= cap);
+                    prop_assert!(i128::from(res.charges[0].tokens_micro) <= i128::try_from(cap).unwrap_or(0));
                     if !res.admitted {
                         prop_assert!(wrote.is_none());
                         // Honest wait: retrying after it (absent other traffic) is admitted.
-                        let tokens = u128::from(res.charges[0].tokens_micro);
+                        let tokens = u128::try_from(res.charges[0].tokens_micro).unwrap_or(0);
                         let need = spec.need_micro();
                         if need <= cap && r > 0 {
                             let wait = limit.wait_us(need - tokens).unwrap_or(0);

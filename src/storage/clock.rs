@@ -1,5 +1,7 @@
 //! Time source for the memory backend: injected so tests run on a paused clock.
 //! (The Redis backend never uses it: Redis takes time from `TIME`, docs/design.md, "Time".)
+//! The service runs the memory backend on [`MonotonicClock`], so a step of
+//! the wall clock neither mints tokens nor freezes a bucket.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +22,42 @@ impl Clock for SystemClock {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Wall-clock time read once, then moved on by the monotonic clock
+/// ([`std::time::Instant`]): never steps, never goes back. Its readings
+/// drift from the wall clock by whatever the wall clock stepped since the
+/// start, which the memory backend (state lives only in this process) does
+/// not care about.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    anchor_us: u64,
+    start: std::time::Instant,
+}
+
+impl MonotonicClock {
+    /// A monotonic clock reading `anchor_us` microseconds now.
+    #[must_use]
+    pub fn starting_at(anchor_us: u64) -> Self {
+        Self {
+            anchor_us,
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    /// Anchored at the system clock's reading now.
+    fn default() -> Self {
+        Self::starting_at(SystemClock.now_us())
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_us(&self) -> u64 {
+        let elapsed = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.anchor_us.saturating_add(elapsed)
     }
 }
 
@@ -49,5 +87,36 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_us(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The monotonic clock moves with elapsed real time only: its readings
+    /// never go back and advance by at most the time the test took, however
+    /// the wall clock steps.
+    #[test]
+    fn the_monotonic_clock_follows_elapsed_time_only() {
+        let started = std::time::Instant::now();
+        let c = MonotonicClock::starting_at(1_000_000);
+        let mut last = c.now_us();
+        assert!(last >= 1_000_000);
+        for _ in 0..1000 {
+            let t = c.now_us();
+            assert!(t >= last, "went back from {last} to {t}");
+            last = t;
+        }
+        let bound = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        assert!(
+            last - 1_000_000 <= bound,
+            "{} us in {bound} us",
+            last - 1_000_000
+        );
+        assert!(
+            MonotonicClock::default().now_us() > 1_600_000_000_000_000,
+            "anchored at the wall clock"
+        );
     }
 }

@@ -87,6 +87,17 @@ pub fn encode(prefix: &str, domain: &str, entries: &[(&str, KeyValue<'_>)]) -> S
     out
 }
 
+/// Makes `key` (from [`encode`]) the bucket of a per-request `limit`
+/// override of `requests_per_unit` per `unit_secs`: appends
+/// `!<requests_per_unit>/<unit_secs>`. The encoded entries end in a
+/// length-prefixed value or a fixed-length digest, so the suffix cannot be
+/// confused with them. Each override rate has its own bucket, apart from the
+/// rule's (docs/design.md, "Overrides"): a bucket refilled at another rate
+/// than its own would mint tokens.
+pub fn push_override_rate(key: &mut String, requests_per_unit: u32, unit_secs: u64) {
+    let _ = write!(key, "!{requests_per_unit}/{unit_secs}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

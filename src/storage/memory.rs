@@ -18,7 +18,7 @@
 //! exact limits at that scale.
 
 use super::bucket::{self, BucketState};
-use super::clock::{Clock, SystemClock};
+use super::clock::{Clock, MonotonicClock};
 use super::{Charge, RequestResult, Storage, StorageError, group_by_key};
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
@@ -100,7 +100,7 @@ pub struct MemoryStorage {
 
 impl Default for MemoryStorage {
     fn default() -> Self {
-        Self::new(Arc::new(SystemClock))
+        Self::new(Arc::new(MonotonicClock::default()))
     }
 }
 
@@ -236,7 +236,7 @@ impl Storage for MemoryStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::{ChargeKind, ChargeSpec, Limit, MICRO};
+    use crate::storage::bucket::{ChargeKind, ChargeSpec, Limit, MICRO_I64};
     use crate::storage::clock::ManualClock;
     use std::time::Duration;
 
@@ -248,6 +248,7 @@ mod tests {
                     requests_per_unit: r,
                     unit_secs: std::num::NonZeroU64::new(u).expect("a unit of at least 1 s"),
                     burst: r,
+                    max_debt: 0,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -277,6 +278,7 @@ mod tests {
                     requests_per_unit: 10,
                     unit_secs: std::num::NonZeroU64::new(31_536_000).expect("a year"),
                     burst: 10,
+                    max_debt: 0,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -351,7 +353,7 @@ mod tests {
         assert!(r.admitted);
         assert!(m.is_empty());
         let r = m.apply_sync(&[charge("k", 10, 60, 4)]);
-        assert_eq!(r.charges[0].tokens_micro, 6 * MICRO);
+        assert_eq!(r.charges[0].tokens_micro, 6 * MICRO_I64);
     }
 
     #[test]

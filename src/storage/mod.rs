@@ -218,7 +218,8 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// Evaluates and applies all `charges` of one request atomically, with the
     /// semantics of [`bucket::apply_request`]: charges on the same key add up;
     /// the request is admitted only if every non-shadow consume charge has
-    /// enough tokens; otherwise nothing is written.
+    /// enough tokens; otherwise nothing is written but the consumes on
+    /// buckets with a `max_debt` (always taken, clamped at `-max_debt`).
     ///
     /// # Errors
     /// [`StorageError`] when the backend cannot answer; the caller must not

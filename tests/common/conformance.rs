@@ -760,6 +760,7 @@ pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
                 requests_per_unit: u32::try_from(cap).unwrap_or(u32::MAX),
                 unit_secs: std::num::NonZeroU64::new(unit_secs).expect("a unit"),
                 burst: u32::try_from(cap).unwrap_or(u32::MAX),
+                max_debt: 0,
             };
             let mut model: Option<BucketState> = None;
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (ci as u64 * 31 + unit_secs));
@@ -789,7 +790,7 @@ pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
                 assert_eq!(code == OK, want.admitted, "cap {cap} {unit} step {step}");
                 assert_eq!(
                     u64::from(rem),
-                    want.charges[0].tokens_micro / MICRO * u64::from(want.admitted),
+                    want.charges[0].tokens_micro.unsigned_abs() / MICRO * u64::from(want.admitted),
                     "cap {cap} {unit} step {step}"
                 );
                 assert!(u64::from(rem) <= cap);
@@ -1461,6 +1462,163 @@ pub async fn dynamic_metadata_names_the_rules_with_quota_left(b: &dyn Backend) {
     assert!(plain.call(quota_request()).await.dynamic_metadata.is_none());
 }
 
+/// A token budget charged after the response (`max_debt`): checks pass
+/// while the balance covers one token; a charge above the balance is
+/// answered `OVER_LIMIT` from the balance before it and still taken; the
+/// next check waits the real time to repay (1000 per hour at -200 tokens:
+/// ceil(201 * 3.6 s) = 724 s); a charge is clamped at `-max_debt`; another
+/// user is unaffected; after the reported wait a check passes.
+pub async fn debt_charges_are_taken_and_repaid_in_real_time(b: &dyn Backend) {
+    let c = Case::new(b, "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 500}\n").await;
+    let alice = [("user", "alice")];
+    let call = |cost: u64| c.call(req("llm", vec![desc_hits(&alice, cost)], 0));
+    assert_eq!(st(&call(0).await, 0), (OK, 1000, Some(0)));
+    assert_eq!(st(&call(900).await, 0), (OK, 100, Some(3240)));
+    assert_eq!(st(&call(0).await, 0), (OK, 100, Some(3240)));
+    // 300 above a balance of 100: denied, reported from before, taken.
+    let r = call(300).await;
+    assert_eq!((r.overall_code, st(&r, 0)), (OVER, (OVER, 0, Some(720))));
+    assert_eq!(retry_after(&r).as_deref(), Some("720"));
+    let r = call(0).await;
+    assert_eq!((r.overall_code, st(&r, 0)), (OVER, (OVER, 0, Some(724))));
+    assert_eq!(retry_after(&r).as_deref(), Some("724"));
+    // A huge charge is clamped at -500: (1000 + 200) * 3.6 s until full.
+    assert_eq!(st(&call(10_000).await, 0), (OVER, 0, Some(4320)));
+    let r = call(0).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(1804)), "ceil(501 * 3.6 s)");
+    assert_eq!(retry_after(&r).as_deref(), Some("1804"));
+    let bob = c
+        .call(req("llm", vec![desc_hits(&[("user", "bob")], 0)], 0))
+        .await;
+    assert_eq!(st(&bob, 0), (OK, 1000, Some(0)));
+    // Refill runs at the normal rate in debt: 501.1 tokens in 1804 s.
+    c.advance_ms(1_803_000);
+    assert_eq!(st(&call(0).await, 0).0, OVER);
+    c.advance_ms(1_000);
+    assert_eq!(st(&call(0).await, 0), (OK, 1, Some(3597)));
+}
+
+const DEBT_AND_ROUTES: &str = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 500}\n  - key: route\n    value: chat\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: route\n    value: other\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+
+/// A debt rule is charged in a request another descriptor denies, and a
+/// request its debt rule denies charges no other descriptor.
+pub async fn debt_rules_are_charged_when_denied_and_deny_alone(b: &dyn Backend) {
+    let c = Case::new(b, DEBT_AND_ROUTES).await;
+    let user = |cost: u64| desc_hits(&[("user", "alice")], cost);
+    let route = |v: &str| desc_hits(&[("route", v)], 1);
+    let check = |d: RateLimitDescriptor| c.call(req("llm", vec![d], 0));
+    let r = c.call(req("llm", vec![user(10), route("chat")], 0)).await;
+    assert_eq!(
+        (r.overall_code, cr(&r, 0), cr(&r, 1)),
+        (OK, (OK, 990), (OK, 0))
+    );
+    // The route denies; the debt rule is charged anyway.
+    let r = c.call(req("llm", vec![user(10), route("chat")], 0)).await;
+    assert_eq!(
+        (r.overall_code, cr(&r, 0), cr(&r, 1)),
+        (OVER, (OK, 990), (OVER, 0))
+    );
+    assert_eq!(cr(&check(user(0)).await, 0), (OK, 980));
+    // Into debt: 1500 above 980, clamped at -500.
+    assert_eq!(cr(&check(user(1500)).await, 0), (OVER, 0));
+    // Denied by the debt rule: the other route is not charged.
+    let r = c.call(req("llm", vec![user(10), route("other")], 0)).await;
+    assert_eq!(
+        (r.overall_code, cr(&r, 0), cr(&r, 1)),
+        (OVER, (OVER, 0), (OK, 5))
+    );
+    assert_eq!(cr(&check(route("other")).await, 0), (OK, 4));
+    assert_eq!(st(&check(user(0)).await, 0), (OVER, 0, Some(1804)));
+}
+
+/// A request whose quota descriptors are only partly over is asked again
+/// without the spent quota; its debt charge was taken by the first call
+/// and is not taken again.
+pub async fn a_debt_charge_is_taken_once_when_quotas_ask_again(b: &dyn Backend) {
+    let yaml = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 500}\n  - key: q1\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: q2\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+    let c = Case::new(b, yaml).await;
+    let q = |k: &str| desc_hits(&[(k, "v")], 1);
+    assert_eq!(cr(&c.call(req("llm", vec![q("q1")], 0)).await, 0), (OK, 0));
+    let user = |cost: u64| desc_hits(&[("user", "alice")], cost);
+    let r = c
+        .call(req("llm", vec![user(10), q("q1"), q("q2")], 0))
+        .await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(cr(&r, 2), (OK, 4));
+    let r = c.call(req("llm", vec![user(0)], 0)).await;
+    assert_eq!(cr(&r, 0), (OK, 990), "charged once");
+}
+
+/// The service-wide `max_debt_bursts` gives every rule without its own
+/// `max_debt` a debt bound of that many bursts; `max_debt: 0` opts out;
+/// a rule without a debt bound is unchanged (a charge above the balance
+/// takes nothing).
+pub async fn service_wide_debt_bound_in_bursts(b: &dyn Backend) {
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: off\n    rate_limit: {unit: hour, requests_per_unit: 10, max_debt: 0}\n";
+    let c = Case::with_settings(b, yaml, |s| s.max_debt_bursts = 1).await;
+    let k = |cost: u64| req("d", vec![desc_hits(&[("k", "v")], cost)], 0);
+    assert_eq!(st(&c.call(k(25)).await, 0).0, OVER);
+    // Clamped at -10: 11 tokens at 360 s each.
+    assert_eq!(st(&c.call(k(0)).await, 0), (OVER, 0, Some(3960)));
+    let off = |cost: u64| req("d", vec![desc_hits(&[("off", "v")], cost)], 0);
+    assert_eq!(st(&c.call(off(25)).await, 0).0, OVER);
+    assert_eq!(cr(&c.call(off(0)).await, 0), (OK, 10));
+    let plain = Case::new(b, yaml).await;
+    assert_eq!(st(&plain.call(k(25)).await, 0).0, OVER);
+    assert_eq!(cr(&plain.call(k(0)).await, 0), (OK, 10));
+}
+
+/// A per-request `limit` override never refills the rule's bucket at its
+/// own rate: it has its own bucket per override rate. Rule 1/year, burst
+/// 10, drained; one request overriding to 1,000,000/second on the same
+/// entries; the next plain requests are still denied. The same entries
+/// twice in one request, with and without the override, are two buckets
+/// (on a Redis Cluster in two hash slots, so the override's reservation is
+/// compensated at the override's rate, on its own bucket).
+pub async fn an_override_never_refills_the_rules_bucket(b: &dyn Backend) {
+    let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, burst: 10}\n").await;
+    let kv = [("k", "v")];
+    let fast = || RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 1_000_000,
+            unit: 1, // SECOND
+        }),
+        ..desc(&kv)
+    };
+    for _ in 0..10 {
+        assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OK);
+    }
+    assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OVER);
+    c.advance_ms(1_000);
+    let r = c.call(req("d", vec![fast()], 1)).await;
+    assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, 999_999)));
+    for _ in 0..3 {
+        assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OVER);
+    }
+    let r = c.call(req("d", vec![desc(&kv), fast()], 1)).await;
+    assert_eq!((r.overall_code, cr(&r, 0).0, cr(&r, 1).0), (OVER, OVER, OK));
+    c.advance_ms(1_000);
+    assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OVER);
+    let r = c.call(req("d", vec![fast()], 0)).await;
+    assert_eq!(cr(&r, 0), (OK, 999_999));
+}
+
+/// A clock stepped back (a stored timestamp in the future) neither mints
+/// tokens nor freezes a bucket: the timestamp is taken as now, and the
+/// bucket refills from there at its rate.
+pub async fn a_clock_stepped_back_never_freezes_a_bucket(b: &dyn Backend) {
+    let c = Case::new(b, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10}\n").await;
+    let kv = [("k", "v")];
+    c.advance_ms(3_600_000);
+    assert_eq!(cr(&c.one("d", &kv, 10).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OVER);
+    c.clock.set_us(T0_US);
+    assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OVER, "nothing minted");
+    c.advance_ms(1_000);
+    assert_eq!(cr(&c.one("d", &kv, 10).await, 0), (OK, 0), "not frozen");
+    assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OVER);
+}
+
 /// Generates one `#[tokio::test]` per conformance case for a backend.
 /// `$make` is an async fn returning a value implementing [`Backend`].
 #[macro_export]
@@ -1497,6 +1655,12 @@ macro_rules! conformance_tests {
             quota_refunds_overrides_and_shadow_never_bypass
             global_quota_mode_ignores_refund_descriptors
             quota_waits_and_metadata_come_from_quotas_that_can_pass
+            debt_charges_are_taken_and_repaid_in_real_time
+            debt_rules_are_charged_when_denied_and_deny_alone
+            service_wide_debt_bound_in_bursts
+            a_debt_charge_is_taken_once_when_quotas_ask_again
+            an_override_never_refills_the_rules_bucket
+            a_clock_stepped_back_never_freezes_a_bucket
         );
     };
     (@cases $make:path; $($case:ident)*) => {

@@ -182,10 +182,16 @@ impl Drop for RedisServer {
 
 /// Decodes a stored bucket (`lua/token_bucket.lua`: 7 bytes `updated_us`, then
 /// `tokens_micro`, both big-endian) into `(tokens_micro, updated_us)`.
-pub fn decode_bucket(raw: &[u8]) -> (u64, u64) {
-    assert!((7..=14).contains(&raw.len()), "bad bucket value {raw:?}");
+pub fn decode_bucket(raw: &[u8]) -> (i64, u64) {
+    assert!((7..=15).contains(&raw.len()), "bad bucket value {raw:?}");
     let be = |b: &[u8]| b.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x));
-    (be(&raw[7..]), be(&raw[..7]))
+    let signed = |v: u64| i64::try_from(v).expect("below 2^56");
+    let tokens = match raw.get(7) {
+        // A debt: a 0 byte, then the magnitude.
+        Some(0) => -signed(be(&raw[8..])),
+        _ => signed(be(&raw[7..])),
+    };
+    (tokens, be(&raw[..7]))
 }
 
 /// A TCP proxy in front of a Redis for fault injection: passes bytes through,

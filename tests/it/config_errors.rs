@@ -405,6 +405,58 @@ fn zero_burst_with_positive_rate() {
     assert!(compile_texts(&[("t.yaml".into(), b"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 0, burst: 0}\n".to_vec())]).is_ok());
 }
 
+/// `max_debt` is refused on an `unlimited` rule, as a negative or
+/// non-integer number, and on a rule of rate 0 (it could never repay);
+/// every error names the file, the line and the path.
+#[test]
+fn bad_max_debt_is_refused_with_file_line_and_path() {
+    let rule =
+        |rl: &str| format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      {rl}\n");
+    for (rl, line, needle) in [
+        (
+            "{unlimited: true, max_debt: 10}",
+            "t.yaml:5:",
+            "'max_debt' must not be given with 'unlimited: true'",
+        ),
+        (
+            "{unit: hour, requests_per_unit: 5, max_debt: -1}",
+            "t.yaml:5:",
+            "max_debt: expected an integer from 0 to 4294967295, got '-1'",
+        ),
+        (
+            "{unit: hour, requests_per_unit: 5, max_debt: 2.5}",
+            "t.yaml:5:",
+            "max_debt: expected an integer from 0 to 4294967295, got '2.5'",
+        ),
+        (
+            "{unit: hour, requests_per_unit: 5, max_debt: lots}",
+            "t.yaml:5:",
+            "got 'lots'",
+        ),
+        (
+            "{unit: hour, requests_per_unit: 0, max_debt: 5}",
+            "t.yaml:5:",
+            "max_debt must be 0 when requests_per_unit is 0",
+        ),
+    ] {
+        one_error(
+            "t.yaml",
+            &rule(rl),
+            &[line, "descriptors[0].rate_limit", needle],
+        );
+    }
+    // A debt bound on a limited rule, and 0 on a rule of rate 0, load.
+    for rl in [
+        "{unit: hour, requests_per_unit: 5, max_debt: 1_000}",
+        "{unit: hour, requests_per_unit: 0, max_debt: 0}",
+    ] {
+        assert!(
+            compile_texts(&[("t.yaml".into(), rule(rl).into_bytes())]).is_ok(),
+            "{rl}"
+        );
+    }
+}
+
 #[test]
 fn empty_replaces_name_and_self_replacement() {
     one_error(

@@ -674,7 +674,8 @@ mod tests {
             Policy::Limited {
                 requests_per_unit: 3,
                 unit: Unit::Month,
-                burst: 3
+                burst: 3,
+                max_debt: None
             }
         );
         let wk = d
@@ -687,7 +688,8 @@ mod tests {
             Policy::Limited {
                 requests_per_unit: 7,
                 unit: Unit::Week,
-                burst: 7
+                burst: 7,
+                max_debt: None
             }
         );
         assert_eq!(d.file, "default/policy");
@@ -898,7 +900,8 @@ descriptors:
             Policy::Limited {
                 requests_per_unit: 1,
                 unit: Unit::Week,
-                burst: 1
+                burst: 1,
+                max_debt: None
             }
         );
         // The same resources pushed over xDS hash the same.

@@ -38,7 +38,7 @@ use crate::storage::bucket::{BucketState, ChargeKind, ChargeResult, Limit, Reque
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
     limit: Limit,
-    tokens_micro: u64,
+    tokens_micro: i64,
     /// Microseconds (on the cache's time line) just before the call was sent.
     sent_us: u64,
     /// Microseconds just after the reply was received.
@@ -108,7 +108,11 @@ impl LocalCache {
         }
         let mut out = Vec::with_capacity(charges.len());
         for c in charges {
-            if c.spec.kind != ChargeKind::Consume || c.spec.shadow {
+            // A debt charge is taken even when denied: it must reach Redis.
+            if c.spec.kind != ChargeKind::Consume
+                || c.spec.shadow
+                || (c.spec.cost > 0 && c.spec.limit.debt_micro() > 0)
+            {
                 return None;
             }
             let e = self.map.get(c.key.as_str())?;
@@ -116,7 +120,9 @@ impl LocalCache {
                 self.map.remove(c.key.as_str());
                 return None;
             }
-            if e.limit != c.spec.limit {
+            // A clock stepped back past the entry: Redis decides (it takes
+            // a future timestamp as now; the cache would freeze).
+            if e.limit != c.spec.limit || e.sent_us > now_us {
                 return None;
             }
             let at = |t_us: u64| {
@@ -127,15 +133,16 @@ impl LocalCache {
                 .tokens_at(&e.limit, now_us)
             };
             let most = at(e.sent_us);
-            if most + 1 >= c.spec.need_micro() {
-                if most >= e.limit.capacity_micro() {
+            let need = i128::try_from(c.spec.need_micro()).unwrap_or(i128::MAX);
+            if most + 1 >= need {
+                if most >= i128::try_from(e.limit.capacity_micro()).unwrap_or(i128::MAX) {
                     self.map.remove(c.key.as_str());
                 }
                 return None;
             }
             out.push(ChargeResult {
                 enough: false,
-                tokens_micro: u64::try_from(at(e.received_us)).unwrap_or(u64::MAX),
+                tokens_micro: i64::try_from(at(e.received_us)).unwrap_or(i64::MAX),
             });
         }
         Some(RequestResult {
@@ -171,7 +178,9 @@ impl LocalCache {
         received_us: u64,
     ) {
         for (c, r) in charges.iter().zip(&result.charges) {
-            if c.spec.kind == ChargeKind::Consume && !r.enough {
+            // A denied debt charge was taken after the balance reported.
+            let debt_taken = c.spec.cost > 0 && c.spec.limit.debt_micro() > 0;
+            if c.spec.kind == ChargeKind::Consume && !r.enough && !debt_taken {
                 self.map.insert(
                     c.key.clone(),
                     Entry {
@@ -209,7 +218,7 @@ impl LocalCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::{ChargeSpec, MICRO};
+    use crate::storage::bucket::{ChargeSpec, MICRO_I64};
 
     fn charge(key: &str, cost: u64, shadow: bool) -> Charge {
         Charge {
@@ -219,6 +228,7 @@ mod tests {
                     requests_per_unit: 10,
                     unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                     burst: 10,
+                    max_debt: 0,
                 },
                 cost,
                 kind: ChargeKind::Consume,
@@ -281,7 +291,7 @@ mod tests {
             admitted: true,
             charges: vec![ChargeResult {
                 enough: true,
-                tokens_micro: MICRO,
+                tokens_micro: MICRO_I64,
             }],
         };
         cache.record(std::slice::from_ref(&c), &ok, 1_000_000);
@@ -301,6 +311,7 @@ mod tests {
             requests_per_unit: 1,
             unit_secs: std::num::NonZeroU64::new(86_400).expect("a day"),
             burst: 1,
+            max_debt: 0,
         };
         let denied = RequestResult {
             admitted: false,

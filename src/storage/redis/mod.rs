@@ -468,7 +468,7 @@ pub fn install_crypto_provider() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, Limit, MICRO};
+    use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, Limit, MICRO_I64};
     use crate::storage::clock::ManualClock;
     use std::num::NonZeroU64;
 
@@ -488,6 +488,7 @@ mod tests {
                     requests_per_unit: 10,
                     unit_secs: NonZeroU64::new(60).expect("a minute"),
                     burst: 10,
+                    max_debt: 0,
                 },
                 cost: 1,
                 kind: ChargeKind::Consume,
@@ -515,6 +516,6 @@ mod tests {
             .expect("enabled")
             .lookup(std::slice::from_ref(&charge), sent_us + 900_000)
             .expect("certain");
-        assert_eq!(r.charges[0].tokens_micro, MICRO / 10);
+        assert_eq!(r.charges[0].tokens_micro, MICRO_I64 / 10);
     }
 }

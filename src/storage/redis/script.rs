@@ -150,10 +150,13 @@ impl ScriptCall {
     /// (`None` in production: the script reads Redis `TIME`); with it, keys
     /// live at least [`TEST_MIN_TTL_MS`] (see `ScriptCall::with_min_ttl_ms`, cargo feature `test-util`).
     ///
-    /// Costs are clamped to capacity + 1 token for consumes and to capacity for
-    /// refunds, which changes no outcome (see [`ChargeSpec::need_micro`]) and
-    /// keeps every micro-token amount below 2^53 inside Lua (a capacity is at
-    /// most `u32::MAX` tokens and a unit at least 1 s, by their types).
+    /// Costs are clamped to capacity + `max_debt` + 1 token for consumes and
+    /// to capacity + `u32::MAX` (the deepest debt) for refunds, which changes
+    /// no outcome (see
+    /// [`ChargeSpec::need_micro`]; a debt charge that large is clamped at
+    /// `-max_debt` anyway) and keeps every micro-token amount below 2^53
+    /// inside Lua (a capacity and a debt bound are at most `u32::MAX` tokens
+    /// each and a unit at least 1 s, by their types).
     ///
     /// # Errors
     /// [`StorageError::Backend`] ([`BackendKind::Argument`]) for an explicit
@@ -232,13 +235,25 @@ fn push_charge(args: &mut Vec<String>, key_no: usize, spec: &ChargeSpec) {
     } else {
         u64::from(burst)
     };
+    // The debt bound rides in the flags (`flags / 4`): no extra argument
+    // per charge on the hot path.
+    let debt_tokens = if l.requests_per_unit == 0 {
+        0
+    } else {
+        u64::from(l.max_debt)
+    };
     let (cost, mut flags) = match spec.kind {
-        ChargeKind::Consume => (spec.cost.min(cap_tokens + 1), 0),
-        ChargeKind::Refund => (spec.cost.min(cap_tokens), FLAG_REFUND),
+        ChargeKind::Consume => (spec.cost.min(cap_tokens + debt_tokens + 1), 0),
+        // A balance is never below -u32::MAX tokens (the largest debt bound).
+        ChargeKind::Refund => (
+            spec.cost.min(cap_tokens + u64::from(u32::MAX)),
+            u64::from(FLAG_REFUND),
+        ),
     };
     if spec.shadow {
-        flags |= FLAG_SHADOW;
+        flags |= u64::from(FLAG_SHADOW);
     }
+    flags |= debt_tokens << 2;
     args.push(key_no.to_string());
     args.push(l.requests_per_unit.to_string());
     args.push(l.unit_secs.to_string());
@@ -265,7 +280,7 @@ pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult
         return Err(bad("wrong length"));
     }
     let int = |v: &Value| match v {
-        Value::Int(i) => u64::try_from(*i).map_err(|_| bad("negative integer")),
+        Value::Int(i) => Ok(*i),
         _ => Err(bad("not an integer")),
     };
     let admitted = match int(&items[0])? {
@@ -304,6 +319,7 @@ mod tests {
                     requests_per_unit: 10,
                     unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                     burst: 20,
+                    max_debt: 0,
                 },
                 cost,
                 kind,
@@ -327,7 +343,7 @@ mod tests {
         assert_eq!(call.charges, 3);
         let expect: Vec<&str> = vec![
             "", "", "1", "10", "60", "20", "21", "0", "2", "10", "60", "20", "0", "2", "1", "10",
-            "60", "20", "20", "1",
+            "60", "20", "1000", "1",
         ];
         assert_eq!(call.args, expect);
         assert!(
@@ -342,9 +358,16 @@ mod tests {
         assert!(r.admitted);
         assert_eq!(r.charges[0].tokens_micro, 5);
         assert!(parse_reply(&ok, 2).is_err());
+        // A balance in debt is negative.
+        let debt = parse_reply(
+            &Value::Array(vec![Value::Int(0), Value::Int(0), Value::Int(-5)]),
+            1,
+        )
+        .expect("valid");
+        assert_eq!(debt.charges[0].tokens_micro, -5);
         assert!(
             parse_reply(
-                &Value::Array(vec![Value::Int(1), Value::Int(1), Value::Int(-5)]),
+                &Value::Array(vec![Value::Int(2), Value::Int(1), Value::Int(5)]),
                 1
             )
             .is_err()

@@ -114,7 +114,7 @@ pub(crate) async fn apply_slots<S: SlotCall>(
             async move { slot_call.call(*slot, &part).await }
         });
         let outcomes = futures::future::join_all(calls).await;
-        let mut after: HashMap<&str, u64> = HashMap::new();
+        let mut after: HashMap<&str, i64> = HashMap::new();
         for ((_, idx), outcome) in refund_slots.iter().zip(outcomes) {
             let r = outcome?;
             for (&i, cr) in idx.iter().zip(r.charges) {
@@ -160,14 +160,20 @@ async fn compensate<S: SlotCall>(
             }
         };
         // Micro-tokens this slot's call took from each bucket.
-        let mut taken: HashMap<&str, u128> = HashMap::new();
+        let mut taken: HashMap<&str, i128> = HashMap::new();
         if r.admitted {
             let mut give_back = Vec::new();
             for (&i, cr) in idx.iter().zip(&r.charges) {
                 let c = &charges[i];
-                if c.spec.kind == ChargeKind::Consume && cr.enough && c.spec.cost > 0 {
+                let debt = c.spec.limit.debt_micro() > 0;
+                if c.spec.kind == ChargeKind::Consume && (cr.enough || debt) && c.spec.cost > 0 {
                     *taken.entry(c.key.as_str()).or_default() +=
-                        u128::from(c.spec.cost) * u128::from(MICRO);
+                        i128::from(c.spec.cost) * i128::from(MICRO);
+                    // A debt charge is taken whatever the request's outcome
+                    // (docs/design.md, "Debt"): it is not given back.
+                    if debt {
+                        continue;
+                    }
                     give_back.push(Charge {
                         key: c.key.clone(),
                         spec: ChargeSpec {
@@ -185,11 +191,11 @@ async fn compensate<S: SlotCall>(
         for (&i, cr) in idx.iter().zip(r.charges) {
             let c = &charges[i];
             let before =
-                u128::from(cr.tokens_micro) + taken.get(c.key.as_str()).copied().unwrap_or(0);
+                i128::from(cr.tokens_micro) + taken.get(c.key.as_str()).copied().unwrap_or(0);
+            let cap = i128::try_from(c.spec.limit.capacity_micro()).unwrap_or(i128::MAX);
             results[i] = Some(ChargeResult {
                 enough: cr.enough || c.spec.kind == ChargeKind::Refund,
-                tokens_micro: u64::try_from(before.min(c.spec.limit.capacity_micro()))
-                    .unwrap_or(u64::MAX),
+                tokens_micro: i64::try_from(before.min(cap)).unwrap_or(i64::MAX),
             });
         }
     }
@@ -237,7 +243,7 @@ fn probe(c: &Charge) -> Charge {
 mod tests {
     use super::*;
     use crate::storage::BackendKind;
-    use crate::storage::bucket::Limit;
+    use crate::storage::bucket::{Limit, MICRO_I64};
     use crate::storage::clock::ManualClock;
     use crate::storage::memory::MemoryStorage;
     use crate::storage::redis::cluster::slot::key_slot;
@@ -287,7 +293,7 @@ mod tests {
 
         /// Micro-tokens in `key`'s bucket now, read by a check that writes
         /// nothing.
-        fn tokens(&self, key: &str, limit: Limit) -> u64 {
+        fn tokens(&self, key: &str, limit: Limit) -> i64 {
             let check = Charge {
                 key: key.into(),
                 spec: ChargeSpec {
@@ -336,6 +342,7 @@ mod tests {
             requests_per_unit,
             unit_secs: NonZeroU64::new(unit_secs).expect("a unit"),
             burst,
+            max_debt: 0,
         }
     }
 
@@ -459,20 +466,83 @@ mod tests {
             .await
             .expect("no slot fails");
         assert!(!r.admitted);
-        let tokens: Vec<(bool, u64)> = r
+        let tokens: Vec<(bool, i64)> = r
             .charges
             .iter()
             .map(|c| (c.enough, c.tokens_micro))
             .collect();
-        assert_eq!(tokens, [(true, 3 * MICRO), (true, 5 * MICRO), (false, 0)]);
-        assert_eq!(slots.tokens("a", l), 3 * MICRO, "a got back exactly 2");
+        assert_eq!(
+            tokens,
+            [(true, 3 * MICRO_I64), (true, 5 * MICRO_I64), (false, 0)]
+        );
+        assert_eq!(slots.tokens("a", l), 3 * MICRO_I64, "a got back exactly 2");
         assert_eq!(
             slots.tokens("c", l),
-            5 * MICRO,
+            5 * MICRO_I64,
             "the shadow charge was given back"
         );
         assert_eq!(slots.tokens("b", l), 0);
         assert_eq!(slots.compensations.load(Ordering::SeqCst), 1);
+    }
+
+    /// Debt charges are taken whatever the outcome, in the slot that denies
+    /// and in the slots that admit, and are never compensated; the other
+    /// charges of a denied request are given back exactly.
+    #[tokio::test]
+    async fn debt_charges_are_kept_when_the_others_are_compensated() {
+        let clock = ManualClock::new(1_000_000_000);
+        let slots = MemorySlots::new(&clock);
+        let l = limit(5, 31_536_000, 5);
+        let debt = Limit {
+            max_debt: 10,
+            ..limit(100, 31_536_000, 100)
+        };
+        assert!(
+            slots
+                .apply(&[consume("b", l, 5)])
+                .await
+                .expect("ok")
+                .admitted
+        );
+        // "b" denies; "a" (debt) and "c" admitted in their slots.
+        let r = slots
+            .apply(&[
+                consume("a", debt, 30),
+                consume("b", l, 1),
+                consume("c", l, 2),
+            ])
+            .await
+            .expect("no slot fails");
+        assert!(!r.admitted);
+        assert_eq!(
+            r.charges[0],
+            ChargeResult {
+                enough: true,
+                tokens_micro: 100 * MICRO_I64
+            }
+        );
+        assert_eq!(
+            slots.tokens("a", debt),
+            70 * MICRO_I64,
+            "the debt charge is kept"
+        );
+        assert_eq!(slots.tokens("c", l), 5 * MICRO_I64, "c got its 2 back");
+        // The debt rule itself denies (in its own slot): charged and clamped
+        // at -10; "c" is compensated.
+        let r = slots
+            .apply(&[consume("a", debt, 500), consume("c", l, 1)])
+            .await
+            .expect("no slot fails");
+        assert!(!r.admitted);
+        assert_eq!(
+            r.charges[0],
+            ChargeResult {
+                enough: false,
+                tokens_micro: 70 * MICRO_I64
+            }
+        );
+        assert_eq!(slots.tokens("a", debt), -10 * MICRO_I64);
+        assert_eq!(slots.tokens("c", l), 5 * MICRO_I64);
     }
 
     /// A slot that fails fails the whole request, every time, and the other
@@ -496,15 +566,15 @@ mod tests {
         for _ in 0..20 {
             let e = slots.apply(&request).await.expect_err("slot b is down");
             assert_eq!(e.kind(), "CLUSTERDOWN");
-            assert_eq!(slots.tokens("a", l), 7 * MICRO);
-            assert_eq!(slots.tokens("c", l), 10 * MICRO);
+            assert_eq!(slots.tokens("a", l), 7 * MICRO_I64);
+            assert_eq!(slots.tokens("c", l), 10 * MICRO_I64);
         }
         assert_eq!(slots.compensations.load(Ordering::SeqCst), 20);
         slots.fail("b", false);
         assert!(slots.apply(&request).await.expect("ok").admitted);
-        assert_eq!(slots.tokens("a", l), 5 * MICRO);
-        assert_eq!(slots.tokens("b", l), 9 * MICRO);
-        assert_eq!(slots.tokens("c", l), 6 * MICRO);
+        assert_eq!(slots.tokens("a", l), 5 * MICRO_I64);
+        assert_eq!(slots.tokens("b", l), 9 * MICRO_I64);
+        assert_eq!(slots.tokens("c", l), 6 * MICRO_I64);
     }
 
     /// Many requests at once over overlapping buckets in different slots,
@@ -552,7 +622,7 @@ mod tests {
             assert!(took <= u64::from(cap), "{key}: {took} admitted");
             assert_eq!(
                 slots.tokens(key, l),
-                (u64::from(cap) - took) * MICRO,
+                i64::try_from((u64::from(cap) - took) * MICRO).expect("small"),
                 "{key}: tokens after the run"
             );
         }
