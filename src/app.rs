@@ -87,6 +87,8 @@ pub struct RunOptions {
     pub go_metrics: Option<(TcpListener, String)>,
     /// Listener of the plain-text `/rlconfig` (the Go debug port).
     pub debug: Option<TcpListener>,
+    /// Serve gRPC server reflection ([`crate::reflection`]) on the gRPC port.
+    pub reflection: bool,
 }
 
 impl Default for RunOptions {
@@ -98,6 +100,7 @@ impl Default for RunOptions {
             shutdown_delay: Duration::ZERO,
             go_metrics: None,
             debug: None,
+            reflection: true,
         }
     }
 }
@@ -149,6 +152,7 @@ pub async fn run_with(
         shutdown_delay,
         go_metrics,
         debug,
+        reflection: serve_reflection,
     } = options;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RlsServer>().await;
@@ -212,9 +216,28 @@ pub async fn run_with(
 
     // Per-connection bounds in crate::grpc::server_builder; each port holds a
     // bounded number of connections (crate::conn_limit).
+    // The descriptors are built in code and checked by tests: a failure is a
+    // bug, logged, and the port serves without reflection.
+    let reflection = |on: bool| {
+        on.then(|| {
+            let v1 = crate::reflection::service_v1();
+            let v1alpha = crate::reflection::service_v1alpha();
+            match (v1, v1alpha) {
+                (Ok(a), Ok(b)) => Some((a, b)),
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::error!(error = %e, "gRPC reflection is off: its descriptors do not resolve");
+                    None
+                }
+            }
+        })
+        .flatten()
+    };
+    let (reflect_v1, reflect_v1alpha) = reflection(serve_reflection).unzip();
     let router = crate::grpc::server_builder()
         .add_service(health_service)
-        .add_service(RateLimitGrpc::server(limiter.clone()));
+        .add_service(RateLimitGrpc::server(limiter.clone()))
+        .add_optional_service(reflect_v1)
+        .add_optional_service(reflect_v1alpha);
     // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
     // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
     // A connection must send its opening bytes (the HTTP/2 preface, or a TLS

@@ -273,6 +273,14 @@ pub struct ServeArgs {
     /// defined twice is still an error) instead of refusing the second file.
     #[arg(long, env = "BUCKET_RLS_MERGE_DOMAIN_CONFIG", default_value_t = false)]
     pub merge_domain_config: bool,
+    /// Do not serve gRPC server reflection (`grpc.reflection.v1` and
+    /// `v1alpha`, which `grpcurl` uses) on the gRPC port.
+    #[arg(
+        long,
+        env = "BUCKET_RLS_DISABLE_GRPC_REFLECTION",
+        default_value_t = false
+    )]
+    pub disable_grpc_reflection: bool,
     /// Export a span per ShouldRateLimit call and per Redis call over
     /// OTLP/HTTP (protobuf) to this collector base URL
     /// (`http://collector:4318`; spans go to `/v1/traces`). Off when unset.
@@ -446,6 +454,7 @@ impl TryFrom<&ServeArgs> for Settings {
                 merge_domains: args.merge_domain_config,
             },
             backend: Backend::try_from(args)?,
+            grpc_reflection: !args.disable_grpc_reflection,
             tracing: crate::otel::TracingSettings {
                 otlp_endpoint: args.otlp_endpoint.clone().filter(|e| !e.is_empty()),
                 service_name: args.tracing_service_name.clone(),

@@ -152,6 +152,9 @@ pub struct Settings {
     pub backend: Backend,
     /// OpenTelemetry span export (off without an endpoint).
     pub tracing: crate::otel::TracingSettings,
+    /// Serve gRPC server reflection on the gRPC port (on unless
+    /// `--disable-grpc-reflection`).
+    pub grpc_reflection: bool,
     /// TLS on the gRPC port (`--grpc-tls-cert`, `--grpc-tls-key`); `None` =
     /// plaintext.
     pub grpc_tls: Option<GrpcTls>,

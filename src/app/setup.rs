@@ -27,6 +27,7 @@ pub struct App {
     health: Arc<crate::health::Health>,
     shutdown_delay: std::time::Duration,
     go_metrics_path: Option<String>,
+    grpc_reflection: bool,
 }
 
 /// The running config source.
@@ -133,6 +134,7 @@ impl App {
             health,
             shutdown_delay: settings.shutdown_delay,
             go_metrics_path: settings.go_metrics.map(|m| m.path),
+            grpc_reflection: settings.grpc_reflection,
         })
     }
 
@@ -196,6 +198,7 @@ impl App {
                 )
             }),
             debug: extra.debug,
+            reflection: self.grpc_reflection,
             ..super::RunOptions::default()
         };
         let out = super::run_with(listeners, self.limiter.clone(), shutdown, options).await;

@@ -19,5 +19,6 @@ mod observability;
 mod otlp_tracing;
 mod overrides;
 mod rate_limit_headers;
+mod reflection;
 mod reload_stability;
 mod xds;
