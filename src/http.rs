@@ -167,6 +167,8 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
                     source.version.as_deref().unwrap_or(""),
                 ));
             }
+            // The standard process series (resident memory, CPU, open files).
+            out.push_str(&crate::go_compat::process_metrics());
             out
         },
     )

@@ -138,6 +138,12 @@ async fn metrics_render_prometheus_text_with_config_identity() {
     );
     assert!(text.contains(&format!("{}_bucket{{le=\"0.1\"}}", m::REQUEST_DURATION)));
     assert!(text.contains(&format!("# TYPE {} counter", m::TOTAL_HITS)));
+    // The standard process series: this process's resident memory and
+    // open files (at least stdin, stdout, stderr).
+    let rss = metric(&text, "process_resident_memory_bytes", &[]).expect("RSS series");
+    assert!(rss > 1_000_000.0, "{rss}");
+    assert!(metric(&text, "process_open_fds", &[]).expect("fd series") >= 3.0);
+    assert!(metric(&text, "process_cpu_seconds_total", &[]).expect("CPU series") >= 0.0);
 }
 
 /// `/rlconfig` shows the debt bound in force: a rule's own `max_debt`, the
