@@ -59,7 +59,6 @@ pub const IGNORED: &[&str] = &[
     "EXTRA_TAGS",
     "STATS_FLUSH_INTERVAL",
     "DISABLE_STATS",
-    "USE_PROMETHEUS",
     "PROMETHEUS_MAPPER_YAML",
     "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
     "TRACING_SERVICE_NAMESPACE",
@@ -132,6 +131,7 @@ pub const MAPPED: &[&str] = &[
     "QUOTA_MODE",
     "RESPONSE_DYNAMIC_METADATA",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "USE_PROMETHEUS",
     "PROMETHEUS_ADDR",
     "PROMETHEUS_PATH",
     "TRACING_ENABLED",
@@ -270,6 +270,17 @@ impl Mapped {
                     .map(crate::storage::redis::redact_url)
                     .collect::<Vec<_>>()
                     .join(","),
+                "--otlp-endpoint" => crate::storage::redis::redact_url(a),
+                // Extra xDS metadata often carries a token: names only.
+                "--config-xds-headers" => a
+                    .split(',')
+                    .map(|h| {
+                        h.split_once(':')
+                            .map_or("***".to_owned(), |(k, _)| format!("{k}:***"))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+                _ if a.is_empty() => "\"\"".to_owned(),
                 _ => a.clone(),
             });
             prev = a;
@@ -1052,6 +1063,35 @@ mod tests {
             let e = serve_args(&env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW"), (k, v)])).unwrap_err();
             assert_eq!(e.var, k, "{e}");
         }
+    }
+
+    #[test]
+    fn the_startup_log_hides_xds_header_values_and_endpoint_passwords() {
+        let (_, m) = serve_args(&env(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                "authorization:Bearer SECRET1,x-api-key:SECRET2",
+            ),
+            ("TRACING_ENABLED", "true"),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://user:SECRET3@127.0.0.1:4318",
+            ),
+        ]))
+        .expect("maps");
+        let shown = m.shown();
+        for secret in ["SECRET1", "SECRET2", "SECRET3"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(
+            shown.contains("--config-xds-headers authorization:***,x-api-key:***"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("--otlp-endpoint http://user:***@127.0.0.1:4318"),
+            "{shown}"
+        );
     }
 
     #[test]

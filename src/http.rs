@@ -310,8 +310,14 @@ fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
                         requests_per_unit: rpu,
                         unit,
                         burst,
-                        max_debt: Some(r.policy.max_debt(limiter.settings().max_debt_bursts))
-                            .filter(|d| *d > 0),
+                        max_debt: Some(r.policy.max_debt(
+                            if r.quota_mode || limiter.settings().global_quota_mode {
+                                0
+                            } else {
+                                limiter.settings().max_debt_bursts
+                            },
+                        ))
+                        .filter(|d| *d > 0),
                         shadow_mode: r.shadow_mode,
                         detailed_metric: r.detailed_metric,
                         quota_mode: r.quota_mode,

@@ -148,7 +148,7 @@ pub fn init(settings: &TracingSettings) -> Result<Option<Tracing>, TracingError>
         &provider,
         "bucket-rls",
     ));
-    tracing::info!(endpoint = %endpoint, rate = settings.sampling_rate, "OTLP tracing on");
+    tracing::info!(endpoint = %crate::storage::redis::redact_url(endpoint), rate = settings.sampling_rate, "OTLP tracing on");
     Ok(Some(Tracing { provider }))
 }
 

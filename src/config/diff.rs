@@ -25,6 +25,9 @@ pub struct RuleSummary {
     pub quota_mode: bool,
     /// The rule's `name` (reported to Envoy in `current_limit`).
     pub name: Option<String>,
+    /// The debt bound in tokens: the rule's `max_debt` (a file), or the
+    /// bound in force a replica's `/rlconfig` shows; 0 for none.
+    pub max_debt: u32,
 }
 
 /// Rules by path (`domain.key_value.key`), sorted.
@@ -36,6 +39,7 @@ pub fn rules_of(config: &Config) -> Rules {
     let mut rules = Rules::new();
     for d in config.domains.values() {
         for r in &d.rules {
+            let max_debt = r.policy.max_debt(0);
             let limit = match r.policy {
                 Policy::Limited {
                     requests_per_unit,
@@ -52,6 +56,7 @@ pub fn rules_of(config: &Config) -> Rules {
                     shadow_mode: r.shadow_mode,
                     quota_mode: r.quota_mode,
                     name: r.name.clone(),
+                    max_debt,
                 },
             );
         }
@@ -85,6 +90,8 @@ struct RuleView {
     shadow_mode: bool,
     #[serde(default)]
     quota_mode: bool,
+    #[serde(default)]
+    max_debt: Option<u32>,
 }
 
 /// The rules of a running replica, from its `GET /rlconfig` body.
@@ -115,6 +122,7 @@ pub fn rules_from_rlconfig(body: &[u8]) -> Result<Rules, String> {
                 shadow_mode: r.shadow_mode,
                 quota_mode: r.quota_mode,
                 name: r.name,
+                max_debt: r.max_debt.unwrap_or(0),
             },
         );
     }
@@ -135,8 +143,8 @@ pub enum ChangeKind {
     Loosened,
     /// The rate went one way and the burst the other.
     Mixed,
-    /// Same limit; another setting (`shadow_mode`, `quota_mode`, `name`)
-    /// changed.
+    /// Same limit; another setting (`shadow_mode`, `quota_mode`, `name`,
+    /// `max_debt`) changed.
     Changed,
 }
 
@@ -272,6 +280,14 @@ pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
             }
             (None, None) => continue,
         };
+        // A debt bound that changed makes any change one to review: it
+        // decides whether denied requests are charged.
+        let kind = match (old.get(path), new.get(path)) {
+            (Some(o), Some(n)) if o.max_debt != n.max_debt && !kind.needs_review() => {
+                ChangeKind::Changed
+            }
+            _ => kind,
+        };
         let mut line = format!("{path}: {}: {line}", kind.as_str());
         if let (Some(o), Some(n)) = (old.get(path), new.get(path)) {
             let (fo, fn_) = (flags_text(o), flags_text(n));
@@ -284,6 +300,9 @@ pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
                     }
                 };
                 let _ = write!(line, " (modes {} -> {})", show(&fo), show(&fn_));
+            }
+            if o.max_debt != n.max_debt {
+                let _ = write!(line, " (max_debt {} -> {})", o.max_debt, n.max_debt);
             }
             if o.name != n.name {
                 let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
@@ -399,6 +418,30 @@ descriptors:
         );
         assert!(diff(&rules(OLD), &rules(OLD)).is_empty());
         assert_eq!(summary(&[]), "no rule changed");
+    }
+
+    #[test]
+    fn a_changed_debt_bound_is_a_change_to_review() {
+        let a = rules(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+        );
+        let b = rules(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, max_debt: 100}\n",
+        );
+        let c = diff(&a, &b);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].kind, ChangeKind::Changed);
+        assert_eq!(
+            c[0].line,
+            "d.k: changed: 10/minute burst 10 -> 10/minute burst 10 (max_debt 0 -> 100)"
+        );
+        let faster = rules(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 20, max_debt: 100}\n",
+        );
+        assert!(
+            diff(&a, &faster)[0].kind.needs_review(),
+            "loosened, with a new debt bound"
+        );
     }
 
     #[test]

@@ -133,7 +133,16 @@ pub(super) fn plan(
                         requests_per_unit: *requests_per_unit,
                         unit_secs: unit.secs_nonzero(),
                         burst: *burst,
-                        max_debt: r.policy.max_debt(settings.max_debt_bursts),
+                        // The service-wide bound is for rules that cannot
+                        // carry `max_debt`; a quota rule keeps its quota
+                        // semantics instead (a debt rule is never a quota).
+                        max_debt: r.policy.max_debt(
+                            if r.quota_mode || settings.global_quota_mode {
+                                0
+                            } else {
+                                settings.max_debt_bursts
+                            },
+                        ),
                     },
                     CurrentLimit {
                         name: r.name.clone().unwrap_or_default(),

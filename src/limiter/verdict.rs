@@ -215,6 +215,17 @@ pub(super) fn respond(
     // nothing: the RateLimit headers leave them out.
     let mut spent_quota = Vec::new();
     let need_micro = bucket::request_needs(charges);
+    // A denied request still takes its debt charges; storage reports the
+    // balances from before it. Statuses of debt charges report the balance
+    // after them, so the wait counts the charge just taken: a client that
+    // waits the reported time and sends the same request again is admitted
+    // (with the balance before, every retry would be charged again and come
+    // back short by its own cost).
+    let after_debt = if result.admitted {
+        Vec::new()
+    } else {
+        balances_after_debt(charges, result)
+    };
     for plan in plans {
         let (charge_idx, label, current, cost, shadow, quota) = match plan {
             Plan::NoLimit => {
@@ -254,7 +265,8 @@ pub(super) fn respond(
         let r = result.charges[charge_idx];
         let limit = &spec.limit;
         let cap = limit.capacity_micro();
-        let tokens_micro = r.tokens_micro;
+        let debt_after = after_debt.get(charge_idx).copied().flatten();
+        let tokens_micro = debt_after.unwrap_or(r.tokens_micro);
         // 0 while in debt.
         let remaining =
             u32::try_from(tokens_micro.max(0).unsigned_abs() / MICRO).unwrap_or(u32::MAX);
@@ -272,6 +284,20 @@ pub(super) fn respond(
                 let low = (cap as f64) * (1.0 - settings.near_limit_ratio);
                 if cost > 0 && (tokens_micro as f64) < low {
                     metrics::counter!(m::NEAR_LIMIT, "rule" => label.clone()).increment(counted);
+                }
+            }
+            // A debt rule that had enough but was charged in a request
+            // another descriptor denied: if the charge leaves it short for
+            // the same request again, the retry must wait for it too.
+            if let Some(after) = debt_after
+                && spec.kind == ChargeKind::Consume
+                && !shadow
+            {
+                let own = u128::from(spec.cost.max(1)) * u128::from(MICRO);
+                let need = need_micro[charge_idx].max(own);
+                if i128::from(after) < i128::try_from(need).unwrap_or(i128::MAX) {
+                    retry_after_us =
+                        retry_after_us.max(bucket::wait_until_fits_us(limit, after, need));
                 }
             }
             DescriptorStatus {
@@ -293,7 +319,7 @@ pub(super) fn respond(
             // Earlier consumes of this request on the same bucket must fit
             // too: wait until all of them do, not only this one's cost.
             let wait_us =
-                bucket::wait_until_fits_us(limit, r.tokens_micro, need_micro[charge_idx].max(own));
+                bucket::wait_until_fits_us(limit, tokens_micro, need_micro[charge_idx].max(own));
             let code = if shadow {
                 metrics::counter!(m::SHADOW_MODE, "rule" => label.clone()).increment(counted);
                 Code::Ok
@@ -351,6 +377,37 @@ pub(super) fn respond(
         denials,
         over,
     }
+}
+
+/// For a denied request: per charge, the balance of its bucket after every
+/// debt charge of the request on that bucket (micro-tokens, from the balance
+/// before the request that storage reported), or `None` for a bucket no debt
+/// charge touched.
+fn balances_after_debt(charges: &[Charge], result: &RequestResult) -> Vec<Option<i64>> {
+    let mut balance: std::collections::HashMap<&str, i128> = std::collections::HashMap::new();
+    for (c, r) in charges.iter().zip(&result.charges) {
+        let debt = c.spec.limit.debt_micro();
+        if c.spec.kind != ChargeKind::Consume || debt == 0 || c.spec.cost == 0 {
+            continue;
+        }
+        let cap = i128::try_from(c.spec.limit.capacity_micro()).unwrap_or(i128::MAX);
+        let b = balance
+            .entry(c.key.as_str())
+            .or_insert_with(|| i128::from(r.tokens_micro));
+        *b = bucket::charge_debt(
+            (*b).min(cap),
+            c.spec.cost,
+            i128::try_from(debt).unwrap_or(i128::MAX),
+        );
+    }
+    charges
+        .iter()
+        .map(|c| {
+            balance
+                .get(c.key.as_str())
+                .map(|b| i64::try_from(*b).unwrap_or(if *b < 0 { i64::MIN } else { i64::MAX }))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -300,7 +300,7 @@ fn capacity(limit: &Limit) -> i128 {
 /// `balance` after a debt charge of `cost` tokens on a bucket whose debt
 /// bound is `debt` micro-tokens: down by the cost, clamped at `-debt`, and
 /// never raised by the clamp.
-fn charge_debt(balance: i128, cost: u64, debt: i128) -> i128 {
+pub(crate) fn charge_debt(balance: i128, cost: u64, debt: i128) -> i128 {
     let after = balance.saturating_sub(i128::from(cost) * i128::from(MICRO));
     after.max((-debt).min(balance))
 }

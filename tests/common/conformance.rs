@@ -1464,8 +1464,9 @@ pub async fn dynamic_metadata_names_the_rules_with_quota_left(b: &dyn Backend) {
 
 /// A token budget charged after the response (`max_debt`): checks pass
 /// while the balance covers one token; a charge above the balance is
-/// answered `OVER_LIMIT` from the balance before it and still taken; the
-/// next check waits the real time to repay (1000 per hour at -200 tokens:
+/// answered `OVER_LIMIT` (decided on the balance before it) and still taken,
+/// with the wait until the same charge fits again (the balance after it);
+/// the next check waits the real time to repay (1000 per hour at -200 tokens:
 /// ceil(201 * 3.6 s) = 724 s); a charge is clamped at `-max_debt`; another
 /// user is unaffected; after the reported wait a check passes.
 pub async fn debt_charges_are_taken_and_repaid_in_real_time(b: &dyn Backend) {
@@ -1475,15 +1476,17 @@ pub async fn debt_charges_are_taken_and_repaid_in_real_time(b: &dyn Backend) {
     assert_eq!(st(&call(0).await, 0), (OK, 1000, Some(0)));
     assert_eq!(st(&call(900).await, 0), (OK, 100, Some(3240)));
     assert_eq!(st(&call(0).await, 0), (OK, 100, Some(3240)));
-    // 300 above a balance of 100: denied, reported from before, taken.
+    // 300 above a balance of 100: denied, taken (-200), and the wait is
+    // until 300 fit again: 500 tokens, 1800 s.
     let r = call(300).await;
-    assert_eq!((r.overall_code, st(&r, 0)), (OVER, (OVER, 0, Some(720))));
-    assert_eq!(retry_after(&r).as_deref(), Some("720"));
+    assert_eq!((r.overall_code, st(&r, 0)), (OVER, (OVER, 0, Some(1800))));
+    assert_eq!(retry_after(&r).as_deref(), Some("1800"));
     let r = call(0).await;
     assert_eq!((r.overall_code, st(&r, 0)), (OVER, (OVER, 0, Some(724))));
     assert_eq!(retry_after(&r).as_deref(), Some("724"));
-    // A huge charge is clamped at -500: (1000 + 200) * 3.6 s until full.
-    assert_eq!(st(&call(10_000).await, 0), (OVER, 0, Some(4320)));
+    // A huge charge (above the burst: it never fits) is clamped at -500:
+    // (1000 + 500) * 3.6 s until full.
+    assert_eq!(st(&call(10_000).await, 0), (OVER, 0, Some(5400)));
     let r = call(0).await;
     assert_eq!(st(&r, 0), (OVER, 0, Some(1804)), "ceil(501 * 3.6 s)");
     assert_eq!(retry_after(&r).as_deref(), Some("1804"));
@@ -1496,6 +1499,35 @@ pub async fn debt_charges_are_taken_and_repaid_in_real_time(b: &dyn Backend) {
     assert_eq!(st(&call(0).await, 0).0, OVER);
     c.advance_ms(1_000);
     assert_eq!(st(&call(0).await, 0), (OK, 1, Some(3597)));
+}
+
+/// A request-count rule with a debt bound (as `--max-debt-bursts` gives
+/// every rule): a denied request is still charged, and a client that waits
+/// the reported `retry-after` and sends the same request again is admitted,
+/// each time (the wait counts the charge the denied request took).
+pub async fn waiting_the_reported_time_admits_a_retry_on_a_debt_rule(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: e\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 60, burst: 5, max_debt: 5}\n",
+    )
+    .await;
+    let ip = [("ip", "10.0.0.1")];
+    for _ in 0..5 {
+        assert_eq!(c.one("e", &ip, 1).await.overall_code, OK);
+    }
+    for _ in 0..6 {
+        let r = c.one("e", &ip, 1).await;
+        assert_eq!(r.overall_code, OVER);
+        // Balance 0, charged to -1: 2 tokens to refill at 1 per second.
+        let wait = retry_after(&r).expect("retry-after");
+        assert_eq!(wait, "2");
+        c.advance_ms(2_000);
+        assert_eq!(
+            c.one("e", &ip, 1).await.overall_code,
+            OK,
+            "after waiting {wait} s"
+        );
+    }
 }
 
 const DEBT_AND_ROUTES: &str = "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 500}\n  - key: route\n    value: chat\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: route\n    value: other\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
@@ -1512,11 +1544,12 @@ pub async fn debt_rules_are_charged_when_denied_and_deny_alone(b: &dyn Backend) 
         (r.overall_code, cr(&r, 0), cr(&r, 1)),
         (OK, (OK, 990), (OK, 0))
     );
-    // The route denies; the debt rule is charged anyway.
+    // The route denies; the debt rule is charged anyway, and its status
+    // shows the balance after that charge.
     let r = c.call(req("llm", vec![user(10), route("chat")], 0)).await;
     assert_eq!(
         (r.overall_code, cr(&r, 0), cr(&r, 1)),
-        (OVER, (OK, 990), (OVER, 0))
+        (OVER, (OK, 980), (OVER, 0))
     );
     assert_eq!(cr(&check(user(0)).await, 0), (OK, 980));
     // Into debt: 1500 above 980, clamped at -500.
@@ -1566,6 +1599,21 @@ pub async fn service_wide_debt_bound_in_bursts(b: &dyn Backend) {
     let plain = Case::new(b, yaml).await;
     assert_eq!(st(&plain.call(k(25)).await, 0).0, OVER);
     assert_eq!(cr(&plain.call(k(0)).await, 0), (OK, 10));
+    // Quota rules keep their quota semantics under the service-wide bound:
+    // one quota over its limit does not deny while another has tokens.
+    let quotas = Case::with_settings(b, QUOTA_YAML, |s| s.max_debt_bursts = 1).await;
+    let codes: Vec<i32> = [
+        quotas.call(quota_request()).await.overall_code,
+        quotas.call(quota_request()).await.overall_code,
+    ]
+    .into();
+    let plain_quotas = Case::new(b, QUOTA_YAML).await;
+    let want: Vec<i32> = [
+        plain_quotas.call(quota_request()).await.overall_code,
+        plain_quotas.call(quota_request()).await.overall_code,
+    ]
+    .into();
+    assert_eq!(codes, want, "the same answers as without --max-debt-bursts");
 }
 
 /// A per-request `limit` override never refills the rule's bucket at its
@@ -1657,6 +1705,7 @@ macro_rules! conformance_tests {
             quota_waits_and_metadata_come_from_quotas_that_can_pass
             debt_charges_are_taken_and_repaid_in_real_time
             debt_rules_are_charged_when_denied_and_deny_alone
+            waiting_the_reported_time_admits_a_retry_on_a_debt_rule
             service_wide_debt_bound_in_bursts
             a_debt_charge_is_taken_once_when_quotas_ask_again
             an_override_never_refills_the_rules_bucket
