@@ -92,20 +92,23 @@ pub async fn run_with_grace(
     };
 
     // Dead peers are found by HTTP/2 pings; each port holds a bounded number
-    // of connections (crate::conn_limit).
-    let grpc = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .add_service(health_service)
-        .add_service(RateLimitGrpc::server(limiter.clone()))
-        // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
-        // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
-        .serve_with_incoming_shutdown(
-            LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc").into_stream(),
-            async move {
-                let _ = grpc_stop.recv().await;
-            },
-        );
+    // of connections (crate::conn_limit). ShouldRateLimit is served on h2
+    // directly (crate::grpc_h2), health and any other path by tonic.
+    // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
+    // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
+    let routes = tonic::service::Routes::new(health_service)
+        .add_service(RateLimitGrpc::server(limiter.clone()));
+    let grpc = crate::grpc_h2::serve(
+        LimitedListener::new(listeners.grpc, per_port_limit(), true, "grpc").into_stream(),
+        limiter.clone(),
+        routes,
+        crate::grpc_h2::Options {
+            keepalive: Some((Duration::from_secs(30), Duration::from_secs(10))),
+        },
+        async move {
+            let _ = grpc_stop.recv().await;
+        },
+    );
     let http = axum::serve(
         LimitedListener::new(listeners.http, per_port_limit(), false, "http"),
         crate::http::router(limiter.clone()),
@@ -146,7 +149,7 @@ pub async fn run_with_grace(
         }
     };
     sweeper.abort();
-    g?;
+    let Ok(()) = g;
     h?;
     Ok(())
 }
