@@ -109,6 +109,7 @@ where
     let _ = stop_tx.send(true);
     drop(stop_rx);
     stop_tx.closed().await;
+
     Ok(())
 }
 
@@ -137,9 +138,9 @@ where
         .await?;
     let keepalive = keepalive(conn.ping_pong(), options.keepalive);
     let mut keepalive = std::pin::pin!(keepalive);
-    let stopped = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
+    // Borrowed, not moved: the receiver lives as long as the connection, so
+    // `serve` waits for this connection to close.
+    let stopped = stop.wait_for(|s| *s);
     let mut stopped = std::pin::pin!(stopped);
     let mut stopping = false;
     let mut calls = FuturesUnordered::new();
@@ -181,7 +182,8 @@ where
             }
         }
     })
-    .await?;
+    .await;
+    let open = open?;
     if !open {
         return Ok(());
     }
