@@ -13,8 +13,9 @@
 //! What a client sees is what tonic answers: `content-type:
 //! application/grpc`, one length-prefixed message, `grpc-status` in the
 //! trailers, or a trailers-only response for an error, with tonic's codes and
-//! messages for a compressed or oversized message (`UNIMPLEMENTED`,
-//! `OUT_OF_RANGE`), a body that does not decode (`INTERNAL`) and an expired
+//! messages for an unsupported `grpc-encoding` (`UNIMPLEMENTED`), a
+//! compressed flag without one (`INTERNAL`), an oversized message
+//! (`OUT_OF_RANGE`), a body that does not decode (`INTERNAL`) and an expired
 //! `grpc-timeout` (`CANCELLED`, "Timeout expired"). HTTP/2 settings are
 //! hyper's defaults as tonic uses them (1 MiB windows, 16 KiB frames, 16 KiB
 //! header lists), and keep-alive pings behave like hyper's: a ping every
@@ -222,6 +223,10 @@ async fn should_rate_limit(
     mut respond: SendResponse<Bytes>,
 ) {
     let (parts, body) = req.into_parts();
+    if let Some(status) = unsupported_encoding(&parts.headers) {
+        let _ = send_status(&mut respond, &status);
+        return;
+    }
     let timeout = grpc_timeout(&parts.headers);
     let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
     let answer = async {
@@ -296,9 +301,11 @@ async fn read_message(mut body: RecvStream) -> Result<Bytes, Status> {
     let len = u32::from_be_bytes([all[1], all[2], all[3], all[4]]) as usize;
     match flag {
         0 => {}
+        // gRPC's compression spec: a compressed flag without a
+        // `grpc-encoding` is INTERNAL (tonic's message).
         1 => {
-            return Err(Status::unimplemented(
-                "Message compressed, compression support not enabled.",
+            return Err(Status::internal(
+                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
             ));
         }
         f => {
@@ -312,6 +319,27 @@ async fn read_message(mut body: RecvStream) -> Result<Bytes, Status> {
         return Err(Status::internal("Missing request message."));
     }
     Ok(all.split_to(len))
+}
+
+/// `UNIMPLEMENTED` for a request body in a `grpc-encoding` other than
+/// `identity` (no compression is enabled), with tonic's message and
+/// `grpc-accept-encoding: identity`.
+fn unsupported_encoding(headers: &HeaderMap) -> Option<Status> {
+    let enc = headers.get("grpc-encoding")?;
+    if enc.as_bytes() == b"identity" {
+        return None;
+    }
+    let name = enc
+        .to_str()
+        .map_or_else(|_| format!("{:?}", enc.as_bytes()), str::to_owned);
+    let mut status = Status::unimplemented(format!(
+        "Content is compressed with `{name}` which isn't supported"
+    ));
+    status.metadata_mut().insert(
+        "grpc-accept-encoding",
+        tonic::metadata::MetadataValue::from_static("identity"),
+    );
+    Some(status)
 }
 
 /// The `grpc-timeout` of a request (gRPC over HTTP/2: at most 8 digits and

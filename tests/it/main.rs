@@ -10,6 +10,7 @@ mod common;
 mod config_diff;
 mod config_errors;
 mod conn_limit;
+mod grpc_edge;
 mod observability;
 mod otlp_tracing;
 mod rate_limit_headers;
