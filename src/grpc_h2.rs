@@ -237,7 +237,7 @@ async fn should_rate_limit(
             &req.domain,
             req.descriptors.len(),
             limiter.should_rate_limit(&req),
-            outcome,
+            crate::grpc::outcome,
         )
         .await
     };
@@ -251,19 +251,6 @@ async fn should_rate_limit(
         Ok(resp) => send_message(&mut respond, &resp),
         Err(status) => send_status(&mut respond, &status),
     };
-}
-
-/// The span's name for an answer: `OK`, `OVER_LIMIT` or the gRPC code
-/// (then an error).
-fn outcome(
-    r: &Result<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse, Status>,
-) -> (String, bool) {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-    match r {
-        Ok(resp) if resp.overall_code == Code::OverLimit as i32 => ("OVER_LIMIT".into(), false),
-        Ok(_) => ("OK".into(), false),
-        Err(s) => (format!("{:?}", s.code()), true),
-    }
 }
 
 /// The one length-prefixed message of a unary request body.
