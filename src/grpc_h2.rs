@@ -241,12 +241,26 @@ async fn should_rate_limit(
         )
         .await
     };
-    let answer = match timeout {
-        Some(t) => tokio::time::timeout(t, answer)
-            .await
-            .unwrap_or_else(|_| Err(Status::cancelled("Timeout expired"))),
-        None => answer.await,
+    let answer = async {
+        match timeout {
+            Some(t) => tokio::time::timeout(t, answer)
+                .await
+                .unwrap_or_else(|_| Err(Status::cancelled("Timeout expired"))),
+            None => answer.await,
+        }
     };
+    // A call the client reset (Envoy's own timeout) is dropped where it
+    // waits, as hyper drops a tonic call; the reset is only looked at when
+    // the answer is not ready at once.
+    let mut answer = std::pin::pin!(answer);
+    let answer = poll_fn(|cx| {
+        if let Poll::Ready(a) = answer.as_mut().poll(cx) {
+            return Poll::Ready(Some(a));
+        }
+        respond.poll_reset(cx).map(|_| None)
+    })
+    .await;
+    let Some(answer) = answer else { return };
     let _ = match answer {
         Ok(resp) => send_message(&mut respond, &resp),
         Err(status) => send_status(&mut respond, &status),

@@ -4,9 +4,9 @@
 //! each exactly once.
 
 use bucket_rls::app::{self, Listeners};
-use bucket_rls::storage::Storage;
 use bucket_rls::storage::clock::ManualClock;
 use bucket_rls::storage::memory::MemoryStorage;
+use bucket_rls::storage::{Charge, RequestResult, Storage, StorageError};
 use bytes::Bytes;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -16,14 +16,22 @@ use http::{HeaderMap, Request};
 use prost::Message as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 const YAML: &str = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// Serves a memory-backed limiter on loopback until the returned sender is dropped.
 async fn server() -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let storage: Arc<dyn Storage> =
-        Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(1_000_000))));
+    server_on(Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(
+        1_000_000,
+    )))))
+    .await
+}
+
+/// Serves a limiter over `storage` on loopback until the returned sender is dropped.
+async fn server_on(storage: Arc<dyn Storage>) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let l = crate::common::limiter(YAML, storage, "e:");
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -182,4 +190,65 @@ async fn concurrent_calls_on_one_connection_are_each_answered_once() {
     }
     // 10 per minute on a stopped clock: exactly 10 of the 64 pass.
     assert_eq!((ok, over), (10, 54));
+}
+
+/// A storage whose calls never finish; counts the calls started and the
+/// calls dropped unfinished.
+#[derive(Debug, Default)]
+struct Stuck {
+    started: AtomicUsize,
+    dropped: Arc<AtomicUsize>,
+}
+
+struct DropCount(Arc<AtomicUsize>);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for Stuck {
+    async fn apply(&self, _: &[Charge]) -> Result<RequestResult, StorageError> {
+        let _guard = DropCount(self.dropped.clone());
+        self.started.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+    async fn ping(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+    fn name(&self) -> &'static str {
+        "stuck"
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_client_resets_is_dropped_and_the_connection_serves_on() {
+    let stuck = Arc::new(Stuck::default());
+    let (addr, _stop) = server_on(stuck.clone()).await;
+    let client = connect(addr).await;
+    let req = Request::post(format!("http://localhost{PATH}"))
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let mut sender = client.clone().ready().await.unwrap();
+    let (resp, mut send) = sender.send_request(req, false).unwrap();
+    send.send_data(Bytes::from(request("a")), true).unwrap();
+    let deadline = Duration::from_secs(10);
+    crate::common::eventually::eventually(deadline, "the call to reach storage", || async {
+        (stuck.started.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    assert_eq!(stuck.dropped.load(Ordering::SeqCst), 0);
+    // Dropping both halves of the stream makes the client send RST_STREAM.
+    drop((resp, send));
+    crate::common::eventually::eventually(deadline, "the reset call to be dropped", || async {
+        (stuck.dropped.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    // The connection is still usable: a call to another path is answered.
+    let other = "/envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod";
+    let (h, _, t) = call(&client, other, request("a")).await;
+    assert_eq!(grpc_status(&h, t.as_ref()), "12");
 }
