@@ -241,21 +241,21 @@ async fn should_rate_limit(
         )
         .await
     };
-    let answer = async {
-        match timeout {
-            Some(t) => tokio::time::timeout(t, answer)
-                .await
-                .unwrap_or_else(|_| Err(Status::cancelled("Timeout expired"))),
-            None => answer.await,
-        }
-    };
-    // A call the client reset (Envoy's own timeout) is dropped where it
-    // waits, as hyper drops a tonic call; the reset is only looked at when
+    // One poll function drives the answer, the `grpc-timeout` and the
+    // stream's reset, without moving the answer's future again: a call the
+    // client reset (Envoy's own timeout) is dropped where it waits, as hyper
+    // drops a tonic call; the timer and the reset are only looked at when
     // the answer is not ready at once.
     let mut answer = std::pin::pin!(answer);
+    let mut expiry = std::pin::pin!(timeout.map(tokio::time::sleep));
     let answer = poll_fn(|cx| {
         if let Poll::Ready(a) = answer.as_mut().poll(cx) {
             return Poll::Ready(Some(a));
+        }
+        if let Some(sleep) = expiry.as_mut().as_pin_mut()
+            && sleep.poll(cx).is_ready()
+        {
+            return Poll::Ready(Some(Err(Status::cancelled("Timeout expired"))));
         }
         respond.poll_reset(cx).map(|_| None)
     })
