@@ -246,20 +246,24 @@ async fn should_rate_limit(
     // client reset (Envoy's own timeout) is dropped where it waits, as hyper
     // drops a tonic call; the timer and the reset are only looked at when
     // the answer is not ready at once.
-    let mut answer = std::pin::pin!(answer);
-    let mut expiry = std::pin::pin!(timeout.map(tokio::time::sleep));
-    let answer = poll_fn(|cx| {
-        if let Poll::Ready(a) = answer.as_mut().poll(cx) {
-            return Poll::Ready(Some(a));
-        }
-        if let Some(sleep) = expiry.as_mut().as_pin_mut()
-            && sleep.poll(cx).is_ready()
-        {
-            return Poll::Ready(Some(Err(Status::cancelled("Timeout expired"))));
-        }
-        respond.poll_reset(cx).map(|_| None)
-    })
-    .await;
+    // In a block: the answer's future (and a storage call it still waits
+    // for) is dropped before anything is sent.
+    let answer = {
+        let mut answer = std::pin::pin!(answer);
+        let mut expiry = std::pin::pin!(timeout.map(tokio::time::sleep));
+        poll_fn(|cx| {
+            if let Poll::Ready(a) = answer.as_mut().poll(cx) {
+                return Poll::Ready(Some(a));
+            }
+            if let Some(sleep) = expiry.as_mut().as_pin_mut()
+                && sleep.poll(cx).is_ready()
+            {
+                return Poll::Ready(Some(Err(Status::cancelled("Timeout expired"))));
+            }
+            respond.poll_reset(cx).map(|_| None)
+        })
+        .await
+    };
     let Some(answer) = answer else { return };
     let _ = match answer {
         Ok(resp) => send_message(&mut respond, &resp),

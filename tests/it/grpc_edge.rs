@@ -57,21 +57,21 @@ async fn call(
     path: &str,
     body: Vec<u8>,
 ) -> (HeaderMap, Vec<u8>, Option<HeaderMap>) {
-    call_with(client, path, body, None).await
+    call_with(client, path, body, &[]).await
 }
 
-/// [`call`] with a `grpc-encoding` header.
+/// [`call`] with extra request headers.
 async fn call_with(
     client: &h2::client::SendRequest<Bytes>,
     path: &str,
     body: Vec<u8>,
-    encoding: Option<&str>,
+    headers: &[(&str, &str)],
 ) -> (HeaderMap, Vec<u8>, Option<HeaderMap>) {
     let mut req = Request::post(format!("http://localhost{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers");
-    if let Some(e) = encoding {
-        req = req.header("grpc-encoding", e);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
     }
     let req = req.body(()).unwrap();
     let mut client = client.clone().ready().await.unwrap();
@@ -155,7 +155,7 @@ async fn malformed_messages_get_tonics_status_codes() {
         assert!(msg.contains(words), "{msg:?} for {body:?}");
     }
 
-    let (h, _, t) = call_with(&client, PATH, request("a"), Some("gzip")).await;
+    let (h, _, t) = call_with(&client, PATH, request("a"), &[("grpc-encoding", "gzip")]).await;
     assert_eq!(grpc_status(&h, t.as_ref()), "12", "gzip is not enabled");
     assert_eq!(h.get("grpc-accept-encoding").unwrap(), "identity");
 
@@ -251,4 +251,20 @@ async fn a_call_the_client_resets_is_dropped_and_the_connection_serves_on() {
     let other = "/envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod";
     let (h, _, t) = call(&client, other, request("a")).await;
     assert_eq!(grpc_status(&h, t.as_ref()), "12");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_grpc_timeout_is_cancelled_like_tonic() {
+    let stuck = Arc::new(Stuck::default());
+    let (addr, _stop) = server_on(stuck.clone()).await;
+    let client = connect(addr).await;
+    let (h, data, t) = call_with(&client, PATH, request("a"), &[("grpc-timeout", "50m")]).await;
+    assert_eq!(grpc_status(&h, t.as_ref()), "1", "CANCELLED");
+    assert_eq!(h.get("grpc-message").unwrap(), "Timeout%20expired");
+    assert!(data.is_empty());
+    assert_eq!(
+        stuck.dropped.load(Ordering::SeqCst),
+        1,
+        "the storage call was dropped"
+    );
 }
