@@ -28,7 +28,7 @@
 # it succeeds (default: wait 2 s). Example for a side-by-side row with a
 # service built outside the repository:
 #
-#   PEER_CMD='/work/peer/run.sh' scripts/h2load-compare.sh OLD NEW memory
+#   PEER_CMD='/path/to/peer-server --port $PORT' scripts/h2load-compare.sh OLD NEW memory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { sed -n 2,32p "$0"; exit 2; }
