@@ -214,8 +214,6 @@ pub async fn run_with(
         })
     });
 
-    // Per-connection bounds in crate::grpc::server_builder; each port holds a
-    // bounded number of connections (crate::conn_limit).
     // The descriptors are built in code and checked by tests: a failure is a
     // bug, logged, and the port serves without reflection.
     let reflection = |on: bool| {
@@ -232,12 +230,16 @@ pub async fn run_with(
         })
         .flatten()
     };
-    let (reflect_v1, reflect_v1alpha) = reflection(serve_reflection).unzip();
-    let router = crate::grpc::server_builder()
-        .add_service(health_service)
-        .add_service(RateLimitGrpc::server(limiter.clone()))
-        .add_optional_service(reflect_v1)
-        .add_optional_service(reflect_v1alpha);
+    // Dead peers are found by HTTP/2 pings; each connection is bounded in
+    // streams, calls at once, windows and message size (crate::grpc), and
+    // each port holds a bounded number of connections (crate::conn_limit).
+    // ShouldRateLimit is served on h2 directly (crate::grpc_h2); health,
+    // reflection and any other path by tonic.
+    let mut routes = tonic::service::Routes::new(health_service)
+        .add_service(RateLimitGrpc::server(limiter.clone()));
+    if let Some((v1, v1alpha)) = reflection(serve_reflection) {
+        routes = routes.add_service(v1).add_service(v1alpha);
+    }
     // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
     // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
     // A connection must send its opening bytes (the HTTP/2 preface, or a TLS
@@ -248,12 +250,25 @@ pub async fn run_with(
     let grpc_signal = async move {
         let _ = grpc_stop.recv().await;
     };
-    let grpc: std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>> =
+    let h2_options = crate::grpc_h2::Options {
+        keepalive: Some((Duration::from_secs(30), Duration::from_secs(10))),
+    };
+    let grpc: std::pin::Pin<Box<dyn Future<Output = Result<(), std::convert::Infallible>> + Send>> =
         match &tls {
-            Some(t) => Box::pin(
-                router.serve_with_incoming_shutdown(crate::tls::incoming(tcp, t), grpc_signal),
-            ),
-            None => Box::pin(router.serve_with_incoming_shutdown(tcp, grpc_signal)),
+            Some(t) => Box::pin(crate::grpc_h2::serve(
+                crate::tls::incoming(tcp, t),
+                limiter.clone(),
+                routes,
+                h2_options,
+                grpc_signal,
+            )),
+            None => Box::pin(crate::grpc_h2::serve(
+                tcp,
+                limiter.clone(),
+                routes,
+                h2_options,
+                grpc_signal,
+            )),
         };
     let http = axum::serve(
         LimitedListener::new(listeners.http, per_port_limit(), false, "http")
@@ -335,7 +350,7 @@ pub async fn run_with(
         }
     };
     stop_tasks();
-    g?;
+    let Ok(()) = g;
     h?;
     m?;
     d?;

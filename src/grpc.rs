@@ -179,6 +179,18 @@ pub const fn proto_unit(u: Unit) -> ProtoUnit {
     }
 }
 
+/// The trace span's name for an answer: `OK`, `OVER_LIMIT` or the gRPC
+/// code, and whether it is an error.
+pub(crate) fn outcome(r: &Result<RateLimitResponse, Status>) -> (String, bool) {
+    match r {
+        Ok(resp) if resp.overall_code == ProtoCode::OverLimit as i32 => {
+            ("OVER_LIMIT".into(), false)
+        }
+        Ok(_) => ("OK".into(), false),
+        Err(s) => (format!("{:?}", s.code()), true),
+    }
+}
+
 /// The tonic service around a shared [`Limiter`].
 #[derive(Debug, Clone)]
 pub struct RateLimitGrpc(pub Arc<Limiter>);
@@ -195,13 +207,7 @@ impl RateLimitService for RateLimitGrpc {
             &req.domain,
             req.descriptors.len(),
             ShouldRateLimit::should_rate_limit(&*self.0, req),
-            |r| match r {
-                Ok(resp) if resp.overall_code == ProtoCode::OverLimit as i32 => {
-                    ("OVER_LIMIT".into(), false)
-                }
-                Ok(_) => ("OK".into(), false),
-                Err(s) => (format!("{:?}", s.code()), true),
-            },
+            outcome,
         )
         .await
         .map(tonic::Response::new)

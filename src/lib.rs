@@ -7,6 +7,8 @@
 //!
 //! - Edges
 //!   - [`grpc`]: the tonic `RateLimitService`: protos to and from the core.
+//!   - [`grpc_h2`]: the gRPC port on `h2` directly: `ShouldRateLimit` inside
+//!     each connection's task, health and reflection through tonic.
 //!   - [`http`]: the admin API (health, metrics, `/rlconfig`) and `/json`.
 //!   - [`cli`]: command line (`serve`, `check-config`, `loadgen`); flags into settings.
 //! - Core
@@ -35,6 +37,7 @@ pub mod conn_limit;
 pub mod go_compat;
 pub mod go_env;
 pub mod grpc;
+pub mod grpc_h2;
 pub mod health;
 pub mod http;
 pub mod limiter;

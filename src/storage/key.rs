@@ -20,7 +20,6 @@
 //! is never part of the key: a config change must not reset a bucket (docs/design.md, "Reloads").
 
 use sha2::{Digest, Sha256};
-use std::fmt::Write;
 
 /// Values longer than this many bytes are stored as their SHA-256.
 pub const MAX_VERBATIM_VALUE_BYTES: usize = 64;
@@ -49,10 +48,35 @@ fn push_escaped(out: &mut String, tag: char, s: &str) {
                 c => esc.push(c),
             }
         }
-        let _ = write!(out, "{tag}{}:{esc}", esc.len());
+        push_part(out, tag, &esc);
     } else {
-        let _ = write!(out, "{tag}{}:{s}", s.len());
+        push_part(out, tag, s);
     }
+}
+
+/// `{tag}{len}:{s}`, without the formatting machinery (it was the largest
+/// part of encoding a key).
+fn push_part(out: &mut String, tag: char, s: &str) {
+    out.push(tag);
+    let mut digits = [0u8; 20];
+    let mut n = s.len();
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        // n % 10 < 10: the cast cannot truncate.
+        #[allow(clippy::cast_possible_truncation)]
+        let d = (n % 10) as u8;
+        digits[i] = b'0' + d;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
+    out.push(':');
+    out.push_str(s);
 }
 
 /// Encodes a bucket key. `entries` are the request's entries, in order.
@@ -95,6 +119,7 @@ pub fn encode(prefix: &str, domain: &str, entries: &[(&str, KeyValue<'_>)]) -> S
 /// rule's (docs/design.md, "Overrides"): a bucket refilled at another rate
 /// than its own would mint tokens.
 pub fn push_override_rate(key: &mut String, requests_per_unit: u32, unit_secs: u64) {
+    use std::fmt::Write as _;
     let _ = write!(key, "!{requests_per_unit}/{unit_secs}");
 }
 
@@ -106,6 +131,18 @@ mod tests {
     /// Long client entry keys (brought by a `limit` override) or many
     /// entries cannot make a key long: past 256 bytes the entries part is
     /// hashed, and different entries still give different keys.
+    #[test]
+    fn lengths_of_any_number_of_digits_are_written_in_decimal() {
+        let v = "x".repeat(64);
+        let d = "d".repeat(100);
+        let k = encode(
+            "p:",
+            &d,
+            &[("k", KeyValue::Value(&v)), ("", KeyValue::Value(""))],
+        );
+        assert_eq!(k, format!("p:d100:{d}|k1:k=v64:{v}|k0:=v0:"));
+    }
+
     #[test]
     fn long_entries_are_hashed() {
         let long = |i: u32| format!("{i:06}{}", "k".repeat(1_000_000));

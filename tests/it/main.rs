@@ -12,6 +12,7 @@ mod config_diff;
 mod config_errors;
 mod conn_limit;
 mod go_service;
+mod grpc_edge;
 mod grpc_limits;
 mod health;
 mod local_cache;
