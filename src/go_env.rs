@@ -390,7 +390,13 @@ fn log_level(v: &str) -> Result<&'static str, GoEnvError> {
 /// `host:port` of a listen address, with an IPv6 host (`::`) in brackets
 /// and an empty host meaning every IPv4 address, as Go's `net.Listen` does.
 fn listen_addr(host: &str, port: &str) -> String {
-    let host = if host.is_empty() { "0.0.0.0" } else { host };
+    // `localhost` is the one host name the Go service's listeners commonly
+    // get; the flags take addresses.
+    let host = match host {
+        "" => "0.0.0.0",
+        "localhost" => "127.0.0.1",
+        h => h,
+    };
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {

@@ -180,6 +180,7 @@ fn deeply_nested_config_is_an_error_not_a_crash() {
         .expect("no stack overflow or panic");
     let e = r.unwrap_err();
     assert!(e.starts_with("deep.yaml"), "{e}");
+    assert!(e.contains("nested too deeply"), "says what is wrong: {e}");
 }
 
 #[test]

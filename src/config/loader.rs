@@ -249,6 +249,11 @@ fn parse_error_message(msg: &str) -> String {
             let key = key.split(", set DuplicateKeyPolicy").next().unwrap_or(key);
             format!("duplicate key '{key}' in one mapping{column}")
         }
+        // The parser's nesting budget (a guard against stack exhaustion):
+        // about 30 descriptor levels, each two YAML levels deep.
+        r if r.starts_with("budget breached: Depth") => format!(
+            "nested too deeply{column}: descriptors may nest about 30 levels (the YAML parser's depth limit, which protects the service's stack)"
+        ),
         r if r.starts_with("multiple YAML documents") => {
             format!("more than one YAML document (`---`){column}: put one domain per file")
         }

@@ -292,10 +292,20 @@ impl Config {
                 };
                 // The emptiest a bucket can be: at its debt bound (the
                 // larger of the old and the new one).
-                let debt = r.policy.max_debt(max_debt_bursts).max(
+                // Two rules can share a path (key-only `k_a` and `k: a`):
+                // every old rule of the path is compared, so a change is
+                // never missed (a false match only holds buckets longer).
+                let same_path = || {
                     before
-                        .and_then(|b| b.rules.iter().find(|o| o.path == r.path))
-                        .map_or(0, |o| o.policy.max_debt(max_debt_bursts)),
+                        .into_iter()
+                        .flat_map(|b| b.rules.iter())
+                        .filter(|o| o.path == r.path)
+                };
+                let debt = r.policy.max_debt(max_debt_bursts).max(
+                    same_path()
+                        .map(|o| o.policy.max_debt(max_debt_bursts))
+                        .max()
+                        .unwrap_or(0),
                 );
                 let empty = crate::storage::Limit {
                     requests_per_unit: rpu,
@@ -306,9 +316,10 @@ impl Config {
                 let floor =
                     -i64::from(debt) * i64::try_from(crate::storage::bucket::MICRO).unwrap_or(0);
                 hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, floor));
-                let prev_rule = before.and_then(|b| b.rules.iter().find(|o| o.path == r.path));
-                let prev = prev_rule.and_then(|o| limited(&o.policy));
-                if let (Some(o), Some((o_rpu, o_secs, o_burst))) = (prev_rule, prev) {
+                for o in same_path() {
+                    let Some((o_rpu, o_secs, o_burst)) = limited(&o.policy) else {
+                        continue;
+                    };
                     // rpu/secs < o_rpu/o_secs, in integers.
                     let slower = u128::from(rpu) * u128::from(o_secs.get())
                         < u128::from(o_rpu) * u128::from(secs.get());
@@ -531,6 +542,27 @@ mod tests {
     fn config(rule: &str) -> super::Config {
         let yaml = format!("domain: e\ndescriptors:\n  - key: user\n    rate_limit: {rule}\n");
         compile_texts(&[("e.yaml".into(), yaml.into_bytes())]).unwrap()
+    }
+
+    #[test]
+    fn loosened_sees_a_slower_rule_that_shares_its_path_with_another() {
+        // Key-only `k_a` and `k: a` both have the path `h.k_a`.
+        let load = |second: &str| {
+            let yaml = format!(
+                "domain: h\ndescriptors:\n  - key: k_a\n    rate_limit: {{unit: hour, requests_per_unit: 1, burst: 10}}\n  - key: k\n    value: a\n    rate_limit: {second}\n"
+            );
+            crate::config::loader::compile_texts(&[("c.yaml".to_owned(), yaml.into_bytes())])
+                .expect("loads")
+        };
+        let old = load("{unit: minute, requests_per_unit: 10, burst: 10}");
+        let new = load("{unit: hour, requests_per_unit: 1, burst: 10}");
+        let (_, changed) = new.loosened(&old, 0).expect("the slower k: a is seen");
+        assert!(
+            changed
+                .iter()
+                .any(|c| c == "h.k_a: 10/minute burst 10 -> 1/hour burst 10"),
+            "{changed:?}"
+        );
     }
 
     #[test]

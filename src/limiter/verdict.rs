@@ -123,11 +123,18 @@ impl Decision {
     }
 }
 
+/// Longest wait reported, in microseconds: the largest
+/// `google.protobuf.Duration` (315,576,000,000 s, about 10,000 years), so
+/// that strict decoders accept every answer. Only a cost near `u64::MAX` on
+/// a slow rule with a huge debt bound can ask for more.
+pub const MAX_REPORTED_US: u128 = 315_576_000_000 * 1_000_000;
+
 /// A wait of `us` microseconds as sent in `duration_until_reset`: whole
 /// seconds rounded up (Envoy reads only seconds), or milliseconds rounded up
 /// when `exact` (`--exact-durations`).
 #[must_use]
 pub fn reported_duration(us: u128, exact: bool) -> Duration {
+    let us = us.min(MAX_REPORTED_US);
     if exact {
         let ms = us.div_ceil(1000);
         let secs = u64::try_from(ms / 1000).unwrap_or(u64::MAX);
@@ -368,7 +375,7 @@ pub(super) fn respond(
     if denied {
         decision.response_headers_to_add.push(Header {
             key: "retry-after".into(),
-            value: bucket::ceil_secs(retry_after_us.max(1)).to_string(),
+            value: bucket::ceil_secs(retry_after_us.clamp(1, MAX_REPORTED_US)).to_string(),
         });
     }
     Verdict {
@@ -413,6 +420,14 @@ fn balances_after_debt(charges: &[Charge], result: &RequestResult) -> Vec<Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_are_reported_within_the_protobuf_duration_range() {
+        let max = Duration::from_secs(315_576_000_000);
+        assert_eq!(reported_duration(u128::MAX, false), max);
+        assert_eq!(reported_duration(u128::MAX, true), max);
+        assert_eq!(reported_duration(1, false), Duration::from_secs(1));
+    }
 
     #[test]
     fn durations_round_up_to_seconds_or_to_milliseconds() {
