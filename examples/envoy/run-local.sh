@@ -111,6 +111,7 @@ Try the walkthrough of examples/envoy/README.md:
 
   curl -si localhost:$edge/ -H 'x-api-key: alice'          # five per minute: the sixth is 429
   for i in 1 2 3; do curl -s -o /dev/null -w '%{http_code}\n' localhost:$edge/v1/export -H 'x-api-key: bob'; done
+  for i in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code}\n' localhost:$edge/v1/chat/x -H 'x-api-key: dave'; done   # token budget
   curl -s localhost:$h1/rlconfig                         # the rules in force
   curl -s localhost:$h1/metrics | grep bucket_rls_over_limit
 
@@ -135,4 +136,21 @@ echo "$sixth" | tr -d '\r' | grep -qx 'retry-after: [0-9]*' ||
 # is the same whichever replica Envoy asks.
 other="$(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$edge/" -H 'x-api-key: carol')"
 [ "$other" = 200 ] || { echo "run-local: another key got $other" >&2; exit 1; }
+# The token budget on /v1/chat/: 1000 tokens per hour per key, each answer
+# charging the 400 tokens the upstream reports after the response. Three pass
+# (1000, 600, 200 left: the check needs one token), the third takes the
+# balance to -200, the fourth is 429 with the real time to repay.
+# The charge is sent when the response is done: pause a little between
+# requests so it lands before the next check (a late charge only lets one
+# more request in).
+chat=""
+for _ in 1 2 3 4 5; do
+  chat+="$(curl -s -o /dev/null -w '%{http_code}' "127.0.0.1:$edge/v1/chat/x" -H 'x-api-key: dave') "
+  sleep 0.2
+done
+echo "run-local: token budget: $chat"
+case "$chat" in
+  "200 200 200 429 429 " | "200 200 200 200 429 ") ;;
+  *) echo "run-local: expected three 200, then 429 once the charges land, on /v1/chat/" >&2; exit 1 ;;
+esac
 echo "run-local: ok"
