@@ -501,7 +501,10 @@ fn run_local_script_serves_the_walkthrough_without_docker() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no retry-after in:\n{text}"));
     assert!((1..=12).contains(&wait), "retry-after {wait}");
-    assert!(text.contains("run-local: token budget: 200 200 200 "), "{text}");
+    assert!(
+        text.contains("run-local: token budget: 200 200 200 "),
+        "{text}"
+    );
     assert!(text.ends_with("run-local: ok\n"), "{text}");
 }
 
