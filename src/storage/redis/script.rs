@@ -139,9 +139,9 @@ pub struct ScriptCall {
     /// Distinct bucket keys (KEYS).
     pub keys: Vec<String>,
     /// ARGV: explicit now (or empty), shortest expiry in ms (or empty), then
-    /// six values per charge.
-    pub args: Vec<String>,
-    /// Number of charges (the reply has `1 + 2 * charges` integers).
+    /// every charge packed in one binary argument ([`CHARGE_BYTES`] each).
+    pub args: Vec<Vec<u8>>,
+    /// Number of charges (the reply has `1 + 9 * charges` bytes).
     pub charges: usize,
 }
 
@@ -164,23 +164,25 @@ impl ScriptCall {
     /// with it exactly.
     pub fn new(charges: &[Charge], now_us: Option<u64>) -> Result<Self, StorageError> {
         let (keys, indexed) = group_by_key(charges);
-        let mut args = Vec::with_capacity(2 + 6 * indexed.len());
+        let mut args = Vec::with_capacity(3);
         match now_us {
             Some(t) if t > MAX_EXPLICIT_NOW_US => {
                 return Err(argument(format!("explicit now_us {t} is above 2^53")));
             }
             Some(t) => {
-                args.push(t.to_string());
-                args.push(TEST_MIN_TTL_MS.to_string());
+                args.push(t.to_string().into_bytes());
+                args.push(TEST_MIN_TTL_MS.to_string().into_bytes());
             }
             None => {
-                args.push(String::new());
-                args.push(String::new());
+                args.push(Vec::new());
+                args.push(Vec::new());
             }
         }
+        let mut packed = Vec::with_capacity(CHARGE_BYTES * indexed.len());
         for (key_idx, spec) in &indexed {
-            push_charge(&mut args, key_idx + 1, spec);
+            push_charge(&mut packed, key_idx + 1, spec);
         }
+        args.push(packed);
         Ok(Self {
             keys: keys.into_iter().map(str::to_owned).collect(),
             args,
@@ -195,9 +197,9 @@ impl ScriptCall {
     #[must_use]
     pub fn with_min_ttl_ms(mut self, ms: u64) -> Self {
         self.args[1] = if ms == 0 {
-            String::new()
+            Vec::new()
         } else {
-            ms.to_string()
+            ms.to_string().into_bytes()
         };
         self
     }
@@ -218,7 +220,7 @@ impl ScriptCall {
             cmd.arg(k.as_bytes());
         }
         for a in &self.args {
-            cmd.arg(a.as_bytes());
+            cmd.arg(a.as_slice());
         }
     }
 }
@@ -227,7 +229,11 @@ fn argument(message: String) -> StorageError {
     StorageError::backend(BackendKind::Argument, message)
 }
 
-fn push_charge(args: &mut Vec<String>, key_no: usize, spec: &ChargeSpec) {
+/// Bytes of one charge in the packed ARGV: key index, R, U and C as
+/// big-endian u32, cost and flags as big-endian u64 (lua/token_bucket.lua).
+pub const CHARGE_BYTES: usize = 32;
+
+fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec) {
     let l = &spec.limit;
     let burst = l.burst;
     let cap_tokens = if l.requests_per_unit == 0 {
@@ -254,15 +260,22 @@ fn push_charge(args: &mut Vec<String>, key_no: usize, spec: &ChargeSpec) {
         flags |= u64::from(FLAG_SHADOW);
     }
     flags |= debt_tokens << 2;
-    args.push(key_no.to_string());
-    args.push(l.requests_per_unit.to_string());
-    args.push(l.unit_secs.to_string());
-    args.push(burst.to_string());
-    args.push(cost.to_string());
-    args.push(flags.to_string());
+    // A request has at most a few thousand descriptors and a unit at most a
+    // year (31,536,000 s), so both fit in 32 bits.
+    packed.extend_from_slice(&u32::try_from(key_no).unwrap_or(u32::MAX).to_be_bytes());
+    packed.extend_from_slice(&l.requests_per_unit.to_be_bytes());
+    packed.extend_from_slice(
+        &u32::try_from(l.unit_secs.get())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    packed.extend_from_slice(&burst.to_be_bytes());
+    packed.extend_from_slice(&cost.to_be_bytes());
+    packed.extend_from_slice(&flags.to_be_bytes());
 }
 
-/// Parses `{ admitted, enough_1, tokens_1, ... }` for `charges` charges.
+/// Parses the packed reply (admitted, then per charge enough and tokens)
+/// for `charges` charges.
 ///
 /// # Errors
 /// [`StorageError::Backend`] (`reply`) when the reply has another shape.
@@ -273,31 +286,27 @@ pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult
             format!("unexpected token bucket script reply ({what}): {reply:?}"),
         )
     };
-    let Value::Array(items) = reply else {
-        return Err(bad("not an array"));
+    // One packed string: the admitted byte, then per charge an enough byte
+    // and the balance as a big-endian i64 (lua/token_bucket.lua, "Reply").
+    let Value::BulkString(bytes) = reply else {
+        return Err(bad("not a string"));
     };
-    if items.len() != 1 + 2 * charges {
+    if bytes.len() != 1 + 9 * charges {
         return Err(bad("wrong length"));
     }
-    let int = |v: &Value| match v {
-        Value::Int(i) => Ok(*i),
-        _ => Err(bad("not an integer")),
+    let flag = |b: u8, what: &str| match b {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(bad(what)),
     };
-    let admitted = match int(&items[0])? {
-        0 => false,
-        1 => true,
-        _ => return Err(bad("admitted flag")),
-    };
+    let admitted = flag(bytes[0], "admitted flag")?;
     let mut out = Vec::with_capacity(charges);
-    for pair in items[1..].chunks_exact(2) {
-        let enough = match int(&pair[0])? {
-            0 => false,
-            1 => true,
-            _ => return Err(bad("enough flag")),
-        };
+    for c in bytes[1..].chunks_exact(9) {
+        let mut tokens = [0u8; 8];
+        tokens.copy_from_slice(&c[1..]);
         out.push(ChargeResult {
-            enough,
-            tokens_micro: int(&pair[1])?,
+            enough: flag(c[0], "enough flag")?,
+            tokens_micro: i64::from_be_bytes(tokens),
         });
     }
     Ok(RequestResult {
@@ -341,11 +350,17 @@ mod tests {
         .expect("valid");
         assert_eq!(call.keys, vec!["a", "b"]);
         assert_eq!(call.charges, 3);
-        let expect: Vec<&str> = vec![
-            "", "", "1", "10", "60", "20", "21", "0", "2", "10", "60", "20", "0", "2", "1", "10",
-            "60", "20", "1000", "1",
-        ];
-        assert_eq!(call.args, expect);
+        // (key index, R, U, C, cost, flags) per charge, packed.
+        let mut packed = Vec::new();
+        for (k, cost, flags) in [(1u32, 21u64, 0u64), (2, 0, 2), (1, 1000, 1)] {
+            packed.extend_from_slice(&k.to_be_bytes());
+            packed.extend_from_slice(&10u32.to_be_bytes());
+            packed.extend_from_slice(&60u32.to_be_bytes());
+            packed.extend_from_slice(&20u32.to_be_bytes());
+            packed.extend_from_slice(&cost.to_be_bytes());
+            packed.extend_from_slice(&flags.to_be_bytes());
+        }
+        assert_eq!(call.args, vec![Vec::new(), Vec::new(), packed]);
         assert!(
             ScriptCall::new(&[charge("a", 1, ChargeKind::Consume, false)], Some(1 << 53)).is_err()
         );
@@ -353,25 +368,25 @@ mod tests {
 
     #[test]
     fn replies_are_checked() {
-        let ok = Value::Array(vec![Value::Int(1), Value::Int(1), Value::Int(5)]);
+        let packed = |admitted: u8, charges: &[(u8, i64)]| {
+            let mut v = vec![admitted];
+            for (e, t) in charges {
+                v.push(*e);
+                v.extend_from_slice(&t.to_be_bytes());
+            }
+            Value::BulkString(v)
+        };
+        let ok = packed(1, &[(1, 5)]);
         let r = parse_reply(&ok, 1).expect("valid");
         assert!(r.admitted);
-        assert_eq!(r.charges[0].tokens_micro, 5);
+        assert_eq!((r.charges[0].enough, r.charges[0].tokens_micro), (true, 5));
         assert!(parse_reply(&ok, 2).is_err());
-        // A balance in debt is negative.
-        let debt = parse_reply(
-            &Value::Array(vec![Value::Int(0), Value::Int(0), Value::Int(-5)]),
-            1,
-        )
-        .expect("valid");
+        let debt = parse_reply(&packed(0, &[(0, -5)]), 1).expect("valid");
+        assert!(!debt.admitted);
         assert_eq!(debt.charges[0].tokens_micro, -5);
-        assert!(
-            parse_reply(
-                &Value::Array(vec![Value::Int(2), Value::Int(1), Value::Int(5)]),
-                1
-            )
-            .is_err()
-        );
+        assert!(parse_reply(&packed(2, &[(1, 5)]), 1).is_err());
+        assert!(parse_reply(&packed(1, &[(7, 5)]), 1).is_err());
+        assert!(parse_reply(&Value::Array(vec![Value::Int(1)]), 0).is_err());
         assert!(parse_reply(&Value::Nil, 0).is_err());
     }
 }
