@@ -42,28 +42,9 @@ WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
-cat >"$WORK/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - {key: hot, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d1, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d2, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d3, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d4, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-YAML
-# The gRPC body: a length-prefixed RateLimitRequest {domain: bench,
-# descriptors: [{entries: [{key: hot, value: x}]}, {d1=x} ...]}.
-body() { # body N: writes $WORK/body.N
-  python3 - "$WORK/body.$1" "$1" <<'PY'
-import sys
-def field(n, b): return bytes([n << 3 | 2, len(b)]) + b
-keys = ["hot", "d1", "d2", "d3", "d4"][: int(sys.argv[2])]
-msg = field(1, b"bench") + b"".join(
-    field(2, field(1, field(1, k.encode()) + field(2, b"x"))) for k in keys)
-open(sys.argv[1], "wb").write(b"\0" + len(msg).to_bytes(4, "big") + msg)
-PY
-}
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench-common.sh
+bench_config "$WORK/bench.yaml"
+body() { bench_body "$WORK/body.$1" "$1"; } # body N: writes $WORK/body.N
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 h2() { # h2 PORT N BODY [LOG]: h2load; prints req/s
   local log=()

@@ -20,23 +20,9 @@ W=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-cat >"$W/b.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - {key: hot, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d1, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d2, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d3, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d4, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-YAML
-python3 - "$W/body" "$DESCRIPTORS" <<'PY'
-import sys
-def field(n, b): return bytes([n << 3 | 2, len(b)]) + b
-keys = ["hot", "d1", "d2", "d3", "d4"][: int(sys.argv[2])]
-msg = field(1, b"bench") + b"".join(field(2, field(1, field(1, k.encode()) + field(2, b"x"))) for k in keys)
-open(sys.argv[1], "wb").write(b"\0" + len(msg).to_bytes(4, "big") + msg)
-PY
+. scripts/bench-common.sh
+bench_config "$W/b.yaml"
+bench_body "$W/body" "$DESCRIPTORS"
 printf '%-4s %8s %8s %8s %12s\n' run "p50 ms" "p99 ms" "p999 ms" "CPU us/dec"
 for run in $(seq "$RUNS"); do
   rp=$(free_port) gp=$(free_port) hp=$(free_port)

@@ -27,24 +27,9 @@ WORK=$(mktemp -d)
 PID=
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
-cat >"$WORK/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - {key: hot, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d1, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d2, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d3, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d4, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-YAML
-python3 - "$WORK/body" "$DESCRIPTORS" <<'PY'
-import sys
-def field(n, b): return bytes([n << 3 | 2, len(b)]) + b
-keys = ["hot", "d1", "d2", "d3", "d4"][: int(sys.argv[2])]
-msg = field(1, b"bench") + b"".join(
-    field(2, field(1, field(1, k.encode()) + field(2, b"x"))) for k in keys)
-open(sys.argv[1], "wb").write(b"\0" + len(msg).to_bytes(4, "big") + msg)
-PY
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench-common.sh
+bench_config "$WORK/bench.yaml"
+bench_body "$WORK/body" "$DESCRIPTORS"
 h2() {
   h2load -n "$2" -c "$CONNS" -m "$STREAMS" -H 'content-type: application/grpc' -H 'te: trailers' \
     -d "$WORK/body" "http://127.0.0.1:$1/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
