@@ -33,15 +33,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat >"$WORK/bench.yaml" <<'EOF'
-domain: bench
-descriptors:
-  # Never reached at these speeds (4e9 tokens, 1.1 million per second).
-  - {key: hot, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d1, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d2, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d3, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
-  - {key: d4, rate_limit: {unit: hour, requests_per_unit: 4000000000}}
+. scripts/bench-common.sh
+# hot, d1..d4: never reached at these speeds (4e9 tokens, 1.1 million per second).
+bench_config "$WORK/bench.yaml"
+cat >>"$WORK/bench.yaml" <<'EOF'
   # Per client address, the unbounded-client-values shape of docs/design.md: a bucket stays 6 s after one hit.
   - {key: ip, rate_limit: {unit: minute, requests_per_unit: 10}}
   # RSS: one token per minute, so a bucket stays in memory 60 s after its hit
@@ -51,9 +46,6 @@ descriptors:
   - {key: flood, rate_limit: {unit: minute, requests_per_unit: 10}}
 EOF
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
 # start_server [serve flags...]: starts bucket-rls on port 0, sets GRPC and SERVER_PID.
 start_server() {

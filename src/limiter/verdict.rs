@@ -391,6 +391,13 @@ pub(super) fn respond(
 /// before the request that storage reported), or `None` for a bucket no debt
 /// charge touched.
 fn balances_after_debt(charges: &[Charge], result: &RequestResult) -> Vec<Option<i64>> {
+    // Most denied requests carry no debt charge: nothing to compute.
+    if !charges
+        .iter()
+        .any(|c| c.spec.limit.debt_micro() > 0 && c.spec.cost > 0)
+    {
+        return Vec::new();
+    }
     let mut balance: std::collections::HashMap<&str, i128> = std::collections::HashMap::new();
     for (c, r) in charges.iter().zip(&result.charges) {
         let debt = c.spec.limit.debt_micro();
