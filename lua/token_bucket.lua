@@ -75,68 +75,57 @@ local TWO53 = 9007199254740992
 local MAX_TTL_MS = 1000000000000000
 -- ARGV[2]: shortest expiry for test runs (0 = none).
 local min_ttl = tonumber(ARGV[2]) or 0
+-- Library functions as locals: a local is one VM register, a global a table
+-- lookup per use.
+local fmod, ceil, rcall = math.fmod, math.ceil, redis.call
+local spack, sunpack, sbyte = struct.pack, struct.unpack, string.byte
 
 -- Exact integer division of non-negative integers below 2^53.
 local function divmod(a, b)
-  local r = math.fmod(a, b)
+  local r = fmod(a, b)
   return (a - r) / b, r
 end
 
--- Integers are formatted by hand: Lua's default number formatting may use an
--- exponent, which Redis rejects as an integer argument.
-local function int(n)
-  return string.format('%.0f', n)
-end
-
 -- Packing with Redis's built-in `struct` library (one C call instead of a
--- byte loop in Lua: most of the script's time per bucket went there). Every
--- value packed is an integer below 2^53, exact in the library's 64-bit integers.
+-- byte loop in Lua). Every value packed is an integer below 2^53, exact in
+-- the library's 64-bit integers.
 -- PACK[m]: 7 bytes of timestamp, then m bytes of tokens (one call reads or
 -- writes both).
 local PACK = { [0] = '>I7', '>I7I1', '>I7I2', '>I7I3', '>I7I4', '>I7I5', '>I7I6', '>I7I7', '>I7I8' }
--- POW[i] = 256^i: a value below POW[m] fits in m bytes.
-local POW = { [0] = 1, 256, 65536, 16777216, 4294967296, 1099511627776, 281474976710656, 72057594037927936 }
+
+-- Bytes needed for a magnitude below 2^56 (0 for 0).
+local function width(v)
+  if v < 4294967296 then
+    if v < 65536 then
+      if v == 0 then
+        return 0
+      elseif v < 256 then
+        return 1
+      end
+      return 2
+    elseif v < 16777216 then
+      return 3
+    end
+    return 4
+  elseif v < 1099511627776 then
+    return 5
+  elseif v < 281474976710656 then
+    return 6
+  end
+  return 7
+end
 
 -- A balance in debt is written as its magnitude in one byte more than it
 -- needs, so it starts with a 0 byte, which a minimal encoding never does.
 local function encode(tokens, updated)
-  local neg = tokens < 0
-  if neg then
-    tokens = -tokens
+  if tokens < 0 then
+    return spack(PACK[width(-tokens) + 1], updated, -tokens)
   end
-  local m = 0
-  while tokens >= POW[m] do
-    m = m + 1
-  end
-  if neg then
-    m = m + 1
-  end
+  local m = width(tokens)
   if m == 0 then
-    return struct.pack(PACK[0], updated)
+    return spack('>I7', updated)
   end
-  return struct.pack(PACK[m], updated, tokens)
-end
-
--- Returns { tokens_micro, updated_us } or nil for a missing (full) bucket.
-local function decode(s)
-  if not s then
-    return nil
-  end
-  local len = #s
-  if len < 7 or len > 15 then
-    return nil
-  end
-  if len == 7 then
-    local updated = struct.unpack('>I7', s)
-    return { 0, updated }
-  end
-  local m = len - 7
-  local updated, tokens = struct.unpack(PACK[m], s)
-  -- Below 256^(m-1): the first of its m bytes is 0, a debt.
-  if tokens < POW[m - 1] then
-    tokens = -tokens
-  end
-  return { tokens, updated }
+  return spack(PACK[m], updated, tokens)
 end
 
 -- Micro-tokens at `now` (bucket.rs BucketState::tokens_at). The refill
@@ -144,8 +133,7 @@ end
 -- q*R + r*a + floor(r*b/U) with q, r = divmod(elapsed, U) and
 -- a, b = divmod(R, U): r*a < R and r*b < U^2 < 2^53, and q*R is only used
 -- when it is below the deficit (else the bucket is full).
-local function tokens_at(tokens, updated, R, U, cap, now)
-  local have = tokens
+local function tokens_at(have, updated, R, U, cap, now)
   if have >= cap then
     return cap
   end
@@ -153,10 +141,17 @@ local function tokens_at(tokens, updated, R, U, cap, now)
   if elapsed <= 0 then
     return have
   end
-  local deficit = cap - have
+  if U == 1 then
+    -- Per-second rules, the usual case: q = elapsed, r = 0 below.
+    local qr = elapsed * R
+    if qr >= cap - have then
+      return cap
+    end
+    return have + qr
+  end
   local q, r = divmod(elapsed, U)
   local qr = q * R
-  if qr >= deficit then
+  if qr >= cap - have then
     return cap
   end
   local a, b = divmod(R, U)
@@ -171,22 +166,21 @@ end
 -- Milliseconds until a bucket holding `tokens` (of `cap`; negative in
 -- debt) is full (ceil, at least 1).
 local function ttl_ms(R, U, cap, tokens)
-  local deficit = cap - tokens
-  local p = deficit * U
+  local p = (cap - tokens) * U
   local ms
   if p < TWO53 then
     local us, rem = divmod(p, R)
     if rem > 0 then
       us = us + 1
     end
-    local m, rr = divmod(us, 1000)
+    local rr = fmod(us, 1000)
+    ms = (us - rr) / 1000
     if rr > 0 then
-      m = m + 1
+      ms = ms + 1
     end
-    ms = m
   else
     -- Years-long waits: doubles with an upward margin.
-    ms = math.ceil(deficit / R * U / 1000 * (1 + 1e-9)) + 1
+    ms = ceil((cap - tokens) / R * U / 1000 * (1 + 1e-9)) + 1
   end
   if ms < 1 then
     ms = 1
@@ -204,79 +198,109 @@ local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
 else
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   now = tonumber(t[1]) * MICRO + tonumber(t[2])
 end
 
--- ARGV[3]: the charges, unpacked once (see the header).
-local CHARGE_BYTES = 32
-local n = #ARGV[3] / CHARGE_BYTES
-local KEY, RATE, UNIT, CAP, COST, FLAGS = {}, {}, {}, {}, {}, {}
-do
-  local pos = 1
-  for c = 1, n do
-    KEY[c], RATE[c], UNIT[c], CAP[c], COST[c], FLAGS[c], pos =
-      struct.unpack('>I4I4I4I4I8I8', ARGV[3], pos)
+-- Every bucket in one MGET (in slices, to stay inside Lua's stack for a
+-- request with very many descriptors). MGET reads a key of another type as
+-- missing, so a key it reports missing is read again with GET, which fails
+-- with WRONGTYPE on a foreign key instead of letting it be overwritten; a
+-- hot bucket exists, so that second read is paid by new buckets only.
+local nk = #KEYS
+local vals
+if nk == 0 then
+  vals = {}
+elseif nk <= 512 then
+  vals = rcall('MGET', unpack(KEYS))
+else
+  vals = {}
+  for i = 1, nk, 512 do
+    local j = i + 511
+    if j > nk then
+      j = nk
+    end
+    local part = rcall('MGET', unpack(KEYS, i, j))
+    for x = 1, j - i + 1 do
+      vals[i + x - 1] = part[x]
+    end
   end
 end
-local stored, work, dirty, last = {}, {}, {}, {}
--- Per debt bucket: the balance after its debt charges only (written when
--- the request is denied), and whether it changed.
-local dwork, ddirty = {}, {}
--- Per bucket stamped after now: the balance read before any charge.
-local read = {}
-local enough = {}
-local admitted = true
 
+-- Per bucket k (index into KEYS): the stored balance ST[k] and stamp SU[k]
+-- (SU[k] false: missing, a full bucket), the working balance W[k] and
+-- whether it changed (DIRTY[k]), the limit of its last charge (LR, LU, LC),
+-- for debt buckets the balance after the debt charges only (DW[k], written
+-- when the request is denied), and for a bucket stamped after now the
+-- balance read before any charge (READ[k]).
+local ST, SU, W, DIRTY, LR, LU, LC, DW, READ = {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- Per charge: its bucket and whether it had enough tokens.
+local KEY, ENOUGH = {}, {}
+
+-- ARGV[3]: the charges (see the header), taken in order.
+local packed = ARGV[3]
+local n = #packed / 32
+local admitted = true
+local pos = 1
 for c = 1, n do
-  local k = KEY[c]
-  local R = RATE[c]
-  local U = UNIT[c]
-  local C = CAP[c]
-  local cost = COST[c]
-  local flags = FLAGS[c]
-  local refund = math.fmod(flags, 2) == 1
-  local shadow = flags >= 2
-  local debt = 0
-  if flags >= 4 then
-    local low = math.fmod(flags, 4)
-    shadow = low >= 2
-    debt = (flags - low) / 4 * MICRO
-  end
+  local k, R, U, C, cost, flags
+  k, R, U, C, cost, flags, pos = sunpack('>I4I4I4I4I8I8', packed, pos)
+  KEY[c] = k
+  -- Exact: flags < 2^35 and the divisors are powers of two.
+  local low = flags % 4
+  local refund = low % 2 == 1
+  local shadow = low >= 2
+  local debt = (flags - low) / 4 * MICRO
   local cap = 0
   if R > 0 then
     cap = C * MICRO
   end
-  if work[k] == nil then
-    -- GET, not MGET: a key of another type under the prefix must fail with
-    -- WRONGTYPE instead of reading as a missing bucket and being overwritten.
-    local s = decode(redis.call('GET', KEYS[k]))
-    stored[k] = s or false
-    if s then
-      work[k] = tokens_at(s[1], s[2], R, U, cap, now)
-      if s[2] > now then
-        read[k] = work[k]
+  local w = W[k]
+  if w == nil then
+    local s = vals[k]
+    if not s then
+      -- Missing, or another type: GET tells them apart (WRONGTYPE).
+      s = rcall('GET', KEYS[k])
+    end
+    local len = s and #s or 0
+    if len >= 7 and len <= 15 then
+      local updated, tokens
+      if len == 7 then
+        updated, tokens = sunpack('>I7', s), 0
+      else
+        local m = len - 7
+        updated, tokens = sunpack(PACK[m], s)
+        -- The first of its m bytes is 0: a debt.
+        if sbyte(s, 8) == 0 then
+          tokens = -tokens
+        end
+      end
+      ST[k], SU[k] = tokens, updated
+      w = tokens_at(tokens, updated, R, U, cap, now)
+      if updated > now then
+        READ[k] = w
       end
     else
-      work[k] = cap
+      SU[k] = false
+      w = cap
     end
-    dirty[k] = false
+    DIRTY[k] = false
   end
   -- A later charge on the same bucket may carry another limit.
-  if work[k] > cap then
-    work[k] = cap
+  if w > cap then
+    w = cap
   end
-  last[k] = { R, U, cap }
+  LR[k], LU[k], LC[k] = R, U, cap
   if refund then
-    local new = work[k] + cost * MICRO
+    local new = w + cost * MICRO
     if new > cap then
       new = cap
     end
-    if new ~= work[k] then
-      work[k] = new
-      dirty[k] = true
+    if new ~= w then
+      w = new
+      DIRTY[k] = true
     end
-    enough[c] = 1
+    ENOUGH[c] = 1
   else
     local need = cost
     if need < 1 then
@@ -286,11 +310,11 @@ for c = 1, n do
     if need > cap + MICRO then
       need = cap + MICRO
     end
-    local ok = work[k] >= need
+    local ok = w >= need
     if ok then
-      enough[c] = 1
+      ENOUGH[c] = 1
     else
-      enough[c] = 0
+      ENOUGH[c] = 0
       if not shadow then
         admitted = false
       end
@@ -298,23 +322,20 @@ for c = 1, n do
     if debt > 0 then
       if cost > 0 then
         -- Always charged, clamped at -D, never raised by the clamp.
-        local t = work[k]
         local floor = -debt
-        if floor > t then
-          floor = t
+        if floor > w then
+          floor = w
         end
-        t = t - cost * MICRO
-        if t < floor then
-          t = floor
+        w = w - cost * MICRO
+        if w < floor then
+          w = floor
         end
-        work[k] = t
-        dirty[k] = true
-        local d = dwork[k]
+        DIRTY[k] = true
+        local d = DW[k]
         if d == nil then
           d = cap
-          local s = stored[k]
-          if s then
-            d = tokens_at(s[1], s[2], R, U, cap, now)
+          if SU[k] then
+            d = tokens_at(ST[k], SU[k], R, U, cap, now)
           end
         elseif d > cap then
           d = cap
@@ -327,68 +348,72 @@ for c = 1, n do
         if d < floor then
           d = floor
         end
-        dwork[k] = d
-        ddirty[k] = true
+        DW[k] = d
       end
     elseif ok and cost > 0 then
-      work[k] = work[k] - cost * MICRO
-      dirty[k] = true
+      w = w - cost * MICRO
+      DIRTY[k] = true
     end
   end
+  W[k] = w
 end
 
 -- Writes the balance `tokens` of bucket k, stamped now. Under a rate of 0
 -- (capacity 0) a bucket counts as full, as in the model.
 local function put(k, tokens)
-  local L = last[k]
-  if tokens >= L[3] or L[1] == 0 then
-    redis.call('DEL', KEYS[k])
+  local cap = LC[k]
+  if tokens >= cap or LR[k] == 0 then
+    rcall('DEL', KEYS[k])
   else
-    local px = ttl_ms(L[1], L[2], L[3], tokens)
-    redis.call('SET', KEYS[k], encode(tokens, now), 'PX', int(px))
+    rcall('SET', KEYS[k], encode(tokens, now), 'PX', string.format('%d', ttl_ms(LR[k], LU[k], cap, tokens)))
   end
 end
 
 -- A bucket stamped after now (Redis's clock stepped back) that nothing
 -- else writes is written as read, stamped now, admitted or not: otherwise
 -- every later call would read "no time elapsed" until the clock caught up.
--- (`dirty` has every bucket of the request as a key.)
+-- (`DIRTY` has every bucket of the request as a key.)
 local reply = { 0 }
 if admitted then
   reply[1] = 1
-  for k, d in pairs(dirty) do
+  for k, d in pairs(DIRTY) do
     if d then
-      put(k, work[k])
-    elseif read[k] then
-      put(k, read[k])
+      put(k, W[k])
+    elseif READ[k] then
+      put(k, READ[k])
     end
   end
   for c = 1, n do
-    reply[2 * c] = enough[c]
-    reply[2 * c + 1] = work[KEY[c]]
+    reply[2 * c] = ENOUGH[c]
+    reply[2 * c + 1] = W[KEY[c]]
   end
 else
-  for k in pairs(dirty) do
-    if ddirty[k] then
-      put(k, dwork[k])
-    elseif read[k] then
-      put(k, read[k])
+  for k in pairs(DIRTY) do
+    if DW[k] then
+      put(k, DW[k])
+    elseif READ[k] then
+      put(k, READ[k])
     end
   end
+  -- Balances before the request, under each charge's own limit.
+  pos = 1
   for c = 1, n do
-    local k = KEY[c]
-    local R = RATE[c]
+    local k, R, U, C
+    k, R, U, C = sunpack('>I4I4I4I4', packed, pos)
+    pos = pos + 32
     local cap = 0
     if R > 0 then
-      cap = CAP[c] * MICRO
+      cap = C * MICRO
     end
     local t = cap
-    local s = stored[k]
-    if s then
-      t = tokens_at(s[1], s[2], R, UNIT[c], cap, now)
+    if SU[k] then
+      t = tokens_at(ST[k], SU[k], R, U, cap, now)
     end
-    reply[2 * c] = enough[c]
+    reply[2 * c] = ENOUGH[c]
     reply[2 * c + 1] = t
   end
 end
-return struct.pack('>B' .. string.rep('Bi8', n), unpack(reply))
+if n == 1 then
+  return spack('>BBi8', reply[1], reply[2], reply[3])
+end
+return spack('>B' .. string.rep('Bi8', n), unpack(reply))

@@ -49,7 +49,7 @@ n=0
 for bin in "$@"; do
   n=$((n + 1))
   out="$OUT/callgrind.$n.out"
-  serve valgrind --tool=callgrind --callgrind-out-file="$out" "$bin"
+  serve valgrind --tool=callgrind --compress-strings=no --callgrind-out-file="$out" "$bin"
   h2 "$PORT" 2000
   callgrind_control -z "$PID" >/dev/null
   h2 "$PORT" "$REQUESTS"

@@ -147,7 +147,9 @@ where
     let stopped = stop.wait_for(|s| *s);
     let mut stopped = std::pin::pin!(stopped);
     let mut stopping = false;
-    let mut calls = FuturesUnordered::new();
+    let mut calls: FuturesUnordered<Call> = FuturesUnordered::new();
+    // The calls of one read, taken before any is run (kept across reads).
+    let mut accepted = Vec::new();
     // One poll of the connection reads every frame the socket has and then
     // writes every frame queued, so: take all the calls that arrived, run
     // them until they wait (the memory backend never does), and only then
@@ -169,7 +171,7 @@ where
                 // connection's I/O goes on (pings, window updates, writes)
                 // and new streams wait in h2, bounded by the streams
                 // advertised, their bytes held back by flow control.
-                if calls.len() >= crate::grpc::MAX_IN_FLIGHT_PER_CONNECTION {
+                if calls.len() + accepted.len() >= crate::grpc::MAX_IN_FLIGHT_PER_CONNECTION {
                     if let Poll::Ready(r) = conn.poll_closed(cx) {
                         return Poll::Ready(r.map(|()| true));
                     }
@@ -178,7 +180,7 @@ where
                 match conn.poll_accept(cx) {
                     Poll::Ready(Some(Ok((req, respond)))) => {
                         if is_should_rate_limit(&req) {
-                            calls.push(should_rate_limit(limiter.clone(), req, respond));
+                            accepted.push((req, respond));
                         } else {
                             tokio::spawn(forward(fallback.clone(), req, respond));
                         }
@@ -188,7 +190,19 @@ where
                     Poll::Pending => break,
                 }
             }
+            // Each new call is polled once here: one decided at once (the
+            // memory backend, a local-cache hit) never enters the set. One
+            // that waits is moved in boxed, so the move copies a pointer,
+            // and the set polls it again before it waits.
             let mut answered = false;
+            for (req, respond) in accepted.drain(..) {
+                let mut call: Call = Box::pin(should_rate_limit(limiter.clone(), req, respond));
+                if call.as_mut().poll(cx).is_ready() {
+                    answered = true;
+                } else {
+                    calls.push(call);
+                }
+            }
             while let Poll::Ready(Some(())) = calls.poll_next_unpin(cx) {
                 answered = true;
             }
@@ -203,10 +217,22 @@ where
         return Ok(());
     }
     // The calls still in flight finish (their responses are already queued
-    // or will be), then the connection flushes and closes.
+    // or will be), then the connection flushes and closes. Calls taken in
+    // the read that ended the loop have not run yet.
+    for (req, respond) in accepted.drain(..) {
+        calls.push(Box::pin(should_rate_limit(limiter.clone(), req, respond)));
+    }
     while calls.next().await.is_some() {}
     poll_fn(|cx| conn.poll_closed(cx)).await
 }
+
+// Header names built once, not parsed per lookup.
+const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+
+/// One `ShouldRateLimit` call in flight on a connection.
+type Call = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Resolves when a keep-alive ping is not answered in time; never without
 /// pings configured.
@@ -347,7 +373,7 @@ async fn read_message(mut body: RecvStream) -> Result<Bytes, Status> {
 /// `identity` (no compression is enabled), with tonic's message and
 /// `grpc-accept-encoding: identity`.
 fn unsupported_encoding(headers: &HeaderMap) -> Option<Status> {
-    let enc = headers.get("grpc-encoding")?;
+    let enc = headers.get(&GRPC_ENCODING)?;
     if enc.as_bytes() == b"identity" {
         return None;
     }
@@ -368,7 +394,7 @@ fn unsupported_encoding(headers: &HeaderMap) -> Option<Status> {
 /// a unit `H`, `M`, `S`, `m`, `u`, `n`); `None` when absent or malformed, as
 /// tonic treats it.
 fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
-    let v = headers.get("grpc-timeout")?.to_str().ok()?;
+    let v = headers.get(&GRPC_TIMEOUT)?.to_str().ok()?;
     if v.len() < 2 || v.len() > 9 {
         return None;
     }
@@ -408,7 +434,7 @@ fn send_message(
     let mut stream = respond.send_response(grpc_headers(), false)?;
     stream.send_data(buf.freeze(), false)?;
     let mut trailers = HeaderMap::with_capacity(1);
-    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
     stream.send_trailers(trailers)
 }
 

@@ -104,6 +104,88 @@ pub const CONFIG_INFO: &str = "bucket_rls_config_info";
 /// rendered at scrape time like [`CONFIG_INFO`]).
 pub const CONFIG_LOAD_TIMESTAMP: &str = "bucket_rls_config_load_timestamp_seconds";
 
+/// One per-rule counter (label `rule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleCounter {
+    /// [`TOTAL_HITS`].
+    Hits = 0,
+    /// [`WITHIN_LIMIT`].
+    WithinLimit = 1,
+    /// [`NEAR_LIMIT`].
+    NearLimit = 2,
+    /// [`OVER_LIMIT`].
+    OverLimit = 3,
+    /// [`HITS_EXCEED_CAPACITY`].
+    HitsExceedCapacity = 4,
+    /// [`SHADOW_MODE`].
+    ShadowMode = 5,
+}
+
+impl RuleCounter {
+    /// The metric name.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Hits => TOTAL_HITS,
+            Self::WithinLimit => WITHIN_LIMIT,
+            Self::NearLimit => NEAR_LIMIT,
+            Self::OverLimit => OVER_LIMIT,
+            Self::HitsExceedCapacity => HITS_EXCEED_CAPACITY,
+            Self::ShadowMode => SHADOW_MODE,
+        }
+    }
+}
+
+/// The per-rule counters of one `rule` label, each looked up in the recorder
+/// on its first increment and kept, instead of a label clone and a registry
+/// lookup per counter per request. A series still appears only once it is
+/// first incremented. Handles bind to the recorder installed at their first
+/// use: install it ([`install`]) before the first request.
+pub struct RuleCounters {
+    label: String,
+    counters: [std::sync::OnceLock<metrics::Counter>; 6],
+}
+
+impl RuleCounters {
+    /// The counters of label `label`.
+    #[must_use]
+    pub fn new(label: String) -> Self {
+        Self {
+            label,
+            counters: Default::default(),
+        }
+    }
+
+    /// The `rule` label.
+    #[must_use]
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Adds `by` hits to counter `which` of this label.
+    pub fn increment(&self, which: RuleCounter, by: u64) {
+        self.counters[which as usize]
+            .get_or_init(|| metrics::counter!(which.name(), "rule" => self.label.clone()))
+            .increment(by);
+    }
+}
+
+impl std::fmt::Debug for RuleCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RuleCounters").field(&self.label).finish()
+    }
+}
+
+/// Counters are equal when their labels are (what they count is the
+/// recorder's state, not theirs).
+impl PartialEq for RuleCounters {
+    fn eq(&self, other: &Self) -> bool {
+        self.label == other.label
+    }
+}
+
+impl Eq for RuleCounters {}
+
 /// Gauge, always 1: the running build. Label `version` (the crate version).
 pub const BUILD_INFO: &str = "bucket_rls_build_info";
 

@@ -11,6 +11,7 @@ use super::{
     Unit,
 };
 use crate::matcher::{Level, Pattern, Selector};
+use crate::metrics::RuleCounters;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -192,6 +193,7 @@ fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
         file: cx.file.to_owned(),
         rules: Vec::new(),
         root: Level::default(),
+        override_counters: Arc::new(RuleCounters::new(format!("{name}._override"))),
     };
     let descs = raw.descriptors.unwrap_or_default();
     let mut root = Level::default();
@@ -426,6 +428,7 @@ fn compile_level(
                         .any(|l| l.value_to_metric)
                         .then(|| chain.clone()),
                     source: format!("{}:{}", cx.file, d.line),
+                    counters: Arc::new(RuleCounters::new(composite.clone())),
                 });
             }
         } else if !replaces.is_empty() {

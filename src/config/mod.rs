@@ -182,6 +182,8 @@ pub struct Rule {
     pub metric_levels: Option<Vec<MetricLevel>>,
     /// File the rule came from and its line, for `/rlconfig`.
     pub source: String,
+    /// The counters of label [`Rule::path`], looked up once per config.
+    pub counters: Arc<crate::metrics::RuleCounters>,
 }
 
 /// A descriptor's `metadata`: a mapping of any YAML values, sent back as a
@@ -227,6 +229,9 @@ pub struct DomainConfig {
     pub rules: Vec<Rule>,
     /// Top level of the descriptor tree.
     pub root: Level,
+    /// The counters of request overrides that match no rule (label
+    /// `<domain>._override`).
+    pub override_counters: Arc<crate::metrics::RuleCounters>,
 }
 
 /// A complete, validated configuration: what one reload swaps in atomically.

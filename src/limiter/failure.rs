@@ -104,7 +104,7 @@ mod tests {
         use crate::limiter::verdict::CurrentLimit;
         let limited = |shadow| Plan::Limited {
             charge: 0,
-            label: "d.k".into(),
+            counters: std::sync::Arc::new(crate::metrics::RuleCounters::new("d.k".into())),
             current: CurrentLimit {
                 name: String::new(),
                 requests_per_unit: 1,

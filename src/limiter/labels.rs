@@ -3,9 +3,11 @@
 //! labels in the process is capped, so clients choosing values cannot grow
 //! the exported series (or the recorder's memory) without bound.
 
+use crate::metrics::RuleCounters;
 use parking_lot::Mutex;
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Most distinct value-carrying labels in one process; later ones count
 /// under `<rule path>._other`.
@@ -14,26 +16,39 @@ pub const MAX_VALUE_LABELS: usize = 10_000;
 /// Most bytes of one request value in a label (cut on a character boundary).
 pub const MAX_LABEL_VALUE_BYTES: usize = 64;
 
-/// The set of value-carrying labels handed out so far.
+/// The value-carrying labels handed out so far, with their counters.
 #[derive(Debug, Default)]
 pub struct ValueLabels {
-    seen: Mutex<HashSet<String>>,
+    seen: Mutex<Labels>,
+}
+
+#[derive(Debug, Default)]
+struct Labels {
+    /// At most [`MAX_VALUE_LABELS`].
+    values: HashMap<String, Arc<RuleCounters>>,
+    /// `<path>._other` by rule path (as many as rules with such labels).
+    others: HashMap<String, Arc<RuleCounters>>,
 }
 
 impl ValueLabels {
-    /// `label` if it was handed out before or there is room for it, else
-    /// `<path>._other`.
-    pub fn bounded(&self, path: &str, label: String) -> String {
+    /// The counters of `label` if it was handed out before or there is room
+    /// for it, else those of `<path>._other`.
+    pub fn bounded(&self, path: &str, label: String) -> Arc<RuleCounters> {
         let mut seen = self.seen.lock();
-        if seen.contains(&label) {
-            return label;
+        if let Some(c) = seen.values.get(&label) {
+            return c.clone();
         }
-        if seen.len() < MAX_VALUE_LABELS {
-            seen.insert(label.clone());
-            return label;
+        if seen.values.len() < MAX_VALUE_LABELS {
+            let c = Arc::new(RuleCounters::new(label.clone()));
+            seen.values.insert(label, c.clone());
+            return c;
         }
-        drop(seen);
-        format!("{path}._other")
+        if let Some(c) = seen.others.get(path) {
+            return c.clone();
+        }
+        let c = Arc::new(RuleCounters::new(format!("{path}._other")));
+        seen.others.insert(path.to_owned(), c.clone());
+        c
     }
 
     /// `value`, cut to at most [`MAX_LABEL_VALUE_BYTES`] bytes, with control
@@ -65,11 +80,16 @@ mod tests {
     fn labels_past_the_cap_share_the_rules_other_label() {
         let l = ValueLabels::default();
         for i in 0..MAX_VALUE_LABELS {
-            assert_eq!(l.bounded("d.k", format!("d.k_{i}")), format!("d.k_{i}"));
+            assert_eq!(
+                l.bounded("d.k", format!("d.k_{i}")).label(),
+                format!("d.k_{i}")
+            );
         }
-        assert_eq!(l.bounded("d.k", "d.k_new".into()), "d.k._other");
+        assert_eq!(l.bounded("d.k", "d.k_new".into()).label(), "d.k._other");
+        assert_eq!(l.bounded("d.k", "d.k_newer".into()).label(), "d.k._other");
+        assert_eq!(l.seen.lock().others.len(), 1, "one _other label per rule");
         // Labels handed out before stay.
-        assert_eq!(l.bounded("d.k", "d.k_7".into()), "d.k_7");
+        assert_eq!(l.bounded("d.k", "d.k_7".into()).label(), "d.k_7");
     }
 
     #[test]

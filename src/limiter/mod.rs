@@ -76,6 +76,8 @@ pub struct Limiter {
     unknown_domains: Mutex<HashMap<String, Instant>>,
     failure_log: failure::FailureLog,
     value_labels: labels::ValueLabels,
+    /// The [`m::REQUEST_DURATION`] histogram, looked up on the first request.
+    request_duration: std::sync::OnceLock<metrics::Histogram>,
 }
 
 impl Limiter {
@@ -105,6 +107,7 @@ impl Limiter {
             unknown_domains: Mutex::new(HashMap::new()),
             failure_log: failure::FailureLog::default(),
             value_labels: labels::ValueLabels::default(),
+            request_duration: std::sync::OnceLock::new(),
         }
     }
 
@@ -200,7 +203,9 @@ impl Limiter {
         } else {
             self.decide_inner(req).await
         };
-        metrics::histogram!(m::REQUEST_DURATION).record(started.elapsed().as_secs_f64());
+        self.request_duration
+            .get_or_init(|| metrics::histogram!(m::REQUEST_DURATION))
+            .record(started.elapsed().as_secs_f64());
         if let Err(e) = &out {
             metrics::counter!(m::SERVICE_ERROR, "kind" => e.kind()).increment(1);
         }
@@ -393,7 +398,7 @@ impl Limiter {
         for (i, (p, status)) in plans.iter().zip(&d.statuses).enumerate() {
             let plan::Plan::Limited {
                 charge,
-                label,
+                counters,
                 rule,
                 shadow,
                 quota,
@@ -422,7 +427,7 @@ impl Limiter {
             tracing::debug!(
                 descriptor = i,
                 entries = %entries,
-                rule = %label,
+                rule = %counters.label(),
                 source,
                 cost = spec.cost,
                 refund = spec.kind == ChargeKind::Refund,

@@ -7,6 +7,7 @@ use super::request::Request;
 use super::verdict::CurrentLimit;
 use crate::config::{DomainConfig, Metadata, MetricLevel, MetricLevelKind, Policy, Rule};
 use crate::matcher;
+use crate::metrics::RuleCounters;
 use crate::settings::ServiceSettings;
 use crate::storage::key::{self, KeyValue};
 use crate::storage::{Charge, ChargeKind, ChargeSpec, Limit};
@@ -24,8 +25,8 @@ pub(super) enum Plan {
     Limited {
         /// Index into the charges sent to storage.
         charge: usize,
-        /// Metric label of the rule.
-        label: String,
+        /// The counters of the rule's metric label.
+        counters: Arc<RuleCounters>,
         /// The limit reported back.
         current: CurrentLimit,
         /// Tokens this descriptor takes (or gives back).
@@ -176,16 +177,16 @@ pub(super) fn plan(
                 )
             })
             .collect();
-        let label = match rule {
-            Some(r) => rule_label(r, &domain.name, &d.entries, labels),
-            None => format!("{}._override", domain.name),
+        let counters = match rule {
+            Some(r) => rule_counters(r, &domain.name, &d.entries, labels),
+            None => domain.override_counters.clone(),
         };
         // A debt rule is never a quota: its charge is taken anyway, so it
         // must deny on its own (docs/design.md, "Debt").
         let quota = (quota || settings.global_quota_mode) && limit.debt_micro() == 0;
         plans.push(Plan::Limited {
             charge: charges.len(),
-            label,
+            counters,
             current,
             cost,
             shadow,
@@ -212,16 +213,21 @@ pub(super) fn plan(
     (plans, charges)
 }
 
-/// The metric label of `rule` for a descriptor of `entries`: the rule's
-/// path, or with `detailed_metric` or `value_to_metric` a label that carries
-/// the request's values, bounded by `labels`.
-fn rule_label(rule: &Rule, domain: &str, entries: &[(&str, &str)], labels: &ValueLabels) -> String {
+/// The counters of `rule`'s metric label for a descriptor of `entries`: the
+/// rule's path, or with `detailed_metric` or `value_to_metric` a label that
+/// carries the request's values, bounded by `labels`.
+fn rule_counters(
+    rule: &Rule,
+    domain: &str,
+    entries: &[(&str, &str)],
+    labels: &ValueLabels,
+) -> Arc<RuleCounters> {
     if rule.detailed_metric {
         labels.bounded(&rule.path, detailed_label(domain, entries))
     } else if let Some(levels) = &rule.metric_levels {
         labels.bounded(&rule.path, value_label(domain, levels, entries))
     } else {
-        rule.path.clone()
+        rule.counters.clone()
     }
 }
 

@@ -5,7 +5,7 @@
 use super::plan::Plan;
 use crate::config::Metadata;
 use crate::config::Unit;
-use crate::metrics as m;
+use crate::metrics::{self as m, RuleCounter};
 use crate::settings::ServiceSettings;
 use crate::storage::bucket::{self, MICRO, RequestResult};
 use crate::storage::{Charge, ChargeKind};
@@ -234,7 +234,7 @@ pub(super) fn respond(
         balances_after_debt(charges, result)
     };
     for plan in plans {
-        let (charge_idx, label, current, cost, shadow, quota) = match plan {
+        let (charge_idx, counters, current, cost, shadow, quota) = match plan {
             Plan::NoLimit => {
                 statuses.push(DescriptorStatus::no_limit());
                 if track_over {
@@ -251,13 +251,13 @@ pub(super) fn respond(
             }
             Plan::Limited {
                 charge,
-                label,
+                counters,
                 current,
                 cost,
                 shadow,
                 quota,
                 ..
-            } => (*charge, label, current, *cost, *shadow, *quota),
+            } => (*charge, counters, current, *cost, *shadow, *quota),
         };
         // A refund asks for nothing: like a rule over its limit, it passes
         // on no metadata.
@@ -283,14 +283,14 @@ pub(super) fn respond(
         // service's hits are u32 throughout).
         let counted = cost.min(u64::from(u32::MAX));
         if spec.kind == ChargeKind::Consume {
-            metrics::counter!(m::TOTAL_HITS, "rule" => label.clone()).increment(counted);
+            counters.increment(RuleCounter::Hits, counted);
         }
         let status = if spec.kind == ChargeKind::Refund || r.enough {
             if spec.kind == ChargeKind::Consume && charged {
-                metrics::counter!(m::WITHIN_LIMIT, "rule" => label.clone()).increment(counted);
+                counters.increment(RuleCounter::WithinLimit, counted);
                 let low = (cap as f64) * (1.0 - settings.near_limit_ratio);
                 if cost > 0 && (tokens_micro as f64) < low {
-                    metrics::counter!(m::NEAR_LIMIT, "rule" => label.clone()).increment(counted);
+                    counters.increment(RuleCounter::NearLimit, counted);
                 }
             }
             // A debt rule that had enough but was charged in a request
@@ -317,18 +317,17 @@ pub(super) fn respond(
                 )),
             }
         } else {
-            metrics::counter!(m::OVER_LIMIT, "rule" => label.clone()).increment(counted);
+            counters.increment(RuleCounter::OverLimit, counted);
             let own = u128::from(spec.cost.max(1)) * u128::from(MICRO);
             if limit.requests_per_unit > 0 && own > cap {
-                metrics::counter!(m::HITS_EXCEED_CAPACITY, "rule" => label.clone())
-                    .increment(counted);
+                counters.increment(RuleCounter::HitsExceedCapacity, counted);
             }
             // Earlier consumes of this request on the same bucket must fit
             // too: wait until all of them do, not only this one's cost.
             let wait_us =
                 bucket::wait_until_fits_us(limit, tokens_micro, need_micro[charge_idx].max(own));
             let code = if shadow {
-                metrics::counter!(m::SHADOW_MODE, "rule" => label.clone()).increment(counted);
+                counters.increment(RuleCounter::ShadowMode, counted);
                 Code::Ok
             } else if quota {
                 // A quota that can never pass (cost above its burst, or a

@@ -10,6 +10,7 @@
 //! `R / U` micro-tokens per microsecond, up to `C`. A bucket that has never been
 //! seen (or whose state expired) is full.
 
+use smallvec::{SmallVec, smallvec};
 use std::num::NonZeroU64;
 
 /// Micro-tokens per token.
@@ -198,10 +199,10 @@ pub fn apply_request(
     };
     // Per bucket: (balance after every charge, dirty), and (balance after
     // the debt charges only, dirty) for a denied request.
-    let mut work: Vec<Option<(i128, bool)>> = vec![None; states.len()];
-    let mut debt_only: Vec<Option<(i128, bool)>> = vec![None; states.len()];
+    let mut work: SmallVec<[Option<(i128, bool)>; 4]> = smallvec![None; states.len()];
+    let mut debt_only: SmallVec<[Option<(i128, bool)>; 4]> = smallvec![None; states.len()];
     // Per bucket: the balance read before any charge.
-    let mut read: Vec<i128> = vec![0; states.len()];
+    let mut read: SmallVec<[i128; 4]> = smallvec![0; states.len()];
     let mut results = Vec::with_capacity(charges.len());
     let mut admitted = true;
     for (bucket, spec) in charges {
@@ -337,14 +338,27 @@ pub fn ceil_secs(us: u128) -> u64 {
 /// Refunds need 0.
 #[must_use]
 pub fn request_needs(charges: &[super::Charge]) -> Vec<u128> {
-    let mut taken: std::collections::HashMap<&str, u128> = std::collections::HashMap::new();
+    // Tokens taken so far per key: a list searched in order for a few
+    // charges (no hashing), a map for many.
+    const LINEAR_UP_TO: usize = 16;
+    let mut few: SmallVec<[(&str, u128); LINEAR_UP_TO]> = SmallVec::new();
+    let mut many: std::collections::HashMap<&str, u128> = std::collections::HashMap::new();
     charges
         .iter()
         .map(|c| {
             if c.spec.kind != ChargeKind::Consume {
                 return 0;
             }
-            let taken_before = taken.entry(c.key.as_str()).or_insert(0);
+            let key = c.key.as_str();
+            let taken_before = if charges.len() <= LINEAR_UP_TO {
+                let i = few.iter().position(|(k, _)| *k == key).unwrap_or_else(|| {
+                    few.push((key, 0));
+                    few.len() - 1
+                });
+                &mut few[i].1
+            } else {
+                many.entry(key).or_insert(0)
+            };
             let need = *taken_before + u128::from(c.spec.cost.max(1)) * u128::from(MICRO);
             *taken_before += u128::from(c.spec.cost) * u128::from(MICRO);
             need

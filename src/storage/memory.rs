@@ -22,6 +22,7 @@ use super::clock::{Clock, MonotonicClock};
 use super::{Charge, RequestResult, Storage, StorageError, group_by_key};
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::{SmallVec, smallvec};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
@@ -158,15 +159,15 @@ impl MemoryStorage {
     #[must_use]
     pub fn apply_sync(&self, charges: &[Charge]) -> RequestResult {
         let (keys, indexed) = group_by_key(charges);
-        let shard_ids: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
-        let mut order: Vec<usize> = shard_ids.clone();
+        let shard_ids: SmallVec<[usize; 4]> = keys.iter().map(|k| self.shard_of(k)).collect();
+        let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 4]> =
             order.iter().map(|&i| (i, self.shards[i].lock())).collect();
         let guard_pos = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.clock.now_us();
-        let states: Vec<Option<BucketState>> = keys
+        let states: SmallVec<[Option<BucketState>; 4]> = keys
             .iter()
             .zip(&shard_ids)
             .map(|(k, &s)| {
@@ -181,7 +182,7 @@ impl MemoryStorage {
             })
             .collect();
         // The limit of a bucket's last charge decides when it is full again.
-        let mut limit_of = vec![None; keys.len()];
+        let mut limit_of: SmallVec<[Option<bucket::Limit>; 4]> = smallvec![None; keys.len()];
         for (i, spec) in &indexed {
             limit_of[*i] = Some(spec.limit);
         }
@@ -197,7 +198,12 @@ impl MemoryStorage {
             let full_at = st
                 .updated_us
                 .saturating_add(u64::try_from(ttf).unwrap_or(u64::MAX));
-            shard.map.insert(keys[i].to_owned(), (st, full_at));
+            // An existing bucket is updated in place: no key allocated.
+            if let Some(slot) = shard.map.get_mut(keys[i]) {
+                *slot = (st, full_at);
+            } else {
+                shard.map.insert(keys[i].to_owned(), (st, full_at));
+            }
             if shard.map.len() >= shard.next_sweep_len {
                 shard.sweep(now);
             }

@@ -10,6 +10,7 @@ pub mod redis;
 
 use async_trait::async_trait;
 pub use bucket::{BucketState, ChargeKind, ChargeResult, ChargeSpec, Limit, RequestResult};
+use smallvec::SmallVec;
 
 /// One descriptor's charge: which bucket, and what to do with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -276,9 +277,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
 /// Groups `charges` by key: returns the distinct keys (first-seen order) and,
 /// per charge, the index of its key in that list.
 #[must_use]
-pub fn group_by_key(charges: &[Charge]) -> (Vec<&str>, Vec<(usize, ChargeSpec)>) {
-    let mut keys: Vec<&str> = Vec::with_capacity(charges.len());
-    let mut indexed = Vec::with_capacity(charges.len());
+pub fn group_by_key(
+    charges: &[Charge],
+) -> (SmallVec<[&str; 4]>, SmallVec<[(usize, ChargeSpec); 4]>) {
+    let mut keys: SmallVec<[&str; 4]> = SmallVec::with_capacity(charges.len());
+    let mut indexed = SmallVec::with_capacity(charges.len());
     for c in charges {
         let idx = keys.iter().position(|k| *k == c.key).unwrap_or_else(|| {
             keys.push(&c.key);
