@@ -390,6 +390,69 @@ async fn error_replies_are_classified() {
     assert!(r.apply(&[charge("b", 0)]).await.is_ok());
 }
 
+/// A key of another type under a bucket's name fails the whole request with
+/// WRONGTYPE, even beside hot buckets that exist (the script reads them
+/// together): the foreign key is left as it was and no other bucket of the
+/// request is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_beside_existing_buckets_fails_the_request_and_is_kept() {
+    let primary = RedisServer::start();
+    let s = storage(&primary.url(), 1000);
+    wait_ready(&s).await;
+    // Two buckets that exist (one token taken from each of 10).
+    let first = s
+        .apply(&[charge("hot1", 1), charge("hot2", 1)])
+        .await
+        .expect("admitted");
+    assert!(first.admitted);
+    let _: () = primary.query(redis::cmd("SADD").arg("foreign").arg("member"));
+    let e = s
+        .apply(&[charge("hot1", 1), charge("foreign", 1), charge("hot2", 1)])
+        .await
+        .expect_err("a set under a bucket's name");
+    assert_eq!(e.kind(), "WRONGTYPE");
+    let kind: String = primary.query(redis::cmd("TYPE").arg("foreign"));
+    assert_eq!(kind, "set");
+    let members: Vec<String> = primary.query(redis::cmd("SMEMBERS").arg("foreign"));
+    assert_eq!(members, vec!["member".to_owned()]);
+    // Still 9 of 10 in each: the failed request charged nothing.
+    let after = s
+        .apply(&[charge("hot1", 0), charge("hot2", 0)])
+        .await
+        .expect("a check");
+    for c in &after.charges {
+        assert!(
+            (8_999_000..=9_100_000).contains(&c.tokens_micro),
+            "{after:?}"
+        );
+    }
+}
+
+/// A request with more buckets than one read of the script takes (it reads
+/// in slices of 512 keys) reads and charges every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_a_thousand_buckets_charges_each_once() {
+    let primary = RedisServer::start();
+    let s = storage(&primary.url(), 5000);
+    wait_ready(&s).await;
+    let charges: Vec<_> = (0..1000).map(|i| charge(&format!("b{i}"), 1)).collect();
+    for round in 1..=2 {
+        let r = s.apply(&charges).await.expect("admitted");
+        assert!(r.admitted);
+        assert_eq!(r.charges.len(), 1000);
+        for (i, c) in r.charges.iter().enumerate() {
+            // 10 - round tokens left, plus at most a little refill.
+            let left = (10 - round) * 1_000_000;
+            assert!(
+                (left..left + 100_000).contains(&c.tokens_micro),
+                "round {round}, bucket {i}: {c:?}"
+            );
+        }
+    }
+    let keys: i64 = primary.query(&redis::cmd("DBSIZE"));
+    assert_eq!(keys, 1000);
+}
+
 /// `--on-storage-error allow|deny` with Redis down: `allow` answers OK with
 /// no `current_limit` (never a limit it did not check), `deny` answers
 /// OVER_LIMIT for the descriptors that needed Redis; storage-free
