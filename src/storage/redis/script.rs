@@ -115,8 +115,8 @@ impl BucketScript {
     /// connection; [`BucketScript::eval`] adds the `NOSCRIPT` handling).
     #[must_use]
     pub fn evalsha_cmd(&self, call: &ScriptCall) -> Cmd {
-        let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(&self.sha);
+        let mut cmd = call.sized_cmd(self.sha.len());
+        cmd.arg("EVALSHA").arg(&self.sha);
         call.push_keys_and_args(&mut cmd);
         cmd
     }
@@ -126,8 +126,8 @@ impl BucketScript {
     /// separate `SCRIPT LOAD` could reach another node).
     #[must_use]
     pub fn eval_cmd(call: &ScriptCall) -> Cmd {
-        let mut cmd = ::redis::cmd("EVAL");
-        cmd.arg(SOURCE);
+        let mut cmd = call.sized_cmd(SOURCE.len());
+        cmd.arg("EVAL").arg(SOURCE);
         call.push_keys_and_args(&mut cmd);
         cmd
     }
@@ -211,6 +211,19 @@ impl ScriptCall {
     /// documented shape.
     pub fn parse_reply(&self, reply: &Value) -> Result<RequestResult, StorageError> {
         parse_reply(reply, self.charges)
+    }
+
+    /// An empty command with room for the command name, a script (or its
+    /// SHA) of `script_bytes`, `numkeys`, KEYS and ARGV: built without
+    /// growing its buffers.
+    fn sized_cmd(&self, script_bytes: usize) -> Cmd {
+        let args = 3 + self.keys.len() + self.args.len();
+        let bytes = 8
+            + script_bytes
+            + 20
+            + self.keys.iter().map(String::len).sum::<usize>()
+            + self.args.iter().map(Vec::len).sum::<usize>();
+        Cmd::with_capacity(args, bytes)
     }
 
     /// Appends `numkeys`, KEYS and ARGV to an `EVALSHA` or `EVAL` command.
