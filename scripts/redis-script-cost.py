@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Redis's own time per call of the token bucket script, for 1 and N buckets.
+
+Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [NAME=FILE.lua ...]
+
+Starts its own redis-server on a free loopback port (no persistence), loads
+each script (default: lua/token_bucket.lua as `script`), and sends C calls
+(default 20000, pipelined 200 at a time) on hot buckets that exist, 1 key
+and then N keys (default 5), each key charged 1 token of 1,000,000 per
+second. It prints Redis's usec_per_call of EVALSHA from INFO commandstats
+(server time only: the client's speed does not count), and the ratio of N
+keys to 1. Three reference scripts with no rate limit logic show the floor
+of any script that keeps the same guarantees (every bucket read, every
+charged bucket written with its own expiry): `floor-none` (returns at once),
+`floor-read` (TIME and one MGET), `floor-io` (TIME, one MGET, one SET with
+PX per key, a packed reply).
+
+The argument format is the script's own (lua/token_bucket.lua, ARGV[3]).
+"""
+import os, socket, struct, subprocess, sys, tempfile, time
+
+FLOORS = {
+    "floor-none": "return 'x'",
+    "floor-read": "local t = redis.call('TIME')\nlocal v = redis.call('MGET', unpack(KEYS))\nreturn 'x'",
+    "floor-io": (
+        "local t = redis.call('TIME')\n"
+        "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+        "local v = redis.call('MGET', unpack(KEYS))\n"
+        "for i = 1, #KEYS do\n"
+        "  redis.call('SET', KEYS[i], struct.pack('>I7I5', now, 12345678), 'PX', '100000')\n"
+        "end\n"
+        "return struct.pack('>BBi8', 1, 1, 5)"
+    ),
+}
+
+
+def enc(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        elif isinstance(a, int):
+            a = str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class Conn:
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port))
+        self.buf = b""
+
+    def _fill(self):
+        chunk = self.s.recv(1 << 20)
+        if not chunk:
+            raise RuntimeError("redis-server closed the connection")
+        self.buf += chunk
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def read(self):
+        line = self._line()
+        kind = line[:1]
+        if kind in (b"+", b":"):
+            return line[1:]
+        if kind == b"-":
+            raise RuntimeError(line.decode(errors="replace"))
+        if kind == b"$":
+            n = int(line[1:])
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                self._fill()
+            value, self.buf = self.buf[:n], self.buf[n + 2:]
+            return value
+        if kind == b"*":
+            return [self.read() for _ in range(int(line[1:]))]
+        raise RuntimeError(f"unexpected reply {line!r}")
+
+    def cmd(self, *args):
+        self.s.sendall(enc(*args))
+        return self.read()
+
+    def many(self, packed, count):
+        self.s.sendall(packed * count)
+        for _ in range(count):
+            self.read()
+
+
+def charges(n):
+    # key index, R, U (s), C, cost, flags: 1,000,000 per second, cost 1.
+    return b"".join(struct.pack(">IIIIQQ", i + 1, 1_000_000, 1, 1_000_000, 1, 0) for i in range(n))
+
+
+def usec_per_call(conn, sha, keys, calls):
+    packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)))
+    conn.many(packed, 2000)  # warm-up: the buckets exist from here on
+    conn.cmd("CONFIG", "RESETSTAT")
+    for _ in range(calls // 200):
+        conn.many(packed, 200)
+    for line in conn.cmd("INFO", "commandstats").decode().splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            return float(line.split("usec_per_call=")[1].split(",")[0])
+    raise RuntimeError("no EVALSHA in INFO commandstats")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    args = sys.argv[1:]
+    nkeys, calls, scripts = 5, 20000, {}
+    while args:
+        a = args.pop(0)
+        if a == "--keys":
+            nkeys = int(args.pop(0))
+        elif a == "--calls":
+            calls = int(args.pop(0))
+        elif "=" in a:
+            name, path = a.split("=", 1)
+            scripts[name] = open(path).read()
+        else:
+            sys.exit(__doc__)
+    if not scripts:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        scripts["script"] = open(os.path.join(root, "lua", "token_bucket.lua")).read()
+    scripts.update(FLOORS)
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        server = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", d],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(100):
+                try:
+                    conn = Conn(port)
+                    conn.cmd("PING")
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            else:
+                sys.exit("redis-server did not start")
+            print(f"{'script':<12} {'1 key':>9} {str(nkeys) + ' keys':>9}  ratio")
+            for name, src in scripts.items():
+                sha = conn.cmd("SCRIPT", "LOAD", src).decode()
+                one = usec_per_call(conn, sha, [f"cost:{name}:0"], calls)
+                many = usec_per_call(conn, sha, [f"cost:{name}:{i}" for i in range(nkeys)], calls)
+                print(f"{name:<12} {one:7.2f} us {many:7.2f} us  {many / one:.2f}")
+        finally:
+            server.terminate()
+            server.wait()
+
+
+if __name__ == "__main__":
+    main()
