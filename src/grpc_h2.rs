@@ -340,6 +340,10 @@ async fn read_message(mut body: RecvStream) -> Result<Bytes, Status> {
                 )));
             }
         }
+        // The frame that carried END_STREAM: no need to poll for the end.
+        if body.is_end_stream() {
+            break;
+        }
     }
     let mut all = first.unwrap_or_else(|| buf.freeze());
     if all.len() < 5 {
