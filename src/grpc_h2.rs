@@ -8,7 +8,9 @@
 //! codec; most of the server's CPU per decision went there and into the one
 //! `writev` per response it caused (BENCHMARKS.md, "Serving ShouldRateLimit
 //! on h2"). Here the calls of a connection are polled together, so the
-//! responses of all calls that arrived in one read leave in one write.
+//! responses of all calls that arrived in one read leave in one write. A
+//! call decided at once (the memory backend, a local-cache hit) never enters
+//! the connection's set of waiting calls.
 //!
 //! What a client sees is what tonic answers: `content-type:
 //! application/grpc`, one length-prefixed message, `grpc-status` in the
