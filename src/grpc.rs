@@ -7,6 +7,7 @@
 use crate::config::Unit;
 use crate::limiter::{Code, DecideError, Decision, Descriptor, Limiter, Override, Request};
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as ProtoCode, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
 };
@@ -48,6 +49,236 @@ pub fn request(req: &RateLimitRequest) -> Request<'_> {
     }
 }
 
+/// A `RateLimitRequest` as it arrives on the wire, its strings kept as
+/// slices of the received buffer instead of copied into `String`s: what the
+/// gRPC port decodes (one allocation per descriptor list instead of one per
+/// string). Field numbers and types are Envoy's
+/// (`envoy.service.ratelimit.v3.RateLimitRequest` and
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`); `bytes` and
+/// `string` share a wire type, and [`wire_request`] checks the UTF-8 that a
+/// `string` field must hold.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WireRequest {
+    /// `domain`.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub domain: bytes::Bytes,
+    /// `descriptors`.
+    #[prost(message, repeated, tag = "2")]
+    pub descriptors: Vec<WireDescriptor>,
+    /// `hits_addend` (0: unset).
+    #[prost(uint32, tag = "3")]
+    pub hits_addend: u32,
+}
+
+/// A `RateLimitDescriptor` of a [`WireRequest`].
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WireDescriptor {
+    /// `entries`.
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<WireEntry>,
+    /// `limit`: the request's override.
+    #[prost(message, optional, tag = "2")]
+    pub limit: Option<RateLimitOverride>,
+    /// `hits_addend` (a `google.protobuf.UInt64Value`).
+    #[prost(message, optional, tag = "3")]
+    pub hits_addend: Option<envoy_types::pb::google::protobuf::UInt64Value>,
+    /// `is_negative_hits`: a refund.
+    #[prost(bool, tag = "4")]
+    pub is_negative_hits: bool,
+}
+
+/// An `Entry` (key and value) of a [`WireDescriptor`].
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WireEntry {
+    /// `key`.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub key: bytes::Bytes,
+    /// `value`.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: bytes::Bytes,
+}
+
+/// The decision-core view of a wire request (strings borrowed from it): the
+/// same request [`request`] makes of the decoded proto.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming the first string that is not UTF-8 (a protobuf
+/// `string` must be), such as `descriptors[1].entries[0].value`.
+pub fn wire_request(req: &WireRequest) -> Result<Request<'_>, Status> {
+    fn text<'a>(b: &'a [u8], what: impl FnOnce() -> String) -> Result<&'a str, Status> {
+        std::str::from_utf8(b).map_err(|_| {
+            Status::invalid_argument(format!("invalid RateLimitRequest: {} is not UTF-8", what()))
+        })
+    }
+    let mut descriptors = Vec::with_capacity(req.descriptors.len());
+    for (i, d) in req.descriptors.iter().enumerate() {
+        let mut entries = Vec::with_capacity(d.entries.len());
+        for (j, e) in d.entries.iter().enumerate() {
+            entries.push((
+                text(&e.key, || format!("descriptors[{i}].entries[{j}].key"))?,
+                text(&e.value, || format!("descriptors[{i}].entries[{j}].value"))?,
+            ));
+        }
+        descriptors.push(Descriptor {
+            entries,
+            limit: d.limit.as_ref().map(|o| Override {
+                requests_per_unit: o.requests_per_unit,
+                unit: override_unit(o.unit),
+            }),
+            hits_addend: d.hits_addend.map(|h| h.value),
+            is_negative_hits: d.is_negative_hits,
+        });
+    }
+    Ok(Request {
+        domain: text(&req.domain, || "domain".to_owned())?,
+        hits_addend: req.hits_addend,
+        descriptors,
+    })
+}
+
+/// Decides `req` with `limiter`: the decision, or the [`status`] of the
+/// error.
+///
+/// # Errors
+/// The [`status`] of the [`DecideError`].
+pub async fn decide(limiter: &Limiter, req: &Request<'_>) -> Result<Decision, Status> {
+    limiter.decide(req).await.map_err(|e| status(&e))
+}
+
+/// The length in bytes of the encoded `RateLimitResponse` of `d`
+/// ([`encode_response`]); `None` when `d` carries dynamic metadata (encode
+/// [`response`]`(d)` with prost then).
+#[must_use]
+pub fn encoded_response_len(d: &Decision) -> Option<usize> {
+    use prost::encoding::{encoded_len_varint, key_len};
+    if d.dynamic_metadata.is_some() {
+        return None;
+    }
+    let field = |tag: u32, len: usize| key_len(tag) + encoded_len_varint(len as u64) + len;
+    let mut n = key_len(1) + encoded_len_varint(proto_code(d.overall_code) as u64);
+    for st in &d.statuses {
+        n += field(2, status_len(st));
+    }
+    for h in &d.response_headers_to_add {
+        n += field(3, header_len(h));
+    }
+    Some(n)
+}
+
+/// Encodes the `RateLimitResponse` of `d` (without dynamic metadata) into
+/// `buf`: byte for byte what prost encodes for [`response`]`(d)`, without
+/// building it (fields in number order, proto3 defaults left out).
+pub fn encode_response(d: &Decision, buf: &mut impl bytes::BufMut) {
+    use prost::encoding::{WireType, encode_key, encode_varint};
+    let varint = |tag: u32, v: u64, buf: &mut _| {
+        encode_key(tag, WireType::Varint, buf);
+        encode_varint(v, buf);
+    };
+    let delimited = |tag: u32, len: usize, buf: &mut _| {
+        encode_key(tag, WireType::LengthDelimited, buf);
+        encode_varint(len as u64, buf);
+    };
+    let string = |tag: u32, v: &str, buf: &mut _| {
+        if !v.is_empty() {
+            delimited(tag, v.len(), buf);
+            bytes::BufMut::put_slice(buf, v.as_bytes());
+        }
+    };
+    varint(1, proto_code(d.overall_code) as u64, buf);
+    for st in &d.statuses {
+        delimited(2, status_len(st), buf);
+        varint(1, proto_code(st.code) as u64, buf);
+        if let Some(l) = &st.current_limit {
+            // `RateLimit`: requests_per_unit = 1, unit = 2, name = 3.
+            delimited(2, limit_len(l), buf);
+            if l.requests_per_unit != 0 {
+                varint(1, u64::from(l.requests_per_unit), buf);
+            }
+            varint(2, proto_unit(l.unit) as u64, buf);
+            string(3, &l.name, buf);
+        }
+        if st.limit_remaining != 0 {
+            varint(3, u64::from(st.limit_remaining), buf);
+        }
+        if let Some(w) = st.duration_until_reset {
+            let (secs, nanos) = duration_parts(w);
+            delimited(4, duration_len(secs, nanos), buf);
+            if secs != 0 {
+                varint(1, secs as u64, buf);
+            }
+            if nanos != 0 {
+                varint(2, nanos as u64, buf);
+            }
+        }
+    }
+    for h in &d.response_headers_to_add {
+        delimited(3, header_len(h), buf);
+        string(1, &h.key, buf);
+        string(2, &h.value, buf);
+    }
+}
+
+fn status_len(st: &crate::limiter::DescriptorStatus) -> usize {
+    use prost::encoding::{encoded_len_varint, key_len};
+    let mut n = key_len(1) + encoded_len_varint(proto_code(st.code) as u64);
+    if let Some(l) = &st.current_limit {
+        let len = limit_len(l);
+        n += key_len(2) + encoded_len_varint(len as u64) + len;
+    }
+    if st.limit_remaining != 0 {
+        n += key_len(3) + encoded_len_varint(u64::from(st.limit_remaining));
+    }
+    if let Some(w) = st.duration_until_reset {
+        let (secs, nanos) = duration_parts(w);
+        let len = duration_len(secs, nanos);
+        n += key_len(4) + encoded_len_varint(len as u64) + len;
+    }
+    n
+}
+
+fn limit_len(l: &crate::limiter::CurrentLimit) -> usize {
+    use prost::encoding::{encoded_len_varint, key_len};
+    let mut n = key_len(2) + encoded_len_varint(proto_unit(l.unit) as u64);
+    if l.requests_per_unit != 0 {
+        n += key_len(1) + encoded_len_varint(u64::from(l.requests_per_unit));
+    }
+    if !l.name.is_empty() {
+        n += key_len(3) + encoded_len_varint(l.name.len() as u64) + l.name.len();
+    }
+    n
+}
+
+fn header_len(h: &crate::limiter::Header) -> usize {
+    use prost::encoding::{encoded_len_varint, key_len};
+    [h.key.as_ref(), h.value.as_str()]
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(i, v)| key_len(i as u32 + 1) + encoded_len_varint(v.len() as u64) + v.len())
+        .sum()
+}
+
+/// A wait as `google.protobuf.Duration` seconds and nanos (both never
+/// negative: waits are).
+fn duration_parts(w: std::time::Duration) -> (i64, i32) {
+    (
+        i64::try_from(w.as_secs()).unwrap_or(i64::MAX),
+        i32::try_from(w.subsec_nanos()).unwrap_or(0),
+    )
+}
+
+fn duration_len(secs: i64, nanos: i32) -> usize {
+    use prost::encoding::{encoded_len_varint, key_len};
+    let mut n = 0;
+    if secs != 0 {
+        n += key_len(1) + encoded_len_varint(secs as u64);
+    }
+    if nanos != 0 {
+        n += key_len(2) + encoded_len_varint(nanos as u64);
+    }
+    n
+}
+
 /// The proto response for a decision.
 #[must_use]
 pub fn response(d: Decision) -> RateLimitResponse {
@@ -64,9 +295,9 @@ pub fn response(d: Decision) -> RateLimitResponse {
                     unit: proto_unit(l.unit) as i32,
                 }),
                 limit_remaining: s.limit_remaining,
-                duration_until_reset: s.duration_until_reset.map(|w| PbDuration {
-                    seconds: i64::try_from(w.as_secs()).unwrap_or(i64::MAX),
-                    nanos: i32::try_from(w.subsec_nanos()).unwrap_or(0),
+                duration_until_reset: s.duration_until_reset.map(|w| {
+                    let (seconds, nanos) = duration_parts(w);
+                    PbDuration { seconds, nanos }
                 }),
                 quota: None,
             })
@@ -136,10 +367,7 @@ pub trait ShouldRateLimit {
 
 impl ShouldRateLimit for Limiter {
     async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        match self.decide(&request(req)).await {
-            Ok(d) => Ok(response(d)),
-            Err(e) => Err(status(&e)),
-        }
+        decide(self, &request(req)).await.map(response)
     }
 }
 
@@ -182,11 +410,21 @@ pub const fn proto_unit(u: Unit) -> ProtoUnit {
 /// The trace span's name for an answer: `OK`, `OVER_LIMIT` or the gRPC
 /// code, and whether it is an error.
 pub(crate) fn outcome(r: &Result<RateLimitResponse, Status>) -> (String, bool) {
-    match r {
-        Ok(resp) if resp.overall_code == ProtoCode::OverLimit as i32 => {
-            ("OVER_LIMIT".into(), false)
-        }
-        Ok(_) => ("OK".into(), false),
+    outcome_of(
+        r.as_ref()
+            .map(|resp| resp.overall_code == ProtoCode::OverLimit as i32),
+    )
+}
+
+/// [`outcome`] of a decision.
+pub(crate) fn decision_outcome(r: &Result<Decision, Status>) -> (String, bool) {
+    outcome_of(r.as_ref().map(|d| d.overall_code == Code::OverLimit))
+}
+
+fn outcome_of(over_limit: Result<bool, &Status>) -> (String, bool) {
+    match over_limit {
+        Ok(true) => ("OVER_LIMIT".into(), false),
+        Ok(false) => ("OK".into(), false),
         Err(s) => (format!("{:?}", s.code()), true),
     }
 }
@@ -441,5 +679,164 @@ mod tests {
                 .message()
                 .starts_with("rate limit storage unavailable: ")
         );
+    }
+
+    use proptest::prelude::*;
+
+    fn any_unit() -> impl Strategy<Value = Unit> {
+        prop_oneof![
+            Just(Unit::Second),
+            Just(Unit::Minute),
+            Just(Unit::Hour),
+            Just(Unit::Day),
+            Just(Unit::Week),
+            Just(Unit::Month),
+            Just(Unit::Year),
+        ]
+    }
+
+    fn any_code() -> impl Strategy<Value = Code> {
+        prop_oneof![Just(Code::Ok), Just(Code::OverLimit)]
+    }
+
+    fn any_status() -> impl Strategy<Value = Status_> {
+        let limit = proptest::option::of(("[a-z_]{0,12}", any::<u32>(), any_unit()).prop_map(
+            |(name, requests_per_unit, unit)| CurrentLimit {
+                name,
+                requests_per_unit,
+                unit,
+            },
+        ));
+        // Waits from 0 to past protobuf's Duration range, in ms or whole s.
+        let wait = proptest::option::of(prop_oneof![
+            (0u64..10_000_000).prop_map(Duration::from_millis),
+            any::<u64>().prop_map(Duration::from_secs),
+            (0u64..u64::MAX, 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        ]);
+        (any_code(), limit, any::<u32>(), wait).prop_map(|(code, current_limit, rem, wait)| {
+            Status_ {
+                code,
+                current_limit,
+                limit_remaining: rem,
+                duration_until_reset: wait,
+            }
+        })
+    }
+
+    fn any_decision() -> impl Strategy<Value = Decision> {
+        let header = ("[a-z-]{0,20}", "[ -~]{0,30}").prop_map(|(k, v)| Header {
+            key: k.into(),
+            value: v,
+        });
+        (
+            any_code(),
+            proptest::collection::vec(any_status(), 0..8),
+            proptest::collection::vec(header, 0..4),
+        )
+            .prop_map(|(overall_code, statuses, headers)| Decision {
+                overall_code,
+                statuses,
+                response_headers_to_add: headers,
+                dynamic_metadata: None,
+            })
+    }
+
+    fn any_proto_request() -> impl Strategy<Value = RateLimitRequest> {
+        let entry = (".{0,12}", ".{0,12}").prop_map(|(key, value)| Entry { key, value });
+        let descriptor = (
+            proptest::collection::vec(entry, 0..4),
+            proptest::option::of((any::<u32>(), -1i32..9)),
+            proptest::option::of(any::<u64>()),
+            any::<bool>(),
+        )
+            .prop_map(|(entries, limit, hits, neg)| RateLimitDescriptor {
+                entries,
+                limit: limit.map(|(requests_per_unit, unit)| RateLimitOverride {
+                    requests_per_unit,
+                    unit,
+                }),
+                hits_addend: hits.map(|value| UInt64Value { value }),
+                is_negative_hits: neg,
+            });
+        (
+            ".{0,16}",
+            proptest::collection::vec(descriptor, 0..6),
+            any::<u32>(),
+        )
+            .prop_map(|(domain, descriptors, hits_addend)| RateLimitRequest {
+                domain,
+                descriptors,
+                hits_addend,
+            })
+    }
+
+    proptest! {
+        /// The direct encoding is byte for byte prost's encoding of the
+        /// proto response.
+        #[test]
+        fn direct_response_encoding_is_prosts(d in any_decision()) {
+            let expected = prost::Message::encode_to_vec(&response(d.clone()));
+            let len = encoded_response_len(&d).expect("no dynamic metadata");
+            let mut got = Vec::with_capacity(len);
+            encode_response(&d, &mut got);
+            prop_assert_eq!(got.len(), len);
+            prop_assert_eq!(got, expected);
+        }
+
+        /// A wire request decodes to the same decision-core request as the
+        /// proto request it was encoded from.
+        #[test]
+        fn wire_requests_map_like_proto_requests(p in any_proto_request()) {
+            let bytes = bytes::Bytes::from(prost::Message::encode_to_vec(&p));
+            let wire = <WireRequest as prost::Message>::decode(bytes).expect("decodes");
+            prop_assert_eq!(wire_request(&wire).expect("UTF-8"), request(&p));
+        }
+    }
+
+    #[test]
+    fn decisions_with_dynamic_metadata_are_left_to_prost() {
+        let mut d = Decision::ok(Vec::new());
+        d.dynamic_metadata = Some(serde_json::Map::new());
+        assert_eq!(encoded_response_len(&d), None);
+    }
+
+    #[test]
+    fn strings_that_are_not_utf8_are_named_where_they_are() {
+        let entry = |key: &[u8], value: &[u8]| WireEntry {
+            key: bytes::Bytes::copy_from_slice(key),
+            value: bytes::Bytes::copy_from_slice(value),
+        };
+        let req = |domain: &[u8], entries: Vec<WireEntry>| WireRequest {
+            domain: bytes::Bytes::copy_from_slice(domain),
+            descriptors: vec![
+                WireDescriptor {
+                    entries: vec![entry(b"k", b"v")],
+                    ..Default::default()
+                },
+                WireDescriptor {
+                    entries,
+                    ..Default::default()
+                },
+            ],
+            hits_addend: 0,
+        };
+        for (r, what) in [
+            (req(b"\xff", vec![]), "domain"),
+            (
+                req(b"d", vec![entry(b"k", b"v"), entry(b"\xc3", b"v")]),
+                "descriptors[1].entries[1].key",
+            ),
+            (
+                req(b"d", vec![entry(b"k", b"\xfe\xff")]),
+                "descriptors[1].entries[0].value",
+            ),
+        ] {
+            let e = wire_request(&r).expect_err("not UTF-8");
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert_eq!(
+                e.message(),
+                format!("invalid RateLimitRequest: {what} is not UTF-8")
+            );
+        }
     }
 }

@@ -26,10 +26,9 @@
 //! `interval`, the connection closed when its pong takes longer than
 //! `timeout`.
 
-use crate::grpc::ShouldRateLimit as _;
+use crate::grpc::WireRequest;
 use crate::limiter::Limiter;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use h2::RecvStream;
@@ -275,14 +274,15 @@ async fn should_rate_limit(
         let msg = read_message(body).await?;
         // A body that is not a RateLimitRequest (bad wire format, strings
         // that are not UTF-8) is the client's error.
-        let req = RateLimitRequest::decode(msg)
+        let wire = WireRequest::decode(msg)
             .map_err(|e| Status::invalid_argument(format!("invalid RateLimitRequest: {e}")))?;
+        let req = crate::grpc::wire_request(&wire)?;
         crate::otel::should_rate_limit(
             &metadata,
-            &req.domain,
+            req.domain,
             req.descriptors.len(),
-            limiter.should_rate_limit(&req),
-            crate::grpc::outcome,
+            crate::grpc::decide(&limiter, &req),
+            crate::grpc::decision_outcome,
         )
         .await
     };
@@ -311,7 +311,7 @@ async fn should_rate_limit(
     };
     let Some(answer) = answer else { return };
     let _ = match answer {
-        Ok(resp) => send_message(&mut respond, &resp),
+        Ok(decision) => send_decision(&mut respond, decision),
         Err(status) => send_status(&mut respond, &status),
     };
 }
@@ -426,6 +426,23 @@ fn grpc_headers() -> Response<()> {
     r
 }
 
+/// Sends the `RateLimitResponse` of `d` as the one response message with
+/// `grpc-status: 0`: encoded straight from the decision, or through the
+/// proto type when it carries dynamic metadata.
+fn send_decision(
+    respond: &mut SendResponse<Bytes>,
+    d: crate::limiter::Decision,
+) -> Result<(), h2::Error> {
+    let Some(len) = crate::grpc::encoded_response_len(&d) else {
+        return send_message(respond, &crate::grpc::response(d));
+    };
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    crate::grpc::encode_response(&d, &mut buf);
+    send_framed(respond, buf)
+}
+
 /// Sends `msg` as the one response message with `grpc-status: 0`.
 fn send_message(
     respond: &mut SendResponse<Bytes>,
@@ -437,6 +454,11 @@ fn send_message(
     buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
     // Encoding into a buffer of the encoded length cannot fail.
     let _ = msg.encode(&mut buf);
+    send_framed(respond, buf)
+}
+
+/// Sends `buf`, one length-prefixed message, with `grpc-status: 0`.
+fn send_framed(respond: &mut SendResponse<Bytes>, buf: BytesMut) -> Result<(), h2::Error> {
     let mut stream = respond.send_response(grpc_headers(), false)?;
     stream.send_data(buf.freeze(), false)?;
     let mut trailers = HeaderMap::with_capacity(1);
