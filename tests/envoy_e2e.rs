@@ -1,4 +1,4 @@
-//! End to end through a real Envoy (issue 5): Envoy runs the bootstrap of
+//! End to end through a real Envoy: Envoy runs the bootstrap of
 //! `examples/envoy/envoy.yaml` (ports and cluster addresses rewritten for
 //! loopback), bucket-rls runs as its own process, and the upstream is an
 //! axum server inside the test. Every test starts its own stack, so buckets
