@@ -105,7 +105,7 @@ pub struct WireEntry {
 /// `INVALID_ARGUMENT` naming the first string that is not UTF-8 (a protobuf
 /// `string` must be), such as `descriptors[1].entries[0].value`.
 pub fn wire_request(req: &WireRequest) -> Result<Request<'_>, Status> {
-    fn text<'a>(b: &'a [u8], what: impl FnOnce() -> String) -> Result<&'a str, Status> {
+    fn text(b: &[u8], what: impl FnOnce() -> String) -> Result<&str, Status> {
         std::str::from_utf8(b).map_err(|_| {
             Status::invalid_argument(format!("invalid RateLimitRequest: {} is not UTF-8", what()))
         })

@@ -274,13 +274,18 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     }
 }
 
+/// The distinct keys of a request's charges, in first-seen order (on the
+/// stack for up to 4).
+pub type Keys<'a> = SmallVec<[&'a str; 4]>;
+
+/// Per charge: the index of its key in [`Keys`] and its spec.
+pub type Indexed = SmallVec<[(usize, ChargeSpec); 4]>;
+
 /// Groups `charges` by key: returns the distinct keys (first-seen order) and,
 /// per charge, the index of its key in that list.
 #[must_use]
-pub fn group_by_key(
-    charges: &[Charge],
-) -> (SmallVec<[&str; 4]>, SmallVec<[(usize, ChargeSpec); 4]>) {
-    let mut keys: SmallVec<[&str; 4]> = SmallVec::with_capacity(charges.len());
+pub fn group_by_key(charges: &[Charge]) -> (Keys<'_>, Indexed) {
+    let mut keys = Keys::with_capacity(charges.len());
     let mut indexed = SmallVec::with_capacity(charges.len());
     for c in charges {
         let idx = keys.iter().position(|k| *k == c.key).unwrap_or_else(|| {
