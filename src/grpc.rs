@@ -49,53 +49,60 @@ pub fn request(req: &RateLimitRequest) -> Request<'_> {
     }
 }
 
-/// A `RateLimitRequest` as it arrives on the wire, its strings kept as
-/// slices of the received buffer instead of copied into `String`s: what the
-/// gRPC port decodes (one allocation per descriptor list instead of one per
-/// string). Field numbers and types are Envoy's
-/// (`envoy.service.ratelimit.v3.RateLimitRequest` and
-/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`); `bytes` and
-/// `string` share a wire type, and [`wire_request`] checks the UTF-8 that a
-/// `string` field must hold.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct WireRequest {
-    /// `domain`.
-    #[prost(bytes = "bytes", tag = "1")]
-    pub domain: bytes::Bytes,
-    /// `descriptors`.
-    #[prost(message, repeated, tag = "2")]
-    pub descriptors: Vec<WireDescriptor>,
-    /// `hits_addend` (0: unset).
-    #[prost(uint32, tag = "3")]
-    pub hits_addend: u32,
-}
+/// The request types the gRPC port decodes: Envoy's messages under their
+/// own names (so decode errors name `RateLimitRequest.domain`, as prost's
+/// generated types do), with strings kept as slices of the received buffer.
+pub mod wire {
+    /// A `RateLimitRequest` as it arrives on the wire, its strings kept as
+    /// slices of the received buffer instead of copied into `String`s: what the
+    /// gRPC port decodes (one allocation per descriptor list instead of one per
+    /// string). Field numbers and types are Envoy's
+    /// (`envoy.service.ratelimit.v3.RateLimitRequest` and
+    /// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`); `bytes` and
+    /// `string` share a wire type, and [`super::wire_request`] checks the
+    /// UTF-8 that a `string` field must hold. A field sent twice keeps its
+    /// last copy, as proto3 says, and only that copy is checked (prost's
+    /// `String` checks every copy before it drops the earlier ones).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RateLimitRequest {
+        /// `domain`.
+        #[prost(bytes = "bytes", tag = "1")]
+        pub domain: bytes::Bytes,
+        /// `descriptors`.
+        #[prost(message, repeated, tag = "2")]
+        pub descriptors: Vec<RateLimitDescriptor>,
+        /// `hits_addend` (0: unset).
+        #[prost(uint32, tag = "3")]
+        pub hits_addend: u32,
+    }
 
-/// A `RateLimitDescriptor` of a [`WireRequest`].
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct WireDescriptor {
-    /// `entries`.
-    #[prost(message, repeated, tag = "1")]
-    pub entries: Vec<WireEntry>,
-    /// `limit`: the request's override.
-    #[prost(message, optional, tag = "2")]
-    pub limit: Option<RateLimitOverride>,
-    /// `hits_addend` (a `google.protobuf.UInt64Value`).
-    #[prost(message, optional, tag = "3")]
-    pub hits_addend: Option<envoy_types::pb::google::protobuf::UInt64Value>,
-    /// `is_negative_hits`: a refund.
-    #[prost(bool, tag = "4")]
-    pub is_negative_hits: bool,
-}
+    /// A `RateLimitDescriptor` of a [`RateLimitRequest`].
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RateLimitDescriptor {
+        /// `entries`.
+        #[prost(message, repeated, tag = "1")]
+        pub entries: Vec<Entry>,
+        /// `limit`: the request's override.
+        #[prost(message, optional, tag = "2")]
+        pub limit: Option<super::RateLimitOverride>,
+        /// `hits_addend` (a `google.protobuf.UInt64Value`).
+        #[prost(message, optional, tag = "3")]
+        pub hits_addend: Option<envoy_types::pb::google::protobuf::UInt64Value>,
+        /// `is_negative_hits`: a refund.
+        #[prost(bool, tag = "4")]
+        pub is_negative_hits: bool,
+    }
 
-/// An `Entry` (key and value) of a [`WireDescriptor`].
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct WireEntry {
-    /// `key`.
-    #[prost(bytes = "bytes", tag = "1")]
-    pub key: bytes::Bytes,
-    /// `value`.
-    #[prost(bytes = "bytes", tag = "2")]
-    pub value: bytes::Bytes,
+    /// An `Entry` (key and value) of a [`RateLimitDescriptor`].
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Entry {
+        /// `key`.
+        #[prost(bytes = "bytes", tag = "1")]
+        pub key: bytes::Bytes,
+        /// `value`.
+        #[prost(bytes = "bytes", tag = "2")]
+        pub value: bytes::Bytes,
+    }
 }
 
 /// The decision-core view of a wire request (strings borrowed from it): the
@@ -104,7 +111,7 @@ pub struct WireEntry {
 /// # Errors
 /// `INVALID_ARGUMENT` naming the first string that is not UTF-8 (a protobuf
 /// `string` must be), such as `descriptors[1].entries[0].value`.
-pub fn wire_request(req: &WireRequest) -> Result<Request<'_>, Status> {
+pub fn wire_request(req: &wire::RateLimitRequest) -> Result<Request<'_>, Status> {
     fn text(b: &[u8], what: impl FnOnce() -> String) -> Result<&str, Status> {
         std::str::from_utf8(b).map_err(|_| {
             Status::invalid_argument(format!("invalid RateLimitRequest: {} is not UTF-8", what()))
@@ -788,9 +795,17 @@ mod tests {
         #[test]
         fn wire_requests_map_like_proto_requests(p in any_proto_request()) {
             let bytes = bytes::Bytes::from(prost::Message::encode_to_vec(&p));
-            let wire = <WireRequest as prost::Message>::decode(bytes).expect("decodes");
+            let wire = <wire::RateLimitRequest as prost::Message>::decode(bytes).expect("decodes");
             prop_assert_eq!(wire_request(&wire).expect("UTF-8"), request(&p));
         }
+    }
+
+    #[test]
+    fn decode_errors_name_envoys_messages() {
+        // Field 1 (domain) says 5 bytes, one follows.
+        let e = <wire::RateLimitRequest as prost::Message>::decode(&[0x0a, 0x05, b'd'][..])
+            .expect_err("truncated");
+        assert!(e.to_string().contains("RateLimitRequest.domain"), "{e}");
     }
 
     #[test]
@@ -802,18 +817,18 @@ mod tests {
 
     #[test]
     fn strings_that_are_not_utf8_are_named_where_they_are() {
-        let entry = |key: &[u8], value: &[u8]| WireEntry {
+        let entry = |key: &[u8], value: &[u8]| wire::Entry {
             key: bytes::Bytes::copy_from_slice(key),
             value: bytes::Bytes::copy_from_slice(value),
         };
-        let req = |domain: &[u8], entries: Vec<WireEntry>| WireRequest {
+        let req = |domain: &[u8], entries: Vec<wire::Entry>| wire::RateLimitRequest {
             domain: bytes::Bytes::copy_from_slice(domain),
             descriptors: vec![
-                WireDescriptor {
+                wire::RateLimitDescriptor {
                     entries: vec![entry(b"k", b"v")],
                     ..Default::default()
                 },
-                WireDescriptor {
+                wire::RateLimitDescriptor {
                     entries,
                     ..Default::default()
                 },

@@ -26,7 +26,6 @@
 //! `interval`, the connection closed when its pong takes longer than
 //! `timeout`.
 
-use crate::grpc::WireRequest;
 use crate::limiter::Limiter;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::StreamExt as _;
@@ -134,6 +133,12 @@ where
 {
     let mut conn = h2::server::Builder::new()
         .max_concurrent_streams(crate::grpc::MAX_CONCURRENT_STREAMS)
+        // Streams a client resets before they are taken (Envoy cancelling
+        // calls at its timeout while this connection has its 64 calls in
+        // flight) close the connection past this count: h2's default of 20
+        // would drop every call of a busy connection. Bounded like the
+        // streams themselves.
+        .max_pending_accept_reset_streams(crate::grpc::MAX_CONCURRENT_STREAMS as usize)
         .initial_window_size(WINDOW_BYTES)
         .initial_connection_window_size(WINDOW_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)
@@ -274,7 +279,7 @@ async fn should_rate_limit(
         let msg = read_message(body).await?;
         // A body that is not a RateLimitRequest (bad wire format, strings
         // that are not UTF-8) is the client's error.
-        let wire = WireRequest::decode(msg)
+        let wire = crate::grpc::wire::RateLimitRequest::decode(msg)
             .map_err(|e| Status::invalid_argument(format!("invalid RateLimitRequest: {e}")))?;
         let req = crate::grpc::wire_request(&wire)?;
         crate::otel::should_rate_limit(
@@ -340,6 +345,12 @@ async fn read_message(mut body: RecvStream) -> Result<Bytes, Status> {
                 return Err(Status::out_of_range(format!(
                     "Error, decoded message length too large: found {len} bytes, the limit is: {MAX_MESSAGE_BYTES} bytes"
                 )));
+            }
+            // The whole message is here: what else the body carries is not
+            // read (as tonic reads one message of a unary call), so a client
+            // cannot make the server hold more than one message per call.
+            if have >= 5 + len {
+                break;
             }
         }
         // The frame that carried END_STREAM: no need to poll for the end.

@@ -133,6 +133,87 @@ async fn a_peer_granting_no_window_holds_bounded_streams_and_memory() {
     drop((answered, held));
 }
 
+/// A call is answered once its one message has arrived; the rest of its
+/// body is never read or held, so a client that keeps sending after the
+/// message (without ending the stream) cannot grow the server's memory.
+#[tokio::test]
+async fn a_call_is_answered_once_its_message_is_complete_and_its_tail_is_not_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(&config, &["--log-level", "warn"]).await;
+    let (rss_before, _) = rls.proc.rss_kib();
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.expect("ready");
+    let mut answered = 0;
+    for i in 0..8 {
+        client = client.ready().await.expect("connection alive");
+        let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+        body.send_data(frame(i), false).expect("message");
+        // 4 MiB more on the same stream, never ended.
+        let tail = Bytes::from(vec![0u8; 64 * 1024]);
+        for _ in 0..64 {
+            body.reserve_capacity(tail.len());
+            if body.send_data(tail.clone(), false).is_err() {
+                break;
+            }
+        }
+        let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+            .await
+            .expect("answered before the stream ends")
+            .expect("response");
+        assert_eq!(resp.status(), 200);
+        let mut resp_body = resp.into_body();
+        let msg = resp_body.data().await.expect("message").expect("data");
+        let decoded =
+            envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse::decode(&msg[5..])
+                .expect("a RateLimitResponse");
+        assert_eq!(decoded.overall_code, 1, "OK");
+        answered += 1;
+    }
+    assert_eq!(answered, 8);
+    let grown_mib = rls.proc.rss_kib().0.saturating_sub(rss_before) >> 10;
+    assert!(grown_mib <= 48, "RSS grew by {grown_mib} MiB");
+}
+
+/// Streams a client resets before the server takes them (Envoy cancelling
+/// calls at its timeout) do not close the connection: the calls after them
+/// on the same connection are answered.
+#[tokio::test]
+async fn many_streams_reset_before_they_are_taken_keep_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(&config, &["--log-level", "warn"]).await;
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.expect("ready");
+    // All in one burst: each request's HEADERS and DATA, then its RST_STREAM.
+    for i in 0..200 {
+        client = client.ready().await.expect("connection alive");
+        let (_resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+        body.send_data(frame(i), false).expect("message");
+        body.send_reset(h2::Reason::CANCEL);
+    }
+    for i in 0..3 {
+        client = client.ready().await.expect("connection still open");
+        let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+        body.send_data(frame(1000 + i), true).expect("message");
+        let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+            .await
+            .expect("answered")
+            .expect("the connection was not closed");
+        assert_eq!(resp.status(), 200);
+    }
+}
+
 /// A domain that is not UTF-8 (protobuf `string` fields must be) is the
 /// client's error: `INVALID_ARGUMENT`, not tonic's `INTERNAL`, which reads as
 /// a fault of the service. The service keeps serving.
