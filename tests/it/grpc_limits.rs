@@ -43,6 +43,23 @@ fn frame(i: usize) -> Bytes {
     framed(&msg)
 }
 
+/// The service on [`CONFIG`] and a raw HTTP/2 client connected to its gRPC
+/// port (the directory holds the config while the service runs).
+async fn served_with_raw_client() -> (tempfile::TempDir, BucketRls, h2::client::SendRequest<Bytes>)
+{
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(&config, &["--log-level", "warn"]).await;
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let client = client.ready().await.expect("ready");
+    (dir, rls, client)
+}
+
 /// The attack: `h2load -c 1 -m N -w 0` with a `ShouldRateLimit` body. One
 /// connection with a stream window of 0 tries to open 20,000 streams; before
 /// the bound, every one was decided and its response held in memory (about
@@ -138,17 +155,8 @@ async fn a_peer_granting_no_window_holds_bounded_streams_and_memory() {
 /// message (without ending the stream) cannot grow the server's memory.
 #[tokio::test]
 async fn a_call_is_answered_once_its_message_is_complete_and_its_tail_is_not_held() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("flood.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let rls = BucketRls::start(&config, &["--log-level", "warn"]).await;
+    let (_dir, rls, mut client) = served_with_raw_client().await;
     let (rss_before, _) = rls.proc.rss_kib();
-    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut client = client.ready().await.expect("ready");
     let mut answered = 0;
     for i in 0..8 {
         client = client.ready().await.expect("connection alive");
@@ -185,16 +193,7 @@ async fn a_call_is_answered_once_its_message_is_complete_and_its_tail_is_not_hel
 /// on the same connection are answered.
 #[tokio::test]
 async fn many_streams_reset_before_they_are_taken_keep_the_connection() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("flood.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let rls = BucketRls::start(&config, &["--log-level", "warn"]).await;
-    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut client = client.ready().await.expect("ready");
+    let (_dir, rls, mut client) = served_with_raw_client().await;
     // All in one burst: each request's HEADERS and DATA, then its RST_STREAM.
     for i in 0..200 {
         client = client.ready().await.expect("connection alive");
@@ -219,16 +218,7 @@ async fn many_streams_reset_before_they_are_taken_keep_the_connection() {
 /// a fault of the service. The service keeps serving.
 #[tokio::test]
 async fn a_request_that_does_not_decode_is_invalid_argument() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("flood.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let rls = BucketRls::start(&config, &[]).await;
-    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.expect("handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut client = client.ready().await.expect("ready");
+    let (_dir, rls, mut client) = served_with_raw_client().await;
     // Field 1 (domain), length 2, bytes that are not UTF-8.
     for msg in [&[0x0a, 0x02, 0xff, 0xfe][..], &[0x0a, 0x09, b'x'][..]] {
         let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
