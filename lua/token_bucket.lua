@@ -163,6 +163,21 @@ local function tokens_at(have, updated, R, U, cap, now)
   return t
 end
 
+-- `balance` after a debt charge of `cost` tokens on a bucket whose debt
+-- bound is `debt` micro-tokens (bucket.rs charge_debt): down by the cost,
+-- clamped at -debt, never raised by the clamp.
+local function charge_debt(balance, cost, debt)
+  local floor = -debt
+  if floor > balance then
+    floor = balance
+  end
+  local after = balance - cost * MICRO
+  if after < floor then
+    return floor
+  end
+  return after
+end
+
 -- Milliseconds until a bucket holding `tokens` (of `cap`; negative in
 -- debt) is full (ceil, at least 1).
 local function ttl_ms(R, U, cap, tokens)
@@ -321,15 +336,7 @@ for c = 1, n do
     end
     if debt > 0 then
       if cost > 0 then
-        -- Always charged, clamped at -D, never raised by the clamp.
-        local floor = -debt
-        if floor > w then
-          floor = w
-        end
-        w = w - cost * MICRO
-        if w < floor then
-          w = floor
-        end
+        w = charge_debt(w, cost, debt)
         DIRTY[k] = true
         local d = DW[k]
         if d == nil then
@@ -340,15 +347,7 @@ for c = 1, n do
         elseif d > cap then
           d = cap
         end
-        floor = -debt
-        if floor > d then
-          floor = d
-        end
-        d = d - cost * MICRO
-        if d < floor then
-          d = floor
-        end
-        DW[k] = d
+        DW[k] = charge_debt(d, cost, debt)
       end
     elseif ok and cost > 0 then
       w = w - cost * MICRO
