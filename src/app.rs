@@ -4,7 +4,6 @@
 //! requests finish.
 
 use crate::conn_limit::{LimitedListener, per_port_limit};
-use crate::grpc::RateLimitGrpc;
 use crate::limiter::Limiter;
 use crate::settings::DRAIN_GRACE;
 use std::future::Future;
@@ -87,7 +86,7 @@ pub struct RunOptions {
     pub go_metrics: Option<(TcpListener, String)>,
     /// Listener of the plain-text `/rlconfig` (the Go debug port).
     pub debug: Option<TcpListener>,
-    /// Serve gRPC server reflection ([`crate::reflection`]) on the gRPC port.
+    /// Serve gRPC server reflection ([`crate::grpc::reflection`]) on the gRPC port.
     pub reflection: bool,
 }
 
@@ -144,7 +143,6 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
     options: RunOptions,
 ) -> Result<(), AppError> {
-    type RlsServer = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitGrpc>;
     let RunOptions {
         grace,
         tls,
@@ -155,7 +153,12 @@ pub async fn run_with(
         reflection: serve_reflection,
     } = options;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<RlsServer>().await;
+    health_reporter
+        .set_service_status(
+            crate::grpc::reflection::RATE_LIMIT_SERVICE,
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
     let go_mode = health
         .as_ref()
         .is_some_and(|h| matches!(h.mode(), crate::settings::HealthMode::Go { .. }));
@@ -214,32 +217,11 @@ pub async fn run_with(
         })
     });
 
-    // The descriptors are built in code and checked by tests: a failure is a
-    // bug, logged, and the port serves without reflection.
-    let reflection = |on: bool| {
-        on.then(|| {
-            let v1 = crate::reflection::service_v1();
-            let v1alpha = crate::reflection::service_v1alpha();
-            match (v1, v1alpha) {
-                (Ok(a), Ok(b)) => Some((a, b)),
-                (Err(e), _) | (_, Err(e)) => {
-                    tracing::error!(error = %e, "gRPC reflection is off: its descriptors do not resolve");
-                    None
-                }
-            }
-        })
-        .flatten()
-    };
-    // Dead peers are found by HTTP/2 pings; each connection is bounded in
-    // streams, calls at once, windows and message size (crate::grpc), and
-    // each port holds a bounded number of connections (crate::conn_limit).
-    // ShouldRateLimit is served on h2 directly (crate::grpc_h2); health,
-    // reflection and any other path by tonic.
-    let mut routes = tonic::service::Routes::new(health_service)
-        .add_service(RateLimitGrpc::server(limiter.clone()));
-    if let Some((v1, v1alpha)) = reflection(serve_reflection) {
-        routes = routes.add_service(v1).add_service(v1alpha);
-    }
+    // Each connection is bounded in streams, calls at once, windows and
+    // message size (crate::grpc::PortLimits), and each port holds a bounded
+    // number of connections (crate::conn_limit). ShouldRateLimit is served
+    // on h2 directly; health, reflection and any other path by tonic.
+    let routes = crate::grpc::fallback_routes(health_service, serve_reflection);
     // TCP_NODELAY: without it, Nagle's algorithm holds small HTTP/2 writes
     // until the peer's delayed ACK (about 40 ms) and shows up as p99.9 latency.
     // A connection must send its opening bytes (the HTTP/2 preface, or a TLS
@@ -250,23 +232,21 @@ pub async fn run_with(
     let grpc_signal = async move {
         let _ = grpc_stop.recv().await;
     };
-    let h2_options = crate::grpc_h2::Options {
-        keepalive: Some((Duration::from_secs(30), Duration::from_secs(10))),
-    };
+    let limits = crate::grpc::PortLimits::DEFAULT;
     let grpc: std::pin::Pin<Box<dyn Future<Output = Result<(), std::convert::Infallible>> + Send>> =
         match &tls {
-            Some(t) => Box::pin(crate::grpc_h2::serve(
+            Some(t) => Box::pin(crate::grpc::serve(
                 crate::tls::incoming(tcp, t),
                 limiter.clone(),
                 routes,
-                h2_options,
+                limits,
                 grpc_signal,
             )),
-            None => Box::pin(crate::grpc_h2::serve(
+            None => Box::pin(crate::grpc::serve(
                 tcp,
                 limiter.clone(),
                 routes,
-                h2_options,
+                limits,
                 grpc_signal,
             )),
         };
@@ -312,7 +292,12 @@ pub async fn run_with(
                 .set_service_status(name, tonic_health::ServingStatus::NotServing)
                 .await;
         }
-        reporter.set_not_serving::<RlsServer>().await;
+        reporter
+            .set_service_status(
+                crate::grpc::reflection::RATE_LIMIT_SERVICE,
+                tonic_health::ServingStatus::NotServing,
+            )
+            .await;
         if !shutdown_delay.is_zero() {
             tracing::info!(
                 ?shutdown_delay,

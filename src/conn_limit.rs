@@ -367,7 +367,7 @@ impl LimitedListener {
         (self.wrap(stream, permit), addr)
     }
 
-    /// The stream of connections, for tonic's `serve_with_incoming`.
+    /// The stream of connections, for [`crate::grpc::serve`].
     pub fn into_stream(self) -> impl futures::Stream<Item = io::Result<Limited>> + Send + 'static {
         futures::stream::unfold(self, |mut l| async move {
             let (c, _) = l.next().await;

@@ -6,9 +6,8 @@
 //! a protobuf or tonic type.
 //!
 //! - Edges
-//!   - [`grpc`]: the tonic `RateLimitService`: protos to and from the core.
-//!   - [`grpc_h2`]: the gRPC port on `h2` directly: `ShouldRateLimit` inside
-//!     each connection's task, health and reflection through tonic.
+//!   - [`grpc`]: the gRPC port: `ShouldRateLimit` on `h2` directly with the
+//!     one codec of Envoy's messages, health and reflection through tonic.
 //!   - [`http`]: the admin API (health, metrics, `/rlconfig`) and `/json`.
 //!   - [`cli`]: command line (`serve`, `check-config`, `loadgen`); flags into settings.
 //! - Core
@@ -37,7 +36,6 @@ pub mod conn_limit;
 pub mod go_compat;
 pub mod go_env;
 pub mod grpc;
-pub mod grpc_h2;
 pub mod health;
 pub mod http;
 pub mod limiter;
@@ -46,7 +44,6 @@ pub mod loadgen;
 pub mod matcher;
 pub mod metrics;
 pub mod otel;
-pub mod reflection;
 pub mod settings;
 pub mod storage;
 #[cfg(test)]

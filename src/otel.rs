@@ -156,8 +156,9 @@ fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
 }
 
-/// gRPC request metadata as a W3C trace context carrier.
-struct Metadata<'a>(&'a tonic::metadata::MetadataMap);
+/// gRPC request metadata (the request's HTTP/2 headers) as a W3C trace
+/// context carrier; binary metadata (`-bin` names) is left out.
+struct Metadata<'a>(&'a http::HeaderMap);
 
 impl Extractor for Metadata<'_> {
     fn get(&self, key: &str) -> Option<&str> {
@@ -167,10 +168,8 @@ impl Extractor for Metadata<'_> {
     fn keys(&self) -> Vec<&str> {
         self.0
             .keys()
-            .filter_map(|k| match k {
-                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
-                tonic::metadata::KeyRef::Binary(_) => None,
-            })
+            .map(http::HeaderName::as_str)
+            .filter(|k| !k.ends_with("-bin"))
             .collect()
     }
 }
@@ -188,7 +187,7 @@ fn clip(s: &str, max: usize) -> String {
 /// (`OK`, `OVER_LIMIT`, or the gRPC error code) for the span. Without a
 /// tracer, just runs `call`.
 pub async fn should_rate_limit<T, E, F>(
-    metadata: &tonic::metadata::MetadataMap,
+    metadata: &http::HeaderMap,
     domain: &str,
     descriptors: usize,
     call: F,

@@ -11,7 +11,7 @@
 //!   against it, optionally with a subject alternative name they must carry
 //!   (the Go service's `GRPC_CLIENT_TLS_CACERT` and `GRPC_CLIENT_TLS_SAN`).
 //! - [`incoming`] turns accepted TCP connections into TLS connections for
-//!   tonic's `serve_with_incoming`, each handshake in its own task (bounded
+//!   the gRPC port ([`crate::grpc::serve`]), each handshake in its own task (bounded
 //!   by [`HANDSHAKE_TIMEOUT`]) so a slow client never holds up the others.
 //!
 //! Handshakes need no SNI (Envoy sends none to the rate limit cluster): the
@@ -405,8 +405,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// TLS connections from `tcp` (accepted connections), for tonic's
-/// `serve_with_incoming`. Each handshake runs in its own task and is
+/// TLS connections from `tcp` (accepted connections), for the gRPC port
+/// ([`crate::grpc::serve`]). Each handshake runs in its own task and is
 /// bounded by [`HANDSHAKE_TIMEOUT`]; a failed one (a plaintext client, a
 /// missing or untrusted client certificate) is logged at debug level and
 /// closed. Dropping the stream stops accepting.

@@ -1,4 +1,4 @@
-//! The gRPC port (served on h2 directly, `src/grpc_h2.rs`) seen by a raw
+//! The gRPC port (served on h2 directly, `src/grpc/`) seen by a raw
 //! HTTP/2 client: tonic's status codes for malformed messages, other paths
 //! answered by tonic, and many concurrent calls on one connection answered
 //! each exactly once.

@@ -90,9 +90,9 @@ async fn a_peer_granting_no_window_holds_bounded_streams_and_memory() {
     pings.ping(h2::Ping::opaque()).await.expect("pong");
     let advertised = client.current_max_send_streams();
     assert!(
-        advertised <= bucket_rls::grpc::MAX_CONCURRENT_STREAMS as usize,
+        advertised <= bucket_rls::grpc::PortLimits::DEFAULT.max_concurrent_streams as usize,
         "server advertises at most {} concurrent streams, not {advertised}",
-        bucket_rls::grpc::MAX_CONCURRENT_STREAMS
+        bucket_rls::grpc::PortLimits::DEFAULT.max_concurrent_streams
     );
 
     const ASKED: usize = 20_000;
@@ -114,7 +114,7 @@ async fn a_peer_granting_no_window_holds_bounded_streams_and_memory() {
     }
     let opened = answered.len();
     assert!(
-        opened <= bucket_rls::grpc::MAX_CONCURRENT_STREAMS as usize,
+        opened <= bucket_rls::grpc::PortLimits::DEFAULT.max_concurrent_streams as usize,
         "one connection had {opened} of {ASKED} streams answered"
     );
 

@@ -1,7 +1,9 @@
-//! The gRPC port served on `h2` directly: `ShouldRateLimit` is answered
-//! inside the connection's own task (decoded with prost, decided by the same
-//! [`Limiter`] as [`crate::grpc`]), every other path (health, reflection) is
-//! handed to the tonic [`Routes`] on a task of its own.
+//! HTTP/2 serving of a gRPC port on `h2` directly: the connection loop,
+//! gRPC framing, `grpc-timeout`, the encoding check and trailers-only
+//! errors. One unary method (a [`Unary`] handler) is answered inside each
+//! connection's own task; every other path goes to the tonic fallback
+//! ([`super::fallback`]) on a task of its own. Nothing here knows the rate
+//! limit protos or the limiter.
 //!
 //! Why: through tonic and hyper each call costs a task spawn, a cross-task
 //! wake-up per frame, tower layers, a router lookup and tonic's streaming
@@ -20,52 +22,61 @@
 //! (`OUT_OF_RANGE`), a body that does not decode (`INVALID_ARGUMENT`, where
 //! tonic says `INTERNAL`: the fault is the client's) and an expired
 //! `grpc-timeout` (`CANCELLED`, "Timeout expired"). The per-connection
-//! bounds are [`crate::grpc`]'s: 1,024 streams advertised, 64 calls decided
-//! at once, 1 MiB windows, 16 KiB header lists, 2 MiB messages; frames are
-//! 16 KiB. Keep-alive pings behave like hyper's: a ping every
-//! `interval`, the connection closed when its pong takes longer than
-//! `timeout`.
+//! bounds are one [`PortLimits`]. Keep-alive pings behave like hyper's: a
+//! ping every `interval`, the connection closed when its pong takes longer
+//! than `timeout`.
 
-use crate::limiter::Limiter;
+use super::PortLimits;
+use super::fallback::forward;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use h2::RecvStream;
 use h2::server::SendResponse;
 use http::{HeaderMap, HeaderValue, Request, Response};
-use http_body::{Body as _, Frame};
-use prost::Message as _;
 use std::future::{Future, poll_fn};
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::Status;
-use tonic::codegen::Service as _;
 use tonic::service::Routes;
 
-/// The path of the one RPC served here.
-pub const SHOULD_RATE_LIMIT_PATH: &str =
-    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// A unary gRPC method answered in the connection's task.
+pub(crate) trait Unary: Clone + Send + Sync + 'static {
+    /// The method's path, `/package.Service/Method`.
+    const PATH: &'static str;
 
-/// Largest request message accepted, bytes ([`crate::grpc::MAX_MESSAGE_BYTES`]).
-pub const MAX_MESSAGE_BYTES: usize = crate::grpc::MAX_MESSAGE_BYTES;
+    /// Answers one call: `msg` is the request message (the payload of its
+    /// one gRPC frame), `headers` the request's headers (gRPC metadata).
+    ///
+    /// # Errors
+    /// The gRPC status to answer with instead of a message.
+    fn call(
+        &self,
+        msg: Bytes,
+        headers: HeaderMap,
+    ) -> impl Future<Output = Result<Framed, Status>> + Send + 'static;
+}
 
-/// HTTP/2 flow-control windows, bytes ([`crate::grpc::RECEIVE_WINDOW_BYTES`]).
-const WINDOW_BYTES: u32 = crate::grpc::RECEIVE_WINDOW_BYTES;
-/// Largest frame accepted, bytes (hyper's default).
-const MAX_FRAME_BYTES: u32 = 16 * 1024;
-/// Largest header list accepted, bytes ([`crate::grpc::MAX_HEADER_LIST_BYTES`]).
-const MAX_HEADER_LIST_BYTES: u32 = crate::grpc::MAX_HEADER_LIST_BYTES;
-/// Largest amount of response data buffered per stream, bytes (hyper's default).
-const MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
+/// A response message with its gRPC frame header (made by [`framed`]).
+#[derive(Debug)]
+pub(crate) struct Framed(BytesMut);
 
-/// How the connections are served.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Keep-alive ping interval and pong timeout; `None`: no pings.
-    pub keepalive: Option<(Duration, Duration)>,
+impl Framed {
+    /// The message without its frame header.
+    pub(crate) fn message(&self) -> &[u8] {
+        &self.0[5..]
+    }
+}
+
+/// The gRPC frame (uncompressed, length-prefixed) of a message of `len`
+/// bytes that `encode` writes.
+pub(crate) fn framed(len: usize, encode: impl FnOnce(&mut BytesMut)) -> Framed {
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    encode(&mut buf);
+    Framed(buf)
 }
 
 /// Serves connections from `incoming` until `shutdown` resolves, then stops
@@ -75,11 +86,11 @@ pub struct Options {
 /// # Errors
 /// Never: a connection that fails is logged at debug level and dropped, an
 /// accept error is skipped (tonic's behaviour).
-pub async fn serve<S, IO>(
+pub(crate) async fn serve<S, IO, H: Unary>(
     incoming: S,
-    limiter: Arc<Limiter>,
+    handler: H,
     fallback: Routes,
-    options: Options,
+    limits: PortLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), std::convert::Infallible>
 where
@@ -96,7 +107,7 @@ where
                 () = &mut shutdown => break,
                 io = incoming.next() => match io {
                     Some(Ok(io)) => {
-                        let conn = serve_connection(io, limiter.clone(), fallback.clone(), options.clone(), stop_rx.clone());
+                        let conn = serve_connection(io, handler.clone(), fallback.clone(), limits, stop_rx.clone());
                         tokio::spawn(async move {
                             if let Err(e) = conn.await {
                                 tracing::debug!(error = %e, "gRPC connection failed");
@@ -121,32 +132,32 @@ where
 ///
 /// # Errors
 /// The HTTP/2 error that ended the connection.
-pub async fn serve_connection<IO>(
+async fn serve_connection<IO, H: Unary>(
     io: IO,
-    limiter: Arc<Limiter>,
+    handler: H,
     fallback: Routes,
-    options: Options,
+    limits: PortLimits,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), h2::Error>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut conn = h2::server::Builder::new()
-        .max_concurrent_streams(crate::grpc::MAX_CONCURRENT_STREAMS)
+        .max_concurrent_streams(limits.max_concurrent_streams)
         // Streams a client resets before they are taken (Envoy cancelling
         // calls at its timeout while this connection has its 64 calls in
         // flight) close the connection past this count: h2's default of 20
         // would drop every call of a busy connection. Bounded like the
         // streams themselves.
-        .max_pending_accept_reset_streams(crate::grpc::MAX_CONCURRENT_STREAMS as usize)
-        .initial_window_size(WINDOW_BYTES)
-        .initial_connection_window_size(WINDOW_BYTES)
-        .max_frame_size(MAX_FRAME_BYTES)
-        .max_header_list_size(MAX_HEADER_LIST_BYTES)
-        .max_send_buffer_size(MAX_SEND_BUFFER_BYTES)
+        .max_pending_accept_reset_streams(limits.max_concurrent_streams as usize)
+        .initial_window_size(limits.receive_window_bytes)
+        .initial_connection_window_size(limits.receive_window_bytes)
+        .max_frame_size(limits.max_frame_bytes)
+        .max_header_list_size(limits.max_header_list_bytes)
+        .max_send_buffer_size(limits.max_send_buffer_bytes)
         .handshake::<_, Bytes>(io)
         .await?;
-    let keepalive = keepalive(conn.ping_pong(), options.keepalive);
+    let keepalive = keepalive(conn.ping_pong(), limits.keepalive);
     let mut keepalive = std::pin::pin!(keepalive);
     // Borrowed, not moved: the receiver lives as long as the connection, so
     // `serve` waits for this connection to close.
@@ -172,12 +183,12 @@ where
         }
         loop {
             loop {
-                // At most MAX_IN_FLIGHT_PER_CONNECTION calls of one
+                // At most `max_in_flight_per_connection` calls of one
                 // connection are read and decided at once: past it, the
                 // connection's I/O goes on (pings, window updates, writes)
                 // and new streams wait in h2, bounded by the streams
                 // advertised, their bytes held back by flow control.
-                if calls.len() + accepted.len() >= crate::grpc::MAX_IN_FLIGHT_PER_CONNECTION {
+                if calls.len() + accepted.len() >= limits.max_in_flight_per_connection {
                     if let Poll::Ready(r) = conn.poll_closed(cx) {
                         return Poll::Ready(r.map(|()| true));
                     }
@@ -185,7 +196,7 @@ where
                 }
                 match conn.poll_accept(cx) {
                     Poll::Ready(Some(Ok((req, respond)))) => {
-                        if is_should_rate_limit(&req) {
+                        if req.method() == http::Method::POST && req.uri().path() == H::PATH {
                             accepted.push((req, respond));
                         } else {
                             tokio::spawn(forward(fallback.clone(), req, respond));
@@ -202,7 +213,7 @@ where
             // and the set polls it again before it waits.
             let mut answered = false;
             for (req, respond) in accepted.drain(..) {
-                let mut call: Call = Box::pin(should_rate_limit(limiter.clone(), req, respond));
+                let mut call: Call = Box::pin(unary(handler.clone(), req, respond, limits));
                 if call.as_mut().poll(cx).is_ready() {
                     answered = true;
                 } else {
@@ -226,7 +237,7 @@ where
     // or will be), then the connection flushes and closes. Calls taken in
     // the read that ended the loop have not run yet.
     for (req, respond) in accepted.drain(..) {
-        calls.push(Box::pin(should_rate_limit(limiter.clone(), req, respond)));
+        calls.push(Box::pin(unary(handler.clone(), req, respond, limits)));
     }
     while calls.next().await.is_some() {}
     poll_fn(|cx| conn.poll_closed(cx)).await
@@ -237,7 +248,7 @@ const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-enco
 const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 
-/// One `ShouldRateLimit` call in flight on a connection.
+/// One unary call in flight on a connection.
 type Call = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Resolves when a keep-alive ping is not answered in time; never without
@@ -257,16 +268,13 @@ async fn keepalive(ping_pong: Option<h2::PingPong>, every: Option<(Duration, Dur
     }
 }
 
-fn is_should_rate_limit<B>(req: &Request<B>) -> bool {
-    req.method() == http::Method::POST && req.uri().path() == SHOULD_RATE_LIMIT_PATH
-}
-
-/// Answers one `ShouldRateLimit` call on its stream; failures to send mean
-/// the client reset the stream or the connection went away, and are dropped.
-async fn should_rate_limit(
-    limiter: Arc<Limiter>,
+/// Answers one unary call on its stream; failures to send mean the client
+/// reset the stream or the connection went away, and are dropped.
+async fn unary<H: Unary>(
+    handler: H,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    limits: PortLimits,
 ) {
     let (parts, body) = req.into_parts();
     if let Some(status) = unsupported_encoding(&parts.headers) {
@@ -274,22 +282,10 @@ async fn should_rate_limit(
         return;
     }
     let timeout = grpc_timeout(&parts.headers);
-    let metadata = tonic::metadata::MetadataMap::from_headers(parts.headers);
+    let headers = parts.headers;
     let answer = async {
-        let msg = read_message(body).await?;
-        // A body that is not a RateLimitRequest (bad wire format, strings
-        // that are not UTF-8) is the client's error.
-        let wire = crate::grpc::wire::RateLimitRequest::decode(msg)
-            .map_err(|e| Status::invalid_argument(format!("invalid RateLimitRequest: {e}")))?;
-        let req = crate::grpc::wire_request(&wire)?;
-        crate::otel::should_rate_limit(
-            &metadata,
-            req.domain,
-            req.descriptors.len(),
-            crate::grpc::decide(&limiter, &req),
-            crate::grpc::decision_outcome,
-        )
-        .await
+        let msg = read_message(body, limits.max_message_bytes).await?;
+        handler.call(msg, headers).await
     };
     // One poll function drives the answer, the `grpc-timeout` and the
     // stream's reset, without moving the answer's future again: a call the
@@ -316,13 +312,13 @@ async fn should_rate_limit(
     };
     let Some(answer) = answer else { return };
     let _ = match answer {
-        Ok(decision) => send_decision(&mut respond, decision),
+        Ok(framed) => send_framed(&mut respond, framed.0),
         Err(status) => send_status(&mut respond, &status),
     };
 }
 
 /// The one length-prefixed message of a unary request body.
-async fn read_message(mut body: RecvStream) -> Result<Bytes, Status> {
+async fn read_message(mut body: RecvStream, max_message_bytes: usize) -> Result<Bytes, Status> {
     let mut buf = BytesMut::new();
     let mut first: Option<Bytes> = None;
     while let Some(chunk) = body.data().await {
@@ -341,9 +337,9 @@ async fn read_message(mut body: RecvStream) -> Result<Bytes, Status> {
         if have >= 5 {
             let head = first.as_deref().unwrap_or(&buf[..]);
             let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-            if len > MAX_MESSAGE_BYTES {
+            if len > max_message_bytes {
                 return Err(Status::out_of_range(format!(
-                    "Error, decoded message length too large: found {len} bytes, the limit is: {MAX_MESSAGE_BYTES} bytes"
+                    "Error, decoded message length too large: found {len} bytes, the limit is: {max_message_bytes} bytes"
                 )));
             }
             // The whole message is here: what else the body carries is not
@@ -437,37 +433,6 @@ fn grpc_headers() -> Response<()> {
     r
 }
 
-/// Sends the `RateLimitResponse` of `d` as the one response message with
-/// `grpc-status: 0`: encoded straight from the decision, or through the
-/// proto type when it carries dynamic metadata.
-fn send_decision(
-    respond: &mut SendResponse<Bytes>,
-    d: crate::limiter::Decision,
-) -> Result<(), h2::Error> {
-    let Some(len) = crate::grpc::encoded_response_len(&d) else {
-        return send_message(respond, &crate::grpc::response(d));
-    };
-    let mut buf = BytesMut::with_capacity(5 + len);
-    buf.put_u8(0);
-    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-    crate::grpc::encode_response(&d, &mut buf);
-    send_framed(respond, buf)
-}
-
-/// Sends `msg` as the one response message with `grpc-status: 0`.
-fn send_message(
-    respond: &mut SendResponse<Bytes>,
-    msg: &impl prost::Message,
-) -> Result<(), h2::Error> {
-    let len = msg.encoded_len();
-    let mut buf = BytesMut::with_capacity(5 + len);
-    buf.put_u8(0);
-    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-    // Encoding into a buffer of the encoded length cannot fail.
-    let _ = msg.encode(&mut buf);
-    send_framed(respond, buf)
-}
-
 /// Sends `buf`, one length-prefixed message, with `grpc-status: 0`.
 fn send_framed(respond: &mut SendResponse<Bytes>, buf: BytesMut) -> Result<(), h2::Error> {
     let mut stream = respond.send_response(grpc_headers(), false)?;
@@ -485,113 +450,6 @@ fn send_status(respond: &mut SendResponse<Bytes>, status: &Status) -> Result<(),
             .insert("grpc-status", HeaderValue::from_static("13"));
     }
     respond.send_response(r, true).map(|_| ())
-}
-
-/// Hands a request for another path to tonic and streams its answer back
-/// (health `Watch` streams included), until the body ends or the client
-/// resets the stream.
-async fn forward(mut routes: Routes, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
-    type Req = Request<tonic::body::Body>;
-    let req: Req = req.map(|b| {
-        tonic::body::Body::new(H2Body {
-            inner: b,
-            data_done: false,
-        })
-    });
-    // The router is always ready, and never fails (unknown paths get
-    // UNIMPLEMENTED).
-    let Ok(()) = poll_fn(|cx| tonic::codegen::Service::<Req>::poll_ready(&mut routes, cx)).await;
-    let Ok(resp) = routes.call(req).await;
-    let (parts, mut body) = resp.into_parts();
-    let end = body.is_end_stream();
-    let Ok(mut send) = respond.send_response(Response::from_parts(parts, ()), end) else {
-        return;
-    };
-    if end {
-        return;
-    }
-    loop {
-        let frame = tokio::select! {
-            f = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)) => f,
-            _ = poll_fn(|cx| send.poll_reset(cx)) => return,
-        };
-        let frame: Frame<Bytes> = match frame {
-            None => {
-                let _ = send.send_data(Bytes::new(), true);
-                return;
-            }
-            Some(Err(_)) => {
-                send.send_reset(h2::Reason::INTERNAL_ERROR);
-                return;
-            }
-            Some(Ok(f)) => f,
-        };
-        match frame.into_data() {
-            Ok(mut data) => {
-                while !data.is_empty() {
-                    send.reserve_capacity(data.len());
-                    // Capacity, or None once the client reset the stream.
-                    let n = poll_fn(|cx| {
-                        if send.poll_reset(cx).is_ready() {
-                            return Poll::Ready(None);
-                        }
-                        send.poll_capacity(cx)
-                    })
-                    .await;
-                    let Some(Ok(n)) = n else { return };
-                    let chunk = data.split_to(n.min(data.len()));
-                    if send.send_data(chunk, false).is_err() {
-                        return;
-                    }
-                }
-            }
-            Err(frame) => {
-                if let Ok(trailers) = frame.into_trailers() {
-                    let _ = send.send_trailers(trailers);
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// An h2 request body as an [`http_body::Body`] for tonic, returning the
-/// flow-control capacity of each chunk as it is read.
-struct H2Body {
-    inner: RecvStream,
-    data_done: bool,
-}
-
-impl http_body::Body for H2Body {
-    type Data = Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
-        if !self.data_done {
-            match self.inner.poll_data(cx) {
-                Poll::Ready(Some(Ok(b))) => {
-                    let _ = self.inner.flow_control().release_capacity(b.len());
-                    return Poll::Ready(Some(Ok(Frame::data(b))));
-                }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(None) => self.data_done = true,
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        match self.inner.poll_trailers(cx) {
-            Poll::Ready(Ok(Some(t))) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
-            Poll::Ready(Ok(None)) => Poll::Ready(None),
-            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
 }
 
 #[cfg(test)]
