@@ -4,13 +4,16 @@
 //! contradict each other ([`SetupError`]).
 
 use crate::settings::{
-    Backend, ConfigSource, HealthMode, MasterAuth, OnStorageError, RedisSettings, ServiceSettings,
-    Settings, SetupError,
+    Backend, ConfigSource, HealthMode, MasterAuth, OnStorageError, RateLimitHeaders,
+    ServiceSettings, Settings, SetupError,
 };
+use crate::storage::redis::RedisOptions;
+use clap::builder::PossibleValue;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// bucket-rls: Envoy rate limit service with exact token buckets.
 #[derive(Debug, Parser)]
@@ -227,7 +230,7 @@ pub struct ServeArgs {
         value_enum,
         default_value = "off"
     )]
-    pub rate_limit_headers: crate::settings::RateLimitHeaders,
+    pub rate_limit_headers: RateLimitHeaders,
     /// Name of the limit header with `--rate-limit-headers go`.
     #[arg(long, env = "BUCKET_RLS_LIMIT_HEADER_NAME", default_value = "RateLimit-Limit", value_parser = header_name)]
     pub limit_header_name: String,
@@ -361,6 +364,49 @@ pub struct ServeArgs {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+/// `--on-storage-error` values (the help texts are those of
+/// [`OnStorageError`]'s variants).
+impl ValueEnum for OnStorageError {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Self::Unavailable, Self::Allow, Self::Deny]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            Self::Unavailable => PossibleValue::new("unavailable")
+                .help("gRPC `UNAVAILABLE`: Envoy's `failure_mode_deny` decides"),
+            Self::Allow => PossibleValue::new("allow")
+                .help("Fail open: `OK` for every descriptor, with no `current_limit`"),
+            Self::Deny => PossibleValue::new("deny")
+                .help("Fail closed: `OVER_LIMIT` for descriptors that needed storage"),
+        })
+    }
+}
+
+/// `--rate-limit-headers` values (the help texts are those of
+/// [`RateLimitHeaders`]' variants).
+impl ValueEnum for RateLimitHeaders {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Self::Off, Self::Draft03, Self::Ietf, Self::Go]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            Self::Off => PossibleValue::new("off")
+                .help("No extra headers (`retry-after` is still sent on OVER_LIMIT)"),
+            Self::Draft03 => PossibleValue::new("draft03").help(
+                "`RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (draft-ietf-httpapi-ratelimit-headers-03, the format Envoy emits)",
+            ),
+            Self::Ietf => PossibleValue::new("ietf").help(
+                "`RateLimit-Policy` and `RateLimit` structured fields (draft-ietf-httpapi-ratelimit-headers-08 and later)",
+            ),
+            Self::Go => PossibleValue::new("go").help(
+                "The Go reference service's headers (`LIMIT_RESPONSE_HEADERS_ENABLED`): `RateLimit-Limit` with the bare tokens per unit (no `;w=` policy), `RateLimit-Remaining` and `RateLimit-Reset` in seconds, under the names given by `--limit-header-name`, `--remaining-header-name` and `--reset-header-name`",
+            ),
+        })
+    }
 }
 
 /// `--health-mode` values.
@@ -619,11 +665,12 @@ impl TryFrom<&ServeArgs> for Backend {
             (Some(cert), Some(key)) => Some(read_client_cert(cert, key)?),
             _ => None,
         };
-        let redis = RedisSettings {
-            timeout_ms: args.redis_timeout,
+        let redis = RedisOptions {
+            timeout: Duration::from_millis(args.redis_timeout),
             local_cache_size: usize::try_from(args.local_cache_size).unwrap_or(usize::MAX),
             tls_root_ca_pem,
             tls_client,
+            ..RedisOptions::default()
         };
         Ok(if !args.redis_cluster.is_empty() {
             Self::Cluster {
@@ -914,7 +961,6 @@ async fn fetch_rlconfig(url: &str) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     /// `serve --config c.yaml` plus `flags`, parsed as the binary parses them.
     /// The `BUCKET_RLS_*` variables are not read, so the tests do not depend
@@ -970,12 +1016,13 @@ mod tests {
         f
     }
 
-    fn redis_defaults() -> RedisSettings {
-        RedisSettings {
-            timeout_ms: 50,
+    fn redis_defaults() -> RedisOptions {
+        RedisOptions {
+            timeout: Duration::from_millis(50),
             local_cache_size: 100_000,
             tls_root_ca_pem: None,
             tls_client: None,
+            ..RedisOptions::default()
         }
     }
 
@@ -1012,7 +1059,7 @@ mod tests {
         ])
         .expect("redis");
         let redis = b.redis().expect("a Redis backend");
-        assert_eq!(redis.timeout(), Duration::from_millis(250));
+        assert_eq!(redis.timeout, Duration::from_millis(250));
         assert_eq!(redis.local_cache_size, 0);
     }
 

@@ -1184,7 +1184,10 @@ mod tests {
         assert!(go_duration_ms("10").is_err());
         assert!(go_duration_ms("ten seconds").is_err());
         let s = settings(&[("REDIS_URL", "h:1"), ("REDIS_TIMEOUT", "2s")]);
-        assert_eq!(s.backend.redis().expect("redis").timeout_ms, 2_000);
+        assert_eq!(
+            s.backend.redis().expect("redis").timeout,
+            std::time::Duration::from_millis(2_000)
+        );
         let e = serve_args(&env(&[("REDIS_URL", "h:1"), ("REDIS_TIMEOUT", "2h")])).unwrap_err();
         assert_eq!(e.var, "REDIS_TIMEOUT", "{e}");
     }

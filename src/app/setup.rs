@@ -226,12 +226,10 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
             max_buckets,
         )),
         Backend::Redis { url, redis } => {
-            let storage = RedisStorage::builder(url)
-                .options(redis.options())
-                .build()?;
+            let storage = RedisStorage::builder(url).options(redis.clone()).build()?;
             tracing::info!(
                 url = storage.url(),
-                timeout_ms = redis.timeout_ms,
+                timeout_ms = redis.timeout.as_millis(),
                 "Redis backend (connecting in the background)"
             );
             Arc::new(storage)
@@ -243,23 +241,23 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
             redis,
         } => {
             let storage = RedisSentinelStorage::builder(sentinels, master_name)
-                .options(redis.options())
+                .options(redis.clone())
                 .master_auth(master_auth.username, master_auth.password)
                 .build()?;
             tracing::info!(
                 sentinels = storage.sentinels(),
-                timeout_ms = redis.timeout_ms,
+                timeout_ms = redis.timeout.as_millis(),
                 "Redis Sentinel backend (discovering the master in the background)"
             );
             Arc::new(storage)
         }
         Backend::Cluster { nodes, redis } => {
             let storage = RedisClusterStorage::builder(nodes)
-                .options(redis.options())
+                .options(redis.clone())
                 .build()?;
             tracing::info!(
                 nodes = storage.nodes(),
-                timeout_ms = redis.timeout_ms,
+                timeout_ms = redis.timeout.as_millis(),
                 "Redis Cluster backend (connecting in the background)"
             );
             Arc::new(storage)
@@ -325,18 +323,21 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::{MasterAuth, RedisSettings};
+    use crate::settings::MasterAuth;
+    use crate::storage::redis::RedisOptions;
+    use std::time::Duration;
 
     // Nothing listens on port 1: building never connects, and the background
     // tasks only log their failed attempts until the test's runtime stops.
     const NOBODY: &str = "127.0.0.1:1";
 
-    fn redis(tls_root_ca_pem: Option<Vec<u8>>) -> RedisSettings {
-        RedisSettings {
-            timeout_ms: 50,
+    fn redis(tls_root_ca_pem: Option<Vec<u8>>) -> RedisOptions {
+        RedisOptions {
+            timeout: Duration::from_millis(50),
             local_cache_size: 10,
             tls_root_ca_pem,
             tls_client: None,
+            ..RedisOptions::default()
         }
     }
 
