@@ -336,9 +336,14 @@ impl std::fmt::Debug for MasterAuth {
 
 /// Why `serve` cannot start with the flags given: flags that contradict each
 /// other or that another flag needs, an unreadable CA file, a Redis address
-/// that does not parse. Each message names the flag.
+/// that does not parse (each message names the flag), or a config that does
+/// not load.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
+    /// The config files given to `serve` do not load (every problem, one
+    /// per line).
+    #[error("invalid config, not starting:\n{0}")]
+    Config(crate::config::ConfigErrors),
     /// More than one Redis topology was given.
     #[error("give only one of --redis-url, --redis-sentinel and --redis-cluster")]
     ManyTopologies,
