@@ -1,7 +1,7 @@
 //! The Go reference service's surfaces (envoyproxy/ratelimit), in one place,
 //! for deployments that run bucket-rls as a drop-in replacement:
 //!
-//! - [`env`]: started as `ratelimit` with no arguments, the Go service's
+//! - [`env`](mod@env): started as `ratelimit` with no arguments, the Go service's
 //!   environment variables become the flags of `serve`;
 //! - [`metrics`]: `/metrics` under the Go service's metric names;
 //! - [`health`]: health with the Go service's semantics (`--health-mode go`);

@@ -63,7 +63,7 @@ pub const XDS: &[&str] = &[
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
 ];
 
-/// Variables mapped onto `serve` flags (read by [`map_env`]).
+/// Variables mapped onto `serve` flags (read by [`map_env`](super::map_env)).
 pub const MAPPED: &[&str] = &[
     "CONFIG_TYPE",
     "RUNTIME_ROOT",
