@@ -212,8 +212,9 @@ impl App {
     }
 }
 
-/// Loads the config of a file source at startup, counts the load and logs
-/// it (the watcher records the outcome once it runs).
+/// Loads the config of a file source at startup, counts the load
+/// (`CONFIG_LOAD`, `success`) and logs it. The outcome gauges are recorded
+/// by `record_startup_load` once the watcher is spawned.
 fn load_startup_config(
     path: &std::path::Path,
     load: crate::config::loader::LoadOptions,
