@@ -52,10 +52,13 @@ pub fn router(limiter: Arc<Limiter>) -> Router {
 
 /// [`router`] with a shared health state: with [`HealthMode::Go`],
 /// `/healthcheck` answers with the Go service's semantics
-/// ([`crate::health::Health::check_go`]): 200 `OK`, or 500 with the reason.
+/// ([`crate::go::health::Health::check_go`]): 200 `OK`, or 500 with the reason.
 ///
 /// [`HealthMode::Go`]: crate::settings::HealthMode::Go
-pub fn router_with(limiter: Arc<Limiter>, health: Option<Arc<crate::health::Health>>) -> Router {
+pub fn router_with(
+    limiter: Arc<Limiter>,
+    health: Option<Arc<crate::go::health::Health>>,
+) -> Router {
     crate::metrics::install();
     let healthcheck = match health {
         Some(h) if matches!(h.mode(), crate::settings::HealthMode::Go { .. }) => {
@@ -80,7 +83,7 @@ pub fn router_with(limiter: Arc<Limiter>, health: Option<Arc<crate::health::Heal
 }
 
 /// The router of the Go-named metrics listener: `GET <path>` answers
-/// [`crate::go_compat::render_metrics`].
+/// [`crate::go::metrics::render_metrics`].
 pub fn go_metrics_router(path: &str) -> Router {
     crate::metrics::install();
     Router::new().route(
@@ -91,20 +94,20 @@ pub fn go_metrics_router(path: &str) -> Router {
                     header::CONTENT_TYPE,
                     "text/plain; version=0.0.4; charset=utf-8",
                 )],
-                crate::go_compat::render_metrics(),
+                crate::go::metrics::render_metrics(),
             )
         }),
     )
 }
 
 /// The router of the Go debug port: `GET /rlconfig` answers the config in
-/// force as plain text ([`crate::go_compat::rlconfig_text`]).
+/// force as plain text ([`crate::go::rlconfig::rlconfig_text`]).
 pub fn debug_router(limiter: Arc<Limiter>) -> Router {
     Router::new()
         .route(
             "/rlconfig",
             get(|State(limiter): State<Arc<Limiter>>| async move {
-                crate::go_compat::rlconfig_text(&limiter.config())
+                crate::go::rlconfig::rlconfig_text(&limiter.config())
             }),
         )
         .with_state(limiter)
@@ -168,7 +171,7 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
                 ));
             }
             // The standard process series (resident memory, CPU, open files).
-            out.push_str(&crate::go_compat::process_metrics());
+            out.push_str(&crate::go::metrics::process_metrics());
             out
         },
     )

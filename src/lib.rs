@@ -9,7 +9,10 @@
 //!   - [`grpc`]: the gRPC port: `ShouldRateLimit` on `h2` directly with the
 //!     one codec of Envoy's messages, health and reflection through tonic.
 //!   - [`http`]: the admin API (health, metrics, `/rlconfig`) and `/json`.
-//!   - [`cli`]: command line (`serve`, `check-config`, `loadgen`); flags into settings.
+//!   - [`cli`]: command line, one module per subcommand (`serve`,
+//!     `check-config`, `--diff`); the flags of `serve` into settings.
+//!   - [`go`]: the Go reference service's surfaces: its environment
+//!     variables, metric names, health semantics and debug `/rlconfig`.
 //! - Core
 //!   - [`limiter`]: the decision core: request and decision types, plan,
 //!     verdict, RateLimit headers, storage failure policy.
@@ -33,10 +36,8 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod conn_limit;
-pub mod go_compat;
-pub mod go_env;
+pub mod go;
 pub mod grpc;
-pub mod health;
 pub mod http;
 pub mod limiter;
 #[cfg(feature = "loadgen")]

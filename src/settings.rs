@@ -2,12 +2,13 @@
 //! storage backend ([`Backend`]) and all of `serve` ([`Settings`]), and the
 //! [`SetupError`] that refuses flags which contradict each other.
 
+use crate::storage::redis::RedisOptions;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// What to answer when storage fails (`--on-storage-error`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OnStorageError {
     /// gRPC `UNAVAILABLE`: Envoy's `failure_mode_deny` decides.
     #[default]
@@ -25,7 +26,7 @@ pub enum OnStorageError {
 /// non-shadow status: the smallest `limit_remaining`, the first one on ties,
 /// as Envoy does; on `OVER_LIMIT` the denial with the longest wait, so the
 /// reset agrees with `retry-after`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum RateLimitHeaders {
     /// No extra headers (`retry-after` is still sent on OVER_LIMIT).
     #[default]
@@ -239,8 +240,9 @@ pub enum Backend {
     Redis {
         /// `redis://[user:password@]host:port/db` or `rediss://...`.
         url: String,
-        /// Options shared by the Redis topologies.
-        redis: RedisSettings,
+        /// Options shared by the Redis topologies (`--redis-timeout`,
+        /// `--local-cache-size`, `--redis-tls-*`; the breaker at its defaults).
+        redis: RedisOptions,
     },
     /// A master found through Redis Sentinel (`--redis-sentinel`).
     Sentinel {
@@ -250,22 +252,24 @@ pub enum Backend {
         master_name: String,
         /// Credentials of the master (not of the Sentinels).
         master_auth: MasterAuth,
-        /// Options shared by the Redis topologies.
-        redis: RedisSettings,
+        /// Options shared by the Redis topologies (`--redis-timeout`,
+        /// `--local-cache-size`, `--redis-tls-*`; the breaker at its defaults).
+        redis: RedisOptions,
     },
     /// Redis Cluster (`--redis-cluster`).
     Cluster {
         /// Seed nodes (`host:port` or URLs), at least one.
         nodes: Vec<String>,
-        /// Options shared by the Redis topologies.
-        redis: RedisSettings,
+        /// Options shared by the Redis topologies (`--redis-timeout`,
+        /// `--local-cache-size`, `--redis-tls-*`; the breaker at its defaults).
+        redis: RedisOptions,
     },
 }
 
 impl Backend {
     /// The options shared by the Redis topologies; `None` for memory.
     #[must_use]
-    pub fn redis(&self) -> Option<&RedisSettings> {
+    pub fn redis(&self) -> Option<&RedisOptions> {
         match self {
             Self::Memory { .. } => None,
             Self::Redis { redis, .. }
@@ -310,60 +314,6 @@ impl std::fmt::Debug for Backend {
     }
 }
 
-/// Options every Redis topology reads.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisSettings {
-    /// Response timeout in milliseconds (`--redis-timeout`, 1 to 60,000).
-    pub timeout_ms: u64,
-    /// Entries of the local over-limit cache, 0 = off (`--local-cache-size`).
-    pub local_cache_size: usize,
-    /// PEM bytes of the CA certificate(s) for `rediss://` addresses
-    /// (`--redis-tls-ca-file`, read and checked for a certificate block);
-    /// `None` = the public web PKI roots.
-    pub tls_root_ca_pem: Option<Vec<u8>>,
-    /// PEM certificate chain and key presented to Redis over TLS
-    /// (`--redis-tls-client-cert`, `--redis-tls-client-key`); `None` = no
-    /// client certificate.
-    pub tls_client: Option<crate::storage::redis::ClientCertPem>,
-}
-
-impl RedisSettings {
-    /// The response timeout.
-    #[must_use]
-    pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
-    }
-
-    /// The storage options these settings give (breaker at its defaults).
-    #[must_use]
-    pub fn options(&self) -> crate::storage::redis::RedisOptions {
-        crate::storage::redis::RedisOptions {
-            timeout: self.timeout(),
-            local_cache_size: self.local_cache_size,
-            tls_root_ca_pem: self.tls_root_ca_pem.clone(),
-            tls_client: self.tls_client.clone(),
-            ..crate::storage::redis::RedisOptions::default()
-        }
-    }
-}
-
-impl std::fmt::Debug for RedisSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSettings")
-            .field("timeout_ms", &self.timeout_ms)
-            .field("local_cache_size", &self.local_cache_size)
-            .field(
-                "tls_root_ca_pem",
-                &self
-                    .tls_root_ca_pem
-                    .as_ref()
-                    .map(|p| format!("{} bytes", p.len())),
-            )
-            .field("tls_client", &self.tls_client.is_some())
-            .finish()
-    }
-}
-
 /// ACL user and password of the master found through Sentinel
 /// (`--redis-master-username`, `--redis-master-password`). `Debug` never
 /// shows the password.
@@ -386,9 +336,14 @@ impl std::fmt::Debug for MasterAuth {
 
 /// Why `serve` cannot start with the flags given: flags that contradict each
 /// other or that another flag needs, an unreadable CA file, a Redis address
-/// that does not parse. Each message names the flag.
+/// that does not parse (each message names the flag), or a config that does
+/// not load.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
+    /// The config files given to `serve` do not load (every problem, one
+    /// per line).
+    #[error("invalid config, not starting:\n{0}")]
+    Config(crate::config::ConfigErrors),
     /// More than one Redis topology was given.
     #[error("give only one of --redis-url, --redis-sentinel and --redis-cluster")]
     ManyTopologies,

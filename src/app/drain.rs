@@ -13,7 +13,7 @@ use tokio::sync::{broadcast, oneshot};
 /// returns the moment the drain started through `draining`.
 pub(super) fn spawn(
     shutdown: impl Future<Output = ()> + Send + 'static,
-    health: Option<Arc<crate::health::Health>>,
+    health: Option<Arc<crate::go::health::Health>>,
     reporter: tonic_health::server::HealthReporter,
     delay: Duration,
     stop: broadcast::Sender<()>,

@@ -73,11 +73,11 @@ pub struct RunOptions {
     /// [`crate::tls::RELOAD_INTERVAL`] while serving.
     pub tls: Option<crate::tls::ServerTls>,
     /// Health state; `None` = native health, nothing shared.
-    pub health: Option<Arc<crate::health::Health>>,
+    pub health: Option<Arc<crate::go::health::Health>>,
     /// After `shutdown` resolves, how long health reports unhealthy while
     /// every port keeps serving, before the drain starts.
     pub shutdown_delay: Duration,
-    /// Listener of the Go-named metrics and its path ([`crate::go_compat`]).
+    /// Listener of the Go-named metrics and its path ([`crate::go::metrics`]).
     pub go_metrics: Option<(TcpListener, String)>,
     /// Listener of the plain-text `/rlconfig` (the Go debug port).
     pub debug: Option<TcpListener>,

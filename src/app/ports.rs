@@ -54,7 +54,7 @@ pub(super) async fn grpc(
 pub(super) async fn admin(
     listener: TcpListener,
     limiter: Arc<Limiter>,
-    health: Option<Arc<crate::health::Health>>,
+    health: Option<Arc<crate::go::health::Health>>,
     stop: broadcast::Receiver<()>,
 ) -> std::io::Result<()> {
     axum::serve(

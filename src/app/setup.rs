@@ -24,7 +24,7 @@ pub struct App {
     limiter: Arc<Limiter>,
     source: Source,
     tls: Option<crate::tls::ServerTls>,
-    health: Arc<crate::health::Health>,
+    health: Arc<crate::go::health::Health>,
     shutdown_delay: std::time::Duration,
     go_metrics_path: Option<String>,
     grpc_reflection: bool,
@@ -54,24 +54,29 @@ pub struct ExtraListeners {
 
 impl App {
     /// Builds the storage named by `settings`, a limiter, and the config
-    /// source: for [`ConfigSource::File`] the limiter serves `config`
-    /// (already loaded from that path; an empty config if `None`) and a
-    /// watcher reloads it; for [`ConfigSource::Xds`] `config` is ignored,
-    /// the limiter has no config until the first push (ShouldRateLimit
-    /// answers an error meanwhile) and the xDS client starts. Binds nothing.
-    /// Must be called inside a Tokio runtime.
+    /// source: for [`ConfigSource::File`] the config is loaded from that
+    /// path first (before anything else is built), the limiter serves it and
+    /// a watcher reloads it; for [`ConfigSource::Xds`] the limiter has no
+    /// config until the first push (ShouldRateLimit answers an error
+    /// meanwhile) and the xDS client starts. Binds nothing. Must be called
+    /// inside a Tokio runtime.
     ///
     /// # Errors
-    /// [`SetupError`] when the storage cannot be built or a gRPC TLS file
+    /// [`SetupError::Config`] when the config files do not load, other
+    /// [`SetupError`]s when the storage cannot be built or a gRPC TLS file
     /// cannot be used.
-    pub fn build(settings: Settings, config: Option<Config>) -> Result<Self, SetupError> {
+    pub fn build(settings: Settings) -> Result<Self, SetupError> {
+        let config = match &settings.config {
+            ConfigSource::File(path) => Some(load_startup_config(path, settings.load)?),
+            ConfigSource::Xds(_) => None,
+        };
         let tls = settings
             .grpc_tls
             .as_ref()
             .map(crate::tls::ServerTls::load)
             .transpose()
             .map_err(|e| SetupError::Tls(e.to_string()))?;
-        let health = Arc::new(crate::health::Health::new(settings.health));
+        let health = Arc::new(crate::go::health::Health::new(settings.health));
         let storage = build_storage(settings.backend)?;
         let s = &settings.service;
         if s.global_shadow_mode || s.global_quota_mode || s.response_dynamic_metadata {
@@ -140,7 +145,7 @@ impl App {
 
     /// The health state shared by the health endpoints.
     #[must_use]
-    pub fn health(&self) -> &Arc<crate::health::Health> {
+    pub fn health(&self) -> &Arc<crate::go::health::Health> {
         &self.health
     }
 
@@ -207,6 +212,19 @@ impl App {
     }
 }
 
+/// Loads the config of a file source at startup, counts the load
+/// (`CONFIG_LOAD`, `success`) and logs it. The outcome gauges are recorded
+/// by `record_startup_load` once the watcher is spawned.
+fn load_startup_config(
+    path: &std::path::Path,
+    load: crate::config::loader::LoadOptions,
+) -> Result<Config, SetupError> {
+    let config = crate::config::loader::load_source_with(path, load).map_err(SetupError::Config)?;
+    metrics::counter!(crate::metrics::CONFIG_LOAD, "result" => "success").increment(1);
+    tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
+    Ok(config)
+}
+
 /// Builds the storage `backend` names, logs which one it is, and registers
 /// the backend's unlabelled metric series at zero (so an alert on `== 0`
 /// has a series to match from startup; labelled series appear with their
@@ -226,12 +244,10 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
             max_buckets,
         )),
         Backend::Redis { url, redis } => {
-            let storage = RedisStorage::builder(url)
-                .options(redis.options())
-                .build()?;
+            let storage = RedisStorage::builder(url).options(redis.clone()).build()?;
             tracing::info!(
                 url = storage.url(),
-                timeout_ms = redis.timeout_ms,
+                timeout_ms = redis.timeout.as_millis(),
                 "Redis backend (connecting in the background)"
             );
             Arc::new(storage)
@@ -243,23 +259,23 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
             redis,
         } => {
             let storage = RedisSentinelStorage::builder(sentinels, master_name)
-                .options(redis.options())
+                .options(redis.clone())
                 .master_auth(master_auth.username, master_auth.password)
                 .build()?;
             tracing::info!(
                 sentinels = storage.sentinels(),
-                timeout_ms = redis.timeout_ms,
+                timeout_ms = redis.timeout.as_millis(),
                 "Redis Sentinel backend (discovering the master in the background)"
             );
             Arc::new(storage)
         }
         Backend::Cluster { nodes, redis } => {
             let storage = RedisClusterStorage::builder(nodes)
-                .options(redis.options())
+                .options(redis.clone())
                 .build()?;
             tracing::info!(
                 nodes = storage.nodes(),
-                timeout_ms = redis.timeout_ms,
+                timeout_ms = redis.timeout.as_millis(),
                 "Redis Cluster backend (connecting in the background)"
             );
             Arc::new(storage)
@@ -325,18 +341,21 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::{MasterAuth, RedisSettings};
+    use crate::settings::MasterAuth;
+    use crate::storage::redis::RedisOptions;
+    use std::time::Duration;
 
     // Nothing listens on port 1: building never connects, and the background
     // tasks only log their failed attempts until the test's runtime stops.
     const NOBODY: &str = "127.0.0.1:1";
 
-    fn redis(tls_root_ca_pem: Option<Vec<u8>>) -> RedisSettings {
-        RedisSettings {
-            timeout_ms: 50,
+    fn redis(tls_root_ca_pem: Option<Vec<u8>>) -> RedisOptions {
+        RedisOptions {
+            timeout: Duration::from_millis(50),
             local_cache_size: 10,
             tls_root_ca_pem,
             tls_client: None,
+            ..RedisOptions::default()
         }
     }
 

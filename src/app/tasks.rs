@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How often the `ratelimit` gRPC health status is brought in line with
-/// the Go health state ([`crate::health::Health::check_go`]).
+/// the Go health state ([`crate::go::health::Health::check_go`]).
 pub const GO_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Running background tasks, aborted when dropped.
@@ -53,10 +53,10 @@ pub(super) fn sweeper(limiter: Arc<Limiter>) -> JoinHandle<()> {
 }
 
 /// Go health: the `ratelimit` gRPC health name follows `/healthcheck`
-/// ([`crate::health::Health::check_go`]) every [`GO_HEALTH_INTERVAL`] until
+/// ([`crate::go::health::Health::check_go`]) every [`GO_HEALTH_INTERVAL`] until
 /// the process drains.
 pub(super) fn go_health(
-    health: Arc<crate::health::Health>,
+    health: Arc<crate::go::health::Health>,
     reporter: tonic_health::server::HealthReporter,
     limiter: Arc<Limiter>,
 ) -> JoinHandle<()> {

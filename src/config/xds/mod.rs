@@ -49,7 +49,7 @@ pub const MAX_SHOWN_BYTES: usize = 128;
 
 /// Everything the xDS source needs. Built from `serve --config-xds` flags
 /// ([`crate::cli`]; the Go service's variables map onto those flags in
-/// [`crate::go_env`]).
+/// [`crate::go::env`]).
 /// `Debug` shows the header names only (their values may be credentials).
 #[derive(Clone, PartialEq)]
 pub struct XdsSettings {

@@ -93,8 +93,9 @@ pub enum RedisSetupError {
     },
 }
 
-/// The options every Redis topology shares.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The options every Redis topology shares. `Debug` shows the sizes of the
+/// PEM files, not their bytes.
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisOptions {
     /// Response timeout of every call (default 50 ms, `--redis-timeout`).
     /// On a Cluster, a request spanning several slots takes one timeout for
@@ -129,6 +130,25 @@ pub struct ClientCertPem {
 impl std::fmt::Debug for ClientCertPem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ClientCertPem(..)")
+    }
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("timeout", &self.timeout)
+            .field("local_cache_size", &self.local_cache_size)
+            .field("breaker_threshold", &self.breaker_threshold)
+            .field("probe_interval", &self.probe_interval)
+            .field(
+                "tls_root_ca_pem",
+                &self
+                    .tls_root_ca_pem
+                    .as_ref()
+                    .map(|p| format!("{} bytes", p.len())),
+            )
+            .field("tls_client", &self.tls_client.is_some())
+            .finish()
     }
 }
 

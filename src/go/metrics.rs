@@ -1,24 +1,21 @@
-//! The Go reference service's observable surfaces, for deployments that
-//! read them (Envoy Gateway's dashboard, e2e tests and `egctl`):
-//!
-//! - [`render_metrics`]: `/metrics` under the Go service's names, as
-//!   Envoy Gateway's statsd mapper exposes them
-//!   (`ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`
-//!   with labels `domain`, `key1`, `key2`; `ratelimit_service_config_load_{success,error}`;
-//!   `ratelimit_service_total_requests` and `ratelimit_service_response_time_seconds`
-//!   with `grpc_method`; `ratelimit_service_should_rate_limit_error` with
-//!   `err_type`; process metrics). Translated at scrape time from
-//!   bucket-rls's own series, so the request path records nothing twice and
-//!   the cardinality is that of the native series (bounded by
-//!   [`crate::limiter::labels`]).
-//! - [`rlconfig_text`]: the plain-text `/rlconfig` of the Go debug port.
+//! The Go reference service's metric names, for deployments that read them
+//! (Envoy Gateway's dashboard, e2e tests): [`render_metrics`] is `/metrics`
+//! under the Go service's names, as Envoy Gateway's statsd mapper exposes
+//! them
+//! (`ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`
+//! with labels `domain`, `key1`, `key2`; `ratelimit_service_config_load_{success,error}`;
+//! `ratelimit_service_total_requests` and `ratelimit_service_response_time_seconds`
+//! with `grpc_method`; `ratelimit_service_should_rate_limit_error` with
+//! `err_type`; process metrics). Translated at scrape time from
+//! bucket-rls's own series, so the request path records nothing twice and
+//! the cardinality is that of the native series (bounded by
+//! [`crate::limiter::labels`]).
 //!
 //! Label rule (the Go service's stat key and Envoy Gateway's mapper): the
 //! rule path `domain.key_value.key2_value2...` with `:` and `|` as `_` and
 //! the dots of IPv4 addresses as `_`; segment 1 is `domain`, 2 `key1`, 3
 //! `key2`; deeper segments are dropped (their counts summed).
 
-use crate::config::{Config, Policy};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -345,37 +342,6 @@ pub fn process_metrics() -> String {
             gauge("process_max_fds", "gauge", m);
         }
     }
-    out
-}
-
-/// The Go debug port's `/rlconfig`: one line per rule, in path order,
-/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>` (with
-/// bucket-rls's `burst=<n>` after the rate), or `<path>: unlimited,
-/// shadow_mode: <bool>`.
-#[must_use]
-pub fn rlconfig_text(config: &Config) -> String {
-    let mut lines: Vec<String> = config
-        .domains
-        .values()
-        .flat_map(|d| d.rules.iter())
-        .map(|r| match &r.policy {
-            Policy::Unlimited => format!("{}: unlimited, shadow_mode: {}", r.path, r.shadow_mode),
-            Policy::Limited {
-                requests_per_unit,
-                unit,
-                burst,
-                ..
-            } => format!(
-                "{}: unit={} requests_per_unit={requests_per_unit} burst={burst}, shadow_mode: {}",
-                r.path,
-                unit.as_str().to_ascii_uppercase(),
-                r.shadow_mode
-            ),
-        })
-        .collect();
-    lines.sort();
-    let mut out = lines.join("\n");
-    out.push('\n');
     out
 }
 

@@ -1,0 +1,36 @@
+//! The plain-text `/rlconfig` of the Go service's debug port
+//! (`--debug-addr`, the Go service's `DEBUG_HOST`/`DEBUG_PORT`), read by
+//! `egctl config envoy-ratelimit`.
+
+use crate::config::{Config, Policy};
+
+/// The Go debug port's `/rlconfig`: one line per rule, in path order,
+/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>` (with
+/// bucket-rls's `burst=<n>` after the rate), or `<path>: unlimited,
+/// shadow_mode: <bool>`.
+#[must_use]
+pub fn rlconfig_text(config: &Config) -> String {
+    let mut lines: Vec<String> = config
+        .domains
+        .values()
+        .flat_map(|d| d.rules.iter())
+        .map(|r| match &r.policy {
+            Policy::Unlimited => format!("{}: unlimited, shadow_mode: {}", r.path, r.shadow_mode),
+            Policy::Limited {
+                requests_per_unit,
+                unit,
+                burst,
+                ..
+            } => format!(
+                "{}: unit={} requests_per_unit={requests_per_unit} burst={burst}, shadow_mode: {}",
+                r.path,
+                unit.as_str().to_ascii_uppercase(),
+                r.shadow_mode
+            ),
+        })
+        .collect();
+    lines.sort();
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
