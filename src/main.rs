@@ -192,10 +192,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tracing = bucket_rls::otel::init(&settings.tracing)?;
     let config = match &settings.config {
         ConfigSource::File(path) => {
+            // Counted and logged by `App::build`, which applies it.
             let config = loader::load_source_with(path, settings.load)
                 .map_err(|e| anyhow::anyhow!("invalid config, not starting:\n{e}"))?;
-            metrics::counter!(bucket_rls::metrics::CONFIG_LOAD, "result" => "success").increment(1);
-            tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
             Some(config)
         }
         ConfigSource::Xds(_) => None,

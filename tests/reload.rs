@@ -13,7 +13,7 @@
 mod common;
 
 use bucket_rls::config::loader;
-use bucket_rls::config::watcher::{ConfigWatcher, Outcome, Reloader, WatchOptions};
+use bucket_rls::config::source::watch::{ConfigWatcher, Outcome, Reloader, WatchOptions};
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::metrics::CONFIG_LOAD;

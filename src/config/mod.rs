@@ -1,25 +1,36 @@
 //! Configuration: YAML files (one domain each) compiled into descriptor trees.
 //!
 //! - [`schema`]: the raw YAML shape, every scalar kept as literal text with its line.
-//! - [`loader`]: reads files and directories, validates, compiles into [`Config`].
-//! - [`watcher`]: hot reload (file events, SIGHUP, periodic rescan), atomic swap.
-//! - [`xds`]: the xDS config source (a control plane pushes the config).
-//! - [`ConfigHandle`]: the config in force and the last failed reload, shared by
-//!   the request path (reads), the config sources (writes) and the admin API.
+//! - [`compile`]: validates a raw tree and compiles it into [`Config`].
+//! - [`files`]: reads files and directories (bounded, hashed) for [`compile`].
+//! - [`handle`]: the [`ConfigHandle`] in force, shared by the request path
+//!   (reads), the config sources (writes, through [`ConfigHandle::apply`]
+//!   only) and the admin API.
+//! - [`source`]: the config sources side by side: the file watcher and xDS.
+//! - [`diff`]: `check-config --diff`, rule by rule.
 
+pub mod compile;
 pub mod diff;
-pub mod loader;
+pub mod files;
+pub mod handle;
 pub mod schema;
-pub mod watcher;
-pub mod xds;
+pub mod source;
+
+pub use handle::{ConfigHandle, OnSwap, Origin, Outcome, PushStatus, ReloadError, SourceStatus};
+/// The xDS source, also reachable as `config::xds`.
+pub use source::xds;
+
+/// Reading and compiling under one path: [`files`] and [`compile`] together,
+/// as the binary, the command line and the tests name them.
+pub mod loader {
+    pub use super::compile::*;
+    pub use super::files::*;
+}
 
 use crate::matcher::Level;
-use arc_swap::ArcSwap;
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 /// A rate limit unit with the fixed lengths of the reference service
@@ -252,7 +263,7 @@ impl Config {
     pub fn empty() -> Self {
         Self {
             domains: HashMap::new(),
-            hash: loader::hash_files(&[]),
+            hash: files::hash_files(&[]),
             loaded_at: SystemTime::now(),
         }
     }
@@ -357,138 +368,6 @@ impl Config {
         Some((hold, changed))
     }
 }
-
-/// The last reload that failed, kept for `/rlconfig` until a reload succeeds
-/// or the source returns to the config in force.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReloadError {
-    /// When the failing state was first seen.
-    pub at: SystemTime,
-    /// Every problem, one per line (`file:line: path: message`).
-    pub message: String,
-}
-
-/// The config in force, swapped atomically on reload, and the last failed
-/// reload. Owned by config: a source (the file watcher) writes it, the
-/// request path reads it without locking, the admin API shows both.
-#[derive(Debug)]
-pub struct ConfigHandle {
-    current: ArcSwap<Config>,
-    last_error: Mutex<Option<ReloadError>>,
-    /// No config has been swapped in yet (a source that starts empty).
-    awaiting_first: AtomicBool,
-    source: Mutex<SourceStatus>,
-}
-
-/// Where the config in force comes from and how its source is doing, for
-/// `/rlconfig` and `/metrics`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SourceStatus {
-    /// `file` or `xds` (empty when no source was named).
-    pub kind: &'static str,
-    /// The path, or the management server's address.
-    pub location: String,
-    /// xDS: whether a stream to the server is open.
-    pub connected: Option<bool>,
-    /// xDS: `version_info` of the response whose config is in force.
-    pub version: Option<String>,
-    /// xDS: the last response and what was done with it.
-    pub last_push: Option<PushStatus>,
-}
-
-/// One pushed config and its outcome.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PushStatus {
-    /// When it was received.
-    pub at: SystemTime,
-    /// Its `version_info` (cut to a bounded length).
-    pub version: String,
-    /// Its nonce (cut to a bounded length).
-    pub nonce: String,
-    /// ACKed (applied, or equal to the config in force) or NACKed.
-    pub accepted: bool,
-    /// Why it was refused.
-    pub error: Option<String>,
-}
-
-impl ConfigHandle {
-    /// A handle whose config in force is `config`, with no reload error.
-    #[must_use]
-    pub fn new(config: Config) -> Self {
-        Self {
-            current: ArcSwap::from_pointee(config),
-            last_error: Mutex::new(None),
-            awaiting_first: AtomicBool::new(false),
-            source: Mutex::new(SourceStatus::default()),
-        }
-    }
-
-    /// A handle with no config yet (a source that delivers it later, such
-    /// as xDS): [`Self::is_awaiting_first_config`] is true until the first
-    /// [`Self::swap`]; the config in force meanwhile is [`Config::empty`].
-    #[must_use]
-    pub fn awaiting_first_config() -> Self {
-        let h = Self::new(Config::empty());
-        h.awaiting_first.store(true, Ordering::Release);
-        h
-    }
-
-    /// Whether no config has been swapped in yet into a handle made by
-    /// [`Self::awaiting_first_config`] (the request path then answers an
-    /// error).
-    #[must_use]
-    pub fn is_awaiting_first_config(&self) -> bool {
-        self.awaiting_first.load(Ordering::Acquire)
-    }
-
-    /// The source's status.
-    #[must_use]
-    pub fn source_status(&self) -> SourceStatus {
-        self.source.lock().clone()
-    }
-
-    /// Updates the source's status.
-    pub fn update_source_status(&self, f: impl FnOnce(&mut SourceStatus)) {
-        f(&mut self.source.lock());
-    }
-
-    /// The config in force, for one request: a cheap guard, no reference
-    /// count taken (hold it only for the request).
-    #[must_use]
-    pub fn load(&self) -> arc_swap::Guard<Arc<Config>> {
-        self.current.load()
-    }
-
-    /// The config in force, as an owned reference.
-    #[must_use]
-    pub fn current(&self) -> Arc<Config> {
-        self.current.load_full()
-    }
-
-    /// Swaps `config` in atomically and returns the config it replaced.
-    /// Requests already running finish on the old one.
-    pub fn swap(&self, config: Config) -> Arc<Config> {
-        let old = self.current.swap(Arc::new(config));
-        self.awaiting_first.store(false, Ordering::Release);
-        old
-    }
-
-    /// The last failed reload, if the source has not loaded since.
-    #[must_use]
-    pub fn last_error(&self) -> Option<ReloadError> {
-        self.last_error.lock().clone()
-    }
-
-    /// Records (or clears, with `None`) the last failed reload.
-    pub fn set_last_error(&self, error: Option<ReloadError>) {
-        *self.last_error.lock() = error;
-    }
-}
-
-/// Called after a new config is swapped in, with the old and the new config
-/// (the request path uses it to clear its local cache and to hold buckets a
-/// slower rule would otherwise drop).
-pub type OnSwap = Arc<dyn Fn(&Config, &Config) + Send + Sync>;
 
 /// Longest time a reload keeps existing buckets (366 days, in microseconds).
 pub const MAX_HOLD_US: u64 = 366 * 86_400 * 1_000_000;

@@ -3,7 +3,7 @@
 
 use crate::common::eventually::eventually;
 use bucket_rls::config::loader;
-use bucket_rls::config::watcher::{ConfigWatcher, WatchOptions};
+use bucket_rls::config::source::watch::{ConfigWatcher, WatchOptions};
 use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::clock::ManualClock;

@@ -163,7 +163,7 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
             let mut out = crate::metrics::render(&config.hash, config.loaded_at);
             let source = limiter.config_handle().source_status();
             if source.kind == "xds" {
-                out.push_str(&crate::config::xds::client::render_version(
+                out.push_str(&crate::metrics::render_xds_version(
                     source.version.as_deref().unwrap_or(""),
                 ));
             }

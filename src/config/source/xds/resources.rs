@@ -13,7 +13,7 @@
 //! descriptor path (`descriptors[0].descriptors[1].rate_limit`); they carry no
 //! line, since the YAML is generated.
 
-use crate::config::loader::{LoadOptions, compile_texts_with};
+use crate::config::compile::{LoadOptions, compile_texts_with};
 use crate::config::{Config, ConfigError, ConfigErrors};
 use envoy_types::pb::google::protobuf::{Any, Struct, Value as PbValue, value::Kind};
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
