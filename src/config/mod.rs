@@ -197,6 +197,43 @@ pub struct Rule {
     pub counters: Arc<crate::metrics::RuleCounters>,
 }
 
+impl Rule {
+    /// The limit this rule is evaluated with, `None` for `unlimited`: its
+    /// rate, unit and burst, and its debt bound in tokens. The bound is the
+    /// rule's own `max_debt` when it gives one, else `max_debt_bursts` times
+    /// its burst; 0 for a quota rule (its own `quota_mode` or the
+    /// service-wide `--quota-mode`), which keeps its quota semantics instead
+    /// (a debt rule is never a quota), and 0 for a rate of 0. The one place
+    /// these facts are put together: the request path, `/rlconfig` and the
+    /// reload hold all read them here.
+    #[must_use]
+    pub fn limit(
+        &self,
+        settings: &crate::settings::ServiceSettings,
+    ) -> Option<crate::storage::Limit> {
+        let Policy::Limited {
+            requests_per_unit,
+            unit,
+            burst,
+            ..
+        } = self.policy
+        else {
+            return None;
+        };
+        let bursts = if self.quota_mode || settings.global_quota_mode {
+            0
+        } else {
+            settings.max_debt_bursts
+        };
+        Some(crate::storage::Limit {
+            requests_per_unit,
+            unit_secs: unit.secs_nonzero(),
+            burst,
+            max_debt: self.policy.max_debt(bursts),
+        })
+    }
+}
+
 /// A descriptor's `metadata`: a mapping of any YAML values, sent back as a
 /// protobuf `Struct` in the response's dynamic metadata.
 pub type Metadata = serde_json::Map<String, serde_json::Value>;
@@ -278,34 +315,37 @@ impl Config {
     /// bucket is full again: a rule (same domain and path) with a lower rate
     /// (tokens per second) or a larger burst. If so, the longest time to
     /// full from empty of any rule here, in microseconds, capped at
-    /// [`MAX_HOLD_US`]; see `Storage::hold_existing`.
+    /// [`MAX_HOLD_US`]; see `Storage::hold_existing`. Debt bounds are the
+    /// ones the rules are evaluated with under `settings` ([`Rule::limit`]).
     #[must_use]
-    pub fn loosened_hold_us(&self, old: &Config, max_debt_bursts: u32) -> Option<u64> {
-        self.loosened(old, max_debt_bursts).map(|(hold, _)| hold)
+    pub fn loosened_hold_us(
+        &self,
+        old: &Config,
+        settings: &crate::settings::ServiceSettings,
+    ) -> Option<u64> {
+        self.loosened(old, settings).map(|(hold, _)| hold)
     }
 
     /// [`Self::loosened_hold_us`], with what changed: one line per rule that
     /// got slower or larger (`edge.user: 10/minute burst 10 -> 20/minute
     /// burst 40`), sorted, at most 10.
     #[must_use]
-    pub fn loosened(&self, old: &Config, max_debt_bursts: u32) -> Option<(u64, Vec<String>)> {
-        let limited = |p: &Policy| match *p {
-            Policy::Limited {
-                requests_per_unit,
-                unit,
-                burst,
-                ..
-            } if requests_per_unit > 0 => Some((requests_per_unit, unit.secs_nonzero(), burst)),
-            _ => None,
-        };
+    pub fn loosened(
+        &self,
+        old: &Config,
+        settings: &crate::settings::ServiceSettings,
+    ) -> Option<(u64, Vec<String>)> {
+        // Rules with a rate above 0 (a rate of 0 never fills).
+        let limited = |r: &Rule| r.limit(settings).filter(|l| l.requests_per_unit > 0);
         let mut changed: Vec<String> = Vec::new();
         let mut hold: u128 = 0;
         for (name, d) in &self.domains {
             let before = old.domains.get(name);
             for r in &d.rules {
-                let Some((rpu, secs, burst)) = limited(&r.policy) else {
+                let Some(limit) = limited(r) else {
                     continue;
                 };
+                let (rpu, secs, burst) = (limit.requests_per_unit, limit.unit_secs, limit.burst);
                 // The emptiest a bucket can be: at its debt bound (the
                 // larger of the old and the new one).
                 // Two rules can share a path (key-only `k_a` and `k: a`):
@@ -317,25 +357,25 @@ impl Config {
                         .flat_map(|b| b.rules.iter())
                         .filter(|o| o.path == r.path)
                 };
-                let debt = r.policy.max_debt(max_debt_bursts).max(
+                let debt = limit.max_debt.max(
                     same_path()
-                        .map(|o| o.policy.max_debt(max_debt_bursts))
+                        .filter_map(|o| o.limit(settings).map(|l| l.max_debt))
                         .max()
                         .unwrap_or(0),
                 );
                 let empty = crate::storage::Limit {
-                    requests_per_unit: rpu,
-                    unit_secs: secs,
-                    burst,
                     max_debt: debt,
+                    ..limit
                 };
                 let floor =
                     -i64::from(debt) * i64::try_from(crate::storage::bucket::MICRO).unwrap_or(0);
                 hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, floor));
                 for o in same_path() {
-                    let Some((o_rpu, o_secs, o_burst)) = limited(&o.policy) else {
+                    let Some(o_limit) = limited(o) else {
                         continue;
                     };
+                    let (o_rpu, o_secs, o_burst) =
+                        (o_limit.requests_per_unit, o_limit.unit_secs, o_limit.burst);
                     // rpu/secs < o_rpu/o_secs, in integers.
                     let slower = u128::from(rpu) * u128::from(o_secs.get())
                         < u128::from(o_rpu) * u128::from(secs.get());
@@ -440,7 +480,9 @@ mod tests {
         };
         let old = load("{unit: minute, requests_per_unit: 10, burst: 10}");
         let new = load("{unit: hour, requests_per_unit: 1, burst: 10}");
-        let (_, changed) = new.loosened(&old, 0).expect("the slower k: a is seen");
+        let (_, changed) = new
+            .loosened(&old, &crate::settings::ServiceSettings::default())
+            .expect("the slower k: a is seen");
         assert!(
             changed
                 .iter()
@@ -454,18 +496,19 @@ mod tests {
         let old = config("{unit: minute, requests_per_unit: 10}");
         // Faster, same burst: buckets fill sooner, nothing to hold.
         assert_eq!(
-            config("{unit: minute, requests_per_unit: 20, burst: 10}").loosened(&old, 0),
+            config("{unit: minute, requests_per_unit: 20, burst: 10}")
+                .loosened(&old, &crate::settings::ServiceSettings::default()),
             None
         );
         // Faster but a larger burst: a drained bucket is further from full.
         let (hold_us, rules) = config("{unit: minute, requests_per_unit: 20, burst: 40}")
-            .loosened(&old, 0)
+            .loosened(&old, &crate::settings::ServiceSettings::default())
             .unwrap();
         assert_eq!(rules, ["e.user: 10/minute burst 10 -> 20/minute burst 40"]);
         assert_eq!(hold_us, 120_000_000, "40 tokens at 20 per minute");
         // Slower.
         let (_, rules) = config("{unit: hour, requests_per_unit: 10}")
-            .loosened(&old, 0)
+            .loosened(&old, &crate::settings::ServiceSettings::default())
             .unwrap();
         assert_eq!(rules, ["e.user: 10/minute burst 10 -> 10/hour burst 10"]);
     }

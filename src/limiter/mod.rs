@@ -129,7 +129,7 @@ impl Limiter {
         after_swap(
             &*self.storage,
             &self.settings.key_prefix,
-            self.settings.max_debt_bursts,
+            &self.settings,
             &old,
             &self.config(),
         );
@@ -143,8 +143,10 @@ impl Limiter {
     pub fn on_swap(&self) -> OnSwap {
         let storage = self.storage.clone();
         let prefix = self.settings.key_prefix.clone();
-        let debt = self.settings.max_debt_bursts;
-        Arc::new(move |old: &Config, new: &Config| after_swap(&*storage, &prefix, debt, old, new))
+        let settings = self.settings.clone();
+        Arc::new(move |old: &Config, new: &Config| {
+            after_swap(&*storage, &prefix, &settings, old, new);
+        })
     }
 
     /// The storage backend.
@@ -478,13 +480,13 @@ impl Limiter {
 fn after_swap(
     storage: &dyn Storage,
     key_prefix: &str,
-    max_debt_bursts: u32,
+    settings: &ServiceSettings,
     old: &Config,
     new: &Config,
 ) {
     storage.invalidate_local_cache();
     warn_value_labels(new);
-    if let Some((hold_us, changed)) = new.loosened(old, max_debt_bursts) {
+    if let Some((hold_us, changed)) = new.loosened(old, settings) {
         tracing::info!(
             hold_secs = hold_us / 1_000_000,
             rules = ?changed,
