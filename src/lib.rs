@@ -9,14 +9,16 @@
 //!   - [`grpc`]: the tonic `RateLimitService`: protos to and from the core.
 //!   - [`grpc_h2`]: the gRPC port on `h2` directly: `ShouldRateLimit` inside
 //!     each connection's task, health and reflection through tonic.
-//!   - [`http`]: the admin API (health, metrics, `/rlconfig`) and `/json`.
+//!   - [`http`]: the admin API (health, metrics, the `/rlconfig` view) and `/json`.
 //!   - [`cli`]: command line (`serve`, `check-config`, `loadgen`); flags into settings.
 //! - Core
 //!   - [`limiter`]: the decision core: request and decision types, plan,
 //!     verdict, RateLimit headers, storage failure policy.
 //!   - [`matcher`]: compiled descriptor tree and matching.
-//!   - [`config`]: YAML config: schema, loader, validation, the
-//!     [`config::ConfigHandle`] in force and the file watcher.
+//!   - [`config`]: YAML config: schema, compile, files, the
+//!     [`config::ConfigHandle`] in force (and its one writer,
+//!     `ConfigHandle::apply`), and the config sources side by side
+//!     (`config::source`: the file watcher and xDS).
 //! - Storage
 //!   - [`storage`]: the storage seam, the token bucket model, memory and
 //!     Redis (single node, Sentinel, Cluster) backends.
