@@ -7,7 +7,7 @@
 //! docs/cases.md, "Unique client values": each bucket stays in memory for 6 s
 //! after its hit).
 
-use bucket_rls::config::loader;
+use bucket_rls::config::compile;
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
@@ -127,7 +127,7 @@ fn request(keys: &[&str], value: &str) -> RateLimitRequest {
 
 fn bench_limiter(c: &mut Criterion) {
     bucket_rls::metrics::install();
-    let config = loader::compile_texts(&[("edge.yaml".into(), CONFIG.as_bytes().to_vec())])
+    let config = compile::compile_texts(&[("edge.yaml".into(), CONFIG.as_bytes().to_vec())])
         .unwrap_or_else(|e| panic!("bench config does not load:\n{e}"));
     let limiter = |_: ()| {
         Limiter::new(

@@ -8,7 +8,7 @@
 //! - Edges
 //!   - [`grpc`]: the gRPC port: `ShouldRateLimit` on `h2` directly with the
 //!     one codec of Envoy's messages, health and reflection through tonic.
-//!   - [`http`]: the admin API (health, metrics, `/rlconfig`) and `/json`.
+//!   - [`http`]: the admin API (health, metrics, the `/rlconfig` view) and `/json`.
 //!   - [`cli`]: command line, one module per subcommand (`serve`,
 //!     `check-config`, `--diff`); the flags of `serve` into settings.
 //!   - [`go`]: the Go reference service's surfaces: its environment
@@ -17,8 +17,10 @@
 //!   - [`limiter`]: the decision core: request and decision types, plan,
 //!     verdict, RateLimit headers, storage failure policy.
 //!   - [`matcher`]: compiled descriptor tree and matching.
-//!   - [`config`]: YAML config: schema, loader, validation, the
-//!     [`config::ConfigHandle`] in force and the file watcher.
+//!   - [`config`]: YAML config: schema, compile, files, the
+//!     [`config::ConfigHandle`] in force (and its one writer,
+//!     `ConfigHandle::apply`), and the config sources side by side
+//!     (`config::source`: the file watcher and xDS).
 //! - Storage
 //!   - [`storage`]: the storage seam, the token bucket model, memory and
 //!     Redis (single node, Sentinel, Cluster) backends.

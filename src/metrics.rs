@@ -39,6 +39,13 @@ pub const REDIS_SCRIPT_RELOAD: &str = "bucket_rls_redis_script_reload_total";
 pub const LOCAL_CACHE_HITS: &str = "bucket_rls_local_cache_hits_total";
 /// 1 while the Redis circuit breaker is open, else 0 (gauge).
 pub const REDIS_CIRCUIT_OPEN: &str = "bucket_rls_redis_circuit_open";
+/// Counter: xDS responses handled. Label `result` (`ack`, `nack`).
+pub const XDS_RESPONSES: &str = "bucket_rls_xds_responses_total";
+/// Gauge: 1 while a stream to the management server is open, else 0.
+pub const XDS_CONNECTED: &str = "bucket_rls_xds_connected";
+/// Info gauge rendered at scrape time: label `version` = the `version_info`
+/// whose config is in force (empty before the first), value 1.
+pub const XDS_VERSION_INFO: &str = "bucket_rls_xds_version_info";
 /// `ShouldRateLimit` latency in seconds (histogram).
 pub const REQUEST_DURATION: &str = "bucket_rls_request_duration_seconds";
 
@@ -85,18 +92,15 @@ pub fn describe() {
         "1 while the Redis circuit breaker is open"
     );
     describe_histogram!(REQUEST_DURATION, Unit::Seconds, "ShouldRateLimit latency");
-    describe_counter!(
-        crate::config::xds::client::XDS_RESPONSES,
-        "xDS responses ACKed or NACKed"
-    );
+    describe_counter!(XDS_RESPONSES, "xDS responses ACKed or NACKed");
     metrics::describe_gauge!(
-        crate::config::xds::client::XDS_CONNECTED,
+        XDS_CONNECTED,
         "1 while the xDS stream to the management server is open"
     );
 }
 
 /// Info gauge of the config in force: always exactly one series, value 1,
-/// label `hash` = [`crate::config::Config::hash`]. Rendered at scrape time
+/// label `hash` = the config's hash (`Config::hash`). Rendered at scrape time
 /// from the config in force (see [`render`]), so a reload never leaves a
 /// stale series behind.
 pub const CONFIG_INFO: &str = "bucket_rls_config_info";
@@ -257,4 +261,25 @@ pub fn upkeep() {
     if let Some(h) = HANDLE.get() {
         h.run_upkeep();
     }
+}
+
+/// The [`XDS_VERSION_INFO`] gauge for `version` (the version in force, already
+/// cut to a bounded length by the source), as Prometheus text; the label
+/// value is escaped.
+#[must_use]
+pub fn render_xds_version(version: &str) -> String {
+    let mut v = String::with_capacity(version.len());
+    for c in version.chars() {
+        match c {
+            '\\' => v.push_str("\\\\"),
+            '"' => v.push_str("\\\""),
+            '\n' => v.push_str("\\n"),
+            c => v.push(c),
+        }
+    }
+    format!(
+        "# HELP {XDS_VERSION_INFO} xDS version_info of the config in force (value always 1)\n\
+         # TYPE {XDS_VERSION_INFO} gauge\n\
+         {XDS_VERSION_INFO}{{version=\"{v}\"}} 1\n"
+    )
 }

@@ -148,7 +148,7 @@ pub struct Settings {
     /// Settings of the request path.
     pub service: ServiceSettings,
     /// How config files become one config (`--merge-domain-config`).
-    pub load: crate::config::loader::LoadOptions,
+    pub load: crate::config::compile::LoadOptions,
     /// The storage backend and its options.
     pub backend: Backend,
     /// OpenTelemetry span export (off without an endpoint).
@@ -222,7 +222,7 @@ pub enum ConfigSource {
     File(PathBuf),
     /// An xDS management server (`--config-xds`) pushing `RateLimitConfig`
     /// resources.
-    Xds(Box<crate::config::xds::XdsSettings>),
+    Xds(Box<crate::config::source::xds::XdsSettings>),
 }
 
 /// Which storage holds the buckets, with the options of that backend. At

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bucket_rls::app::{self, Listeners};
-use bucket_rls::config::watcher::ReloadError;
+use bucket_rls::config::source::watch::ReloadError;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::metrics as m;
 use bucket_rls::storage::clock::ManualClock;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use bucket_rls::config::loader::compile_texts;
+use bucket_rls::config::compile::compile_texts;
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;

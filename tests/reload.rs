@@ -12,8 +12,8 @@
 
 mod common;
 
-use bucket_rls::config::loader;
-use bucket_rls::config::watcher::{ConfigWatcher, Outcome, Reloader, WatchOptions};
+use bucket_rls::config::files;
+use bucket_rls::config::source::watch::{ConfigWatcher, Outcome, Reloader, WatchOptions};
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::metrics::CONFIG_LOAD;
@@ -77,7 +77,7 @@ fn start_with_clock(
     source: &Path,
     options: WatchOptions,
 ) -> (Arc<Limiter>, ConfigWatcher, ManualClock) {
-    let config = loader::load_source(source).unwrap_or_else(|e| panic!("{e}"));
+    let config = files::load_source(source).unwrap_or_else(|e| panic!("{e}"));
     let clock = ManualClock::new(1_000_000);
     let storage = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
     let limiter = Arc::new(Limiter::new(config, storage, ServiceSettings::default()));
@@ -219,7 +219,7 @@ async fn plain_directory_rename_in_place_create_delete() {
     let old = limiter.config().hash.clone();
     let half = rule("br20b", 3);
     let rest = "  - key: extra\n    rate_limit: {unit: second, requests_per_unit: 7}\n";
-    let half_hash = loader::hash_files(&[(file.display().to_string(), half.clone().into_bytes())]);
+    let half_hash = files::hash_files(&[(file.display().to_string(), half.clone().into_bytes())]);
     let seen = Arc::new(parking_lot::Mutex::new(std::collections::HashSet::new()));
     let sampler = {
         let (limiter, seen) = (limiter.clone(), seen.clone());
@@ -474,7 +474,7 @@ async fn reloader_skips_unchanged_and_repeated_failures() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("x.yaml");
     std::fs::write(&file, rule("rl-unit", 1)).unwrap();
-    let config = loader::load_source(&file).unwrap();
+    let config = files::load_source(&file).unwrap();
     let storage = Arc::new(MemoryStorage::default());
     let limiter = Arc::new(Limiter::new(config, storage, ServiceSettings::default()));
     let r = Reloader::new(
@@ -519,7 +519,7 @@ async fn periodic_rescan_applies_changes_no_event_reported() {
     std::fs::write(&target, rule("rescan", 1)).unwrap();
     let source = cfg.join("rl.yaml");
     std::os::unix::fs::symlink(&target, &source).unwrap();
-    let config = loader::load_source(&source).unwrap();
+    let config = files::load_source(&source).unwrap();
     let storage = Arc::new(MemoryStorage::default());
     let limiter = Arc::new(Limiter::new(config, storage, ServiceSettings::default()));
     let options = WatchOptions {

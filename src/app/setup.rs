@@ -2,8 +2,7 @@
 //! metric series that exist from startup, and the process signals.
 
 use super::{AppError, Listeners};
-use crate::config::watcher::{ConfigWatcher, ReloadHandle, WatchOptions};
-use crate::config::xds::XdsClient;
+use crate::config::source::{self, Reload, SourceHandle};
 use crate::config::{Config, ConfigHandle};
 use crate::limiter::Limiter;
 use crate::settings::{Backend, ConfigSource, Settings, SetupError};
@@ -17,29 +16,17 @@ use std::future::Future;
 use std::sync::Arc;
 
 /// A service ready to serve: the storage, the limiter on the config, and
-/// the config source that updates it (the file watcher with a SIGHUP task,
-/// or the xDS client). Dropping it stops the source.
+/// the config source that updates it (with a SIGHUP task). Dropping it stops
+/// the source.
 #[derive(Debug)]
 pub struct App {
     limiter: Arc<Limiter>,
-    source: Source,
+    source: SourceHandle,
     tls: Option<crate::tls::ServerTls>,
     health: Arc<crate::go::health::Health>,
     shutdown_delay: std::time::Duration,
     go_metrics_path: Option<String>,
     grpc_reflection: bool,
-}
-
-/// The running config source.
-#[derive(Debug)]
-enum Source {
-    /// Held for its `Drop`, which stops the watcher.
-    Files(#[expect(dead_code, reason = "held for its Drop")] ConfigWatcher),
-    Xds {
-        client: XdsClient,
-        /// Serve only once the first config is in force.
-        wait: bool,
-    },
 }
 
 /// Listeners of the optional ports (`--go-metrics-addr`, `--debug-addr`),
@@ -54,12 +41,14 @@ pub struct ExtraListeners {
 
 impl App {
     /// Builds the storage named by `settings`, a limiter, and the config
-    /// source: for [`ConfigSource::File`] the config is loaded from that
-    /// path first (before anything else is built), the limiter serves it and
-    /// a watcher reloads it; for [`ConfigSource::Xds`] the limiter has no
+    /// source ([`source::spawn`]): for a file source the config is loaded
+    /// from that path first (before anything else is built), applied as the
+    /// startup load, and a watcher reloads it; for xDS the limiter has no
     /// config until the first push (ShouldRateLimit answers an error
     /// meanwhile) and the xDS client starts. Binds nothing. Must be called
     /// inside a Tokio runtime.
+    ///
+    /// [`source::spawn`]: crate::config::source::spawn
     ///
     /// # Errors
     /// [`SetupError::Config`] when the config files do not load, other
@@ -87,51 +76,27 @@ impl App {
                 "service-wide modes on"
             );
         }
-        let (limiter, source) = match settings.config {
-            ConfigSource::File(path) => {
-                let handle = Arc::new(ConfigHandle::new(config.unwrap_or_else(Config::empty)));
-                handle.update_source_status(|st| {
-                    st.kind = "file";
-                    st.location = path.display().to_string();
-                });
-                let limiter = Arc::new(Limiter::with_handle(handle, storage, settings.service));
-                let watcher = ConfigWatcher::spawn(
-                    path,
-                    limiter.config_handle().clone(),
-                    limiter.on_swap(),
-                    WatchOptions {
-                        load: settings.load,
-                        ..WatchOptions::default()
-                    },
-                );
-                crate::config::watcher::record_startup_load();
-                tokio::spawn(reload_on_sighup(watcher.reload_handle(), limiter.clone()));
-                // The config given was loaded from the files.
-                health.set_config_loaded();
-                (limiter, Source::Files(watcher))
-            }
-            ConfigSource::Xds(xds) => {
-                let handle = Arc::new(ConfigHandle::awaiting_first_config());
-                let limiter = Arc::new(Limiter::with_handle(handle, storage, settings.service));
-                let wait = !xds.start_without_config;
-                tracing::info!(server = %xds.server, node = %xds.node_id, tls = xds.tls.is_some(), wait_for_config = wait, "config from xDS");
-                let client = crate::config::xds::spawn(
-                    *xds,
-                    limiter.config_handle().clone(),
-                    limiter.on_swap(),
-                    settings.load,
-                );
-                tokio::spawn(ignore_sighup());
-                // Health counts a config loaded with the first push.
-                let first = client.first_config_signal();
-                let h = health.clone();
-                tokio::spawn(async move {
-                    first.await;
-                    h.set_config_loaded();
-                });
-                (limiter, Source::Xds { client, wait })
-            }
-        };
+        let handle = Arc::new(ConfigHandle::awaiting_first_config());
+        let limiter = Arc::new(Limiter::with_handle(handle, storage, settings.service));
+        let source = source::spawn(
+            settings.config,
+            config,
+            limiter.config_handle().clone(),
+            limiter.on_swap(),
+            settings.load,
+        );
+        tokio::spawn(reload_on_sighup(source.reload(), limiter.clone()));
+        // Health counts a config loaded once the first is in force.
+        if source.has_first_config() {
+            health.set_config_loaded();
+        } else {
+            let first = source.first_config_signal();
+            let h = health.clone();
+            tokio::spawn(async move {
+                first.await;
+                h.set_config_loaded();
+            });
+        }
         Ok(Self {
             limiter,
             source,
@@ -153,9 +118,9 @@ impl App {
     /// xDS source told to wait for its first config (the Go service without
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`).
     pub async fn ready(&self) {
-        if let Source::Xds { client, wait: true } = &self.source {
+        if self.source.waits_for_first_config() {
             tracing::info!("waiting for the first xDS config before serving");
-            client.first_config().await;
+            self.source.first_config().await;
         }
     }
 
@@ -212,17 +177,13 @@ impl App {
     }
 }
 
-/// Loads the config of a file source at startup, counts the load
-/// (`CONFIG_LOAD`, `success`) and logs it. The outcome gauges are recorded
-/// by `record_startup_load` once the watcher is spawned.
+/// Loads the config of a file source at startup; the source applies it
+/// ([`crate::config::ConfigHandle::apply`], which counts and logs it).
 fn load_startup_config(
     path: &std::path::Path,
-    load: crate::config::loader::LoadOptions,
+    load: crate::config::compile::LoadOptions,
 ) -> Result<Config, SetupError> {
-    let config = crate::config::loader::load_source_with(path, load).map_err(SetupError::Config)?;
-    metrics::counter!(crate::metrics::CONFIG_LOAD, "result" => "success").increment(1);
-    tracing::info!(domains = config.domains.len(), rules = config.rule_count(), hash = %config.hash, "config loaded");
-    Ok(config)
+    crate::config::files::load_source_with(path, load).map_err(SetupError::Config)
 }
 
 /// Builds the storage `backend` names, logs which one it is, and registers
@@ -291,33 +252,33 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
     Ok(storage)
 }
 
-/// Asks `handle` for a reload on every SIGHUP, until the handle's watcher
-/// is gone, and clears `limiter`'s local over-limit cache (an operator who
-/// reset buckets in Redis gets them seen at once, even when the config is
-/// unchanged). Logs and returns when SIGHUP cannot be listened for.
-pub async fn reload_on_sighup(handle: ReloadHandle, limiter: Arc<Limiter>) {
+/// On every SIGHUP: with a source that reloads on demand (`reload`), asks
+/// it for a reload and clears `limiter`'s local over-limit cache (an
+/// operator who reset buckets in Redis gets them seen at once, even when the
+/// config is unchanged); with one that does not (xDS: nothing on disk to
+/// reload), logs and otherwise ignores the signal (its default action would
+/// end the process). Logs and returns when SIGHUP cannot be listened for.
+pub async fn reload_on_sighup(reload: Option<Reload>, limiter: Arc<Limiter>) {
     let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(s) => s,
         Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGHUP; reloads come from file events and the rescan only");
+            if reload.is_some() {
+                tracing::error!(error = %e, "cannot listen for SIGHUP; reloads come from file events and the rescan only");
+            }
             return;
         }
     };
     while hup.recv().await.is_some() {
-        tracing::info!("SIGHUP: reloading the config and clearing the local over-limit cache");
-        limiter.storage().invalidate_local_cache();
-        handle.reload_now();
-    }
-}
-
-/// Logs and otherwise ignores every SIGHUP (its default action would end
-/// the process): with an xDS source there is nothing on disk to reload.
-async fn ignore_sighup() {
-    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
-        return;
-    };
-    while hup.recv().await.is_some() {
-        tracing::info!("SIGHUP ignored: the config comes from xDS");
+        match &reload {
+            Some(reload) => {
+                tracing::info!(
+                    "SIGHUP: reloading the config and clearing the local over-limit cache"
+                );
+                limiter.storage().invalidate_local_cache();
+                reload();
+            }
+            None => tracing::info!("SIGHUP ignored: the config comes from xDS"),
+        }
     }
 }
 

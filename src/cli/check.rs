@@ -45,7 +45,7 @@ pub enum Checked {
 /// Runs `check-config` with `args`: the plain check, the xDS dump check or
 /// the diff, writing results to `out` and problems to `err`.
 pub fn run(args: &CheckArgs, out: &mut impl Write, err: &mut impl Write) -> Checked {
-    let load = crate::config::loader::LoadOptions {
+    let load = crate::config::compile::LoadOptions {
         merge_domains: args.merge_domain_config,
     };
     if let Some(old) = &args.diff {
@@ -71,15 +71,15 @@ pub fn run(args: &CheckArgs, out: &mut impl Write, err: &mut impl Write) -> Chec
 /// Returns whether every dump is valid.
 pub fn check_xds_dumps(
     paths: &[PathBuf],
-    load: crate::config::loader::LoadOptions,
+    load: crate::config::compile::LoadOptions,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> bool {
-    use crate::config::xds::resources::{compile_configs, parse_dump};
+    use crate::config::source::xds::resources::{compile_configs, parse_dump};
     let mut ok = true;
     for p in paths {
         let name = p.display().to_string();
-        let result = crate::config::loader::read_file(p)
+        let result = crate::config::files::read_file(p)
             .map_err(|message| {
                 crate::config::ConfigErrors(vec![crate::config::ConfigError {
                     file: name.clone(),
@@ -129,7 +129,7 @@ pub fn check_xds_dumps(
 /// Returns whether every source is valid.
 pub fn check_config(
     paths: &[PathBuf],
-    load: crate::config::loader::LoadOptions,
+    load: crate::config::compile::LoadOptions,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> bool {
@@ -141,7 +141,7 @@ pub fn check_config(
         format!("{n} {}", if n == 1 { one } else { many })
     };
     for p in paths {
-        match crate::config::loader::load_source_with(p, load) {
+        match crate::config::files::load_source_with(p, load) {
             Ok(c) => {
                 let mut names: Vec<&String> = c.domains.keys().collect();
                 names.sort();
@@ -272,7 +272,7 @@ mod tests {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         assert!(check_xds_dumps(
             std::slice::from_ref(&good),
-            crate::config::loader::LoadOptions::default(),
+            crate::config::compile::LoadOptions::default(),
             &mut out,
             &mut err
         ));
@@ -284,7 +284,7 @@ mod tests {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         assert!(!check_xds_dumps(
             &[good, bad],
-            crate::config::loader::LoadOptions::default(),
+            crate::config::compile::LoadOptions::default(),
             &mut out,
             &mut err
         ));

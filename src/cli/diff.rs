@@ -26,7 +26,7 @@ pub enum Verdict {
 pub fn run(
     old: &str,
     paths: &[PathBuf],
-    load: crate::config::loader::LoadOptions,
+    load: crate::config::compile::LoadOptions,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> Verdict {
@@ -59,13 +59,13 @@ pub fn run(
 pub async fn diff_configs(
     old: &str,
     new: &std::path::Path,
-    load: crate::config::loader::LoadOptions,
+    load: crate::config::compile::LoadOptions,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> Verdict {
     use crate::config::diff;
     let load_path = |p: &std::path::Path, err: &mut dyn Write| {
-        crate::config::loader::load_source_with(p, load)
+        crate::config::files::load_source_with(p, load)
             .map(|c| diff::rules_of(&c))
             .map_err(|errs| {
                 for e in errs.0 {

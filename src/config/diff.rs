@@ -3,13 +3,13 @@
 //!
 //! Both sides are reduced to a [`Rules`] map (rule path → [`RuleSummary`]),
 //! from a compiled [`Config`] (files) or from a running replica's
-//! `/rlconfig` JSON, and compared rule by rule. A bucket's key is its domain
+//! `/rlconfig` JSON (read as [`crate::http::rlconfig::RlConfig`], the type
+//! the endpoint writes), and compared rule by rule. A bucket's key is its domain
 //! and entries, not its rate, so a rule that keeps its path keeps its
 //! buckets across the change; what happens to them is spelled out per rule
 //! (docs/design.md, "Reloads").
 
 use super::{Config, Policy, Unit};
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -64,43 +64,13 @@ pub fn rules_of(config: &Config) -> Rules {
     rules
 }
 
-#[derive(Deserialize)]
-struct RlConfigView {
-    domains: Vec<DomainView>,
-}
-
-#[derive(Deserialize)]
-struct DomainView {
-    rules: Vec<RuleView>,
-}
-
-#[derive(Deserialize)]
-struct RuleView {
-    path: String,
-    #[serde(default)]
-    name: Option<String>,
-    unlimited: bool,
-    #[serde(default)]
-    requests_per_unit: Option<u32>,
-    #[serde(default)]
-    unit: Option<String>,
-    #[serde(default)]
-    burst: Option<u32>,
-    #[serde(default)]
-    shadow_mode: bool,
-    #[serde(default)]
-    quota_mode: bool,
-    #[serde(default)]
-    max_debt: Option<u32>,
-}
-
 /// The rules of a running replica, from its `GET /rlconfig` body.
 ///
 /// # Errors
 /// A message naming the rule path or the JSON error when the body is not the
 /// `/rlconfig` shape.
 pub fn rules_from_rlconfig(body: &[u8]) -> Result<Rules, String> {
-    let view: RlConfigView =
+    let view: crate::http::rlconfig::RlConfig =
         serde_json::from_slice(body).map_err(|e| format!("not an /rlconfig answer: {e}"))?;
     let mut rules = Rules::new();
     for r in view.domains.into_iter().flat_map(|d| d.rules) {
@@ -351,7 +321,7 @@ mod tests {
     use super::*;
 
     fn rules(yaml: &str) -> Rules {
-        let c = crate::config::loader::compile_texts(&[(
+        let c = crate::config::compile::compile_texts(&[(
             "d.yaml".to_owned(),
             yaml.as_bytes().to_vec(),
         )])

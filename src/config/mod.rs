@@ -1,25 +1,27 @@
 //! Configuration: YAML files (one domain each) compiled into descriptor trees.
 //!
 //! - [`schema`]: the raw YAML shape, every scalar kept as literal text with its line.
-//! - [`loader`]: reads files and directories, validates, compiles into [`Config`].
-//! - [`watcher`]: hot reload (file events, SIGHUP, periodic rescan), atomic swap.
-//! - [`xds`]: the xDS config source (a control plane pushes the config).
-//! - [`ConfigHandle`]: the config in force and the last failed reload, shared by
-//!   the request path (reads), the config sources (writes) and the admin API.
+//! - [`compile`]: validates a raw tree and compiles it into [`Config`].
+//! - [`files`]: reads files and directories (bounded, hashed) for [`compile`].
+//! - [`handle`]: the [`ConfigHandle`] in force, shared by the request path
+//!   (reads), the config sources (writes, through [`ConfigHandle::apply`]
+//!   only) and the admin API.
+//! - [`source`]: the config sources side by side: the file watcher and xDS.
+//! - [`diff`]: `check-config --diff`, rule by rule.
 
+pub mod compile;
 pub mod diff;
-pub mod loader;
+pub mod files;
+pub mod handle;
 pub mod schema;
-pub mod watcher;
-pub mod xds;
+pub mod source;
+
+pub use handle::{ConfigHandle, OnSwap, Origin, Outcome, PushStatus, ReloadError, SourceStatus};
 
 use crate::matcher::Level;
-use arc_swap::ArcSwap;
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 /// A rate limit unit with the fixed lengths of the reference service
@@ -186,6 +188,43 @@ pub struct Rule {
     pub counters: Arc<crate::metrics::RuleCounters>,
 }
 
+impl Rule {
+    /// The limit this rule is evaluated with, `None` for `unlimited`: its
+    /// rate, unit and burst, and its debt bound in tokens. The bound is the
+    /// rule's own `max_debt` when it gives one, else `max_debt_bursts` times
+    /// its burst; 0 for a quota rule (its own `quota_mode` or the
+    /// service-wide `--quota-mode`), which keeps its quota semantics instead
+    /// (a debt rule is never a quota), and 0 for a rate of 0. The one place
+    /// these facts are put together: the request path, `/rlconfig` and the
+    /// reload hold all read them here.
+    #[must_use]
+    pub fn limit(
+        &self,
+        settings: &crate::settings::ServiceSettings,
+    ) -> Option<crate::storage::Limit> {
+        let Policy::Limited {
+            requests_per_unit,
+            unit,
+            burst,
+            ..
+        } = self.policy
+        else {
+            return None;
+        };
+        let bursts = if self.quota_mode || settings.global_quota_mode {
+            0
+        } else {
+            settings.max_debt_bursts
+        };
+        Some(crate::storage::Limit {
+            requests_per_unit,
+            unit_secs: unit.secs_nonzero(),
+            burst,
+            max_debt: self.policy.max_debt(bursts),
+        })
+    }
+}
+
 /// A descriptor's `metadata`: a mapping of any YAML values, sent back as a
 /// protobuf `Struct` in the response's dynamic metadata.
 pub type Metadata = serde_json::Map<String, serde_json::Value>;
@@ -252,7 +291,7 @@ impl Config {
     pub fn empty() -> Self {
         Self {
             domains: HashMap::new(),
-            hash: loader::hash_files(&[]),
+            hash: files::hash_files(&[]),
             loaded_at: SystemTime::now(),
         }
     }
@@ -267,34 +306,37 @@ impl Config {
     /// bucket is full again: a rule (same domain and path) with a lower rate
     /// (tokens per second) or a larger burst. If so, the longest time to
     /// full from empty of any rule here, in microseconds, capped at
-    /// [`MAX_HOLD_US`]; see `Storage::hold_existing`.
+    /// [`MAX_HOLD_US`]; see `Storage::hold_existing`. Debt bounds are the
+    /// ones the rules are evaluated with under `settings` ([`Rule::limit`]).
     #[must_use]
-    pub fn loosened_hold_us(&self, old: &Config, max_debt_bursts: u32) -> Option<u64> {
-        self.loosened(old, max_debt_bursts).map(|(hold, _)| hold)
+    pub fn loosened_hold_us(
+        &self,
+        old: &Config,
+        settings: &crate::settings::ServiceSettings,
+    ) -> Option<u64> {
+        self.loosened(old, settings).map(|(hold, _)| hold)
     }
 
     /// [`Self::loosened_hold_us`], with what changed: one line per rule that
     /// got slower or larger (`edge.user: 10/minute burst 10 -> 20/minute
     /// burst 40`), sorted, at most 10.
     #[must_use]
-    pub fn loosened(&self, old: &Config, max_debt_bursts: u32) -> Option<(u64, Vec<String>)> {
-        let limited = |p: &Policy| match *p {
-            Policy::Limited {
-                requests_per_unit,
-                unit,
-                burst,
-                ..
-            } if requests_per_unit > 0 => Some((requests_per_unit, unit.secs_nonzero(), burst)),
-            _ => None,
-        };
+    pub fn loosened(
+        &self,
+        old: &Config,
+        settings: &crate::settings::ServiceSettings,
+    ) -> Option<(u64, Vec<String>)> {
+        // Rules with a rate above 0 (a rate of 0 never fills).
+        let limited = |r: &Rule| r.limit(settings).filter(|l| l.requests_per_unit > 0);
         let mut changed: Vec<String> = Vec::new();
         let mut hold: u128 = 0;
         for (name, d) in &self.domains {
             let before = old.domains.get(name);
             for r in &d.rules {
-                let Some((rpu, secs, burst)) = limited(&r.policy) else {
+                let Some(limit) = limited(r) else {
                     continue;
                 };
+                let (rpu, secs, burst) = (limit.requests_per_unit, limit.unit_secs, limit.burst);
                 // The emptiest a bucket can be: at its debt bound (the
                 // larger of the old and the new one).
                 // Two rules can share a path (key-only `k_a` and `k: a`):
@@ -306,25 +348,25 @@ impl Config {
                         .flat_map(|b| b.rules.iter())
                         .filter(|o| o.path == r.path)
                 };
-                let debt = r.policy.max_debt(max_debt_bursts).max(
+                let debt = limit.max_debt.max(
                     same_path()
-                        .map(|o| o.policy.max_debt(max_debt_bursts))
+                        .filter_map(|o| o.limit(settings).map(|l| l.max_debt))
                         .max()
                         .unwrap_or(0),
                 );
                 let empty = crate::storage::Limit {
-                    requests_per_unit: rpu,
-                    unit_secs: secs,
-                    burst,
                     max_debt: debt,
+                    ..limit
                 };
                 let floor =
                     -i64::from(debt) * i64::try_from(crate::storage::bucket::MICRO).unwrap_or(0);
                 hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, floor));
                 for o in same_path() {
-                    let Some((o_rpu, o_secs, o_burst)) = limited(&o.policy) else {
+                    let Some(o_limit) = limited(o) else {
                         continue;
                     };
+                    let (o_rpu, o_secs, o_burst) =
+                        (o_limit.requests_per_unit, o_limit.unit_secs, o_limit.burst);
                     // rpu/secs < o_rpu/o_secs, in integers.
                     let slower = u128::from(rpu) * u128::from(o_secs.get())
                         < u128::from(o_rpu) * u128::from(secs.get());
@@ -357,138 +399,6 @@ impl Config {
         Some((hold, changed))
     }
 }
-
-/// The last reload that failed, kept for `/rlconfig` until a reload succeeds
-/// or the source returns to the config in force.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReloadError {
-    /// When the failing state was first seen.
-    pub at: SystemTime,
-    /// Every problem, one per line (`file:line: path: message`).
-    pub message: String,
-}
-
-/// The config in force, swapped atomically on reload, and the last failed
-/// reload. Owned by config: a source (the file watcher) writes it, the
-/// request path reads it without locking, the admin API shows both.
-#[derive(Debug)]
-pub struct ConfigHandle {
-    current: ArcSwap<Config>,
-    last_error: Mutex<Option<ReloadError>>,
-    /// No config has been swapped in yet (a source that starts empty).
-    awaiting_first: AtomicBool,
-    source: Mutex<SourceStatus>,
-}
-
-/// Where the config in force comes from and how its source is doing, for
-/// `/rlconfig` and `/metrics`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SourceStatus {
-    /// `file` or `xds` (empty when no source was named).
-    pub kind: &'static str,
-    /// The path, or the management server's address.
-    pub location: String,
-    /// xDS: whether a stream to the server is open.
-    pub connected: Option<bool>,
-    /// xDS: `version_info` of the response whose config is in force.
-    pub version: Option<String>,
-    /// xDS: the last response and what was done with it.
-    pub last_push: Option<PushStatus>,
-}
-
-/// One pushed config and its outcome.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PushStatus {
-    /// When it was received.
-    pub at: SystemTime,
-    /// Its `version_info` (cut to a bounded length).
-    pub version: String,
-    /// Its nonce (cut to a bounded length).
-    pub nonce: String,
-    /// ACKed (applied, or equal to the config in force) or NACKed.
-    pub accepted: bool,
-    /// Why it was refused.
-    pub error: Option<String>,
-}
-
-impl ConfigHandle {
-    /// A handle whose config in force is `config`, with no reload error.
-    #[must_use]
-    pub fn new(config: Config) -> Self {
-        Self {
-            current: ArcSwap::from_pointee(config),
-            last_error: Mutex::new(None),
-            awaiting_first: AtomicBool::new(false),
-            source: Mutex::new(SourceStatus::default()),
-        }
-    }
-
-    /// A handle with no config yet (a source that delivers it later, such
-    /// as xDS): [`Self::is_awaiting_first_config`] is true until the first
-    /// [`Self::swap`]; the config in force meanwhile is [`Config::empty`].
-    #[must_use]
-    pub fn awaiting_first_config() -> Self {
-        let h = Self::new(Config::empty());
-        h.awaiting_first.store(true, Ordering::Release);
-        h
-    }
-
-    /// Whether no config has been swapped in yet into a handle made by
-    /// [`Self::awaiting_first_config`] (the request path then answers an
-    /// error).
-    #[must_use]
-    pub fn is_awaiting_first_config(&self) -> bool {
-        self.awaiting_first.load(Ordering::Acquire)
-    }
-
-    /// The source's status.
-    #[must_use]
-    pub fn source_status(&self) -> SourceStatus {
-        self.source.lock().clone()
-    }
-
-    /// Updates the source's status.
-    pub fn update_source_status(&self, f: impl FnOnce(&mut SourceStatus)) {
-        f(&mut self.source.lock());
-    }
-
-    /// The config in force, for one request: a cheap guard, no reference
-    /// count taken (hold it only for the request).
-    #[must_use]
-    pub fn load(&self) -> arc_swap::Guard<Arc<Config>> {
-        self.current.load()
-    }
-
-    /// The config in force, as an owned reference.
-    #[must_use]
-    pub fn current(&self) -> Arc<Config> {
-        self.current.load_full()
-    }
-
-    /// Swaps `config` in atomically and returns the config it replaced.
-    /// Requests already running finish on the old one.
-    pub fn swap(&self, config: Config) -> Arc<Config> {
-        let old = self.current.swap(Arc::new(config));
-        self.awaiting_first.store(false, Ordering::Release);
-        old
-    }
-
-    /// The last failed reload, if the source has not loaded since.
-    #[must_use]
-    pub fn last_error(&self) -> Option<ReloadError> {
-        self.last_error.lock().clone()
-    }
-
-    /// Records (or clears, with `None`) the last failed reload.
-    pub fn set_last_error(&self, error: Option<ReloadError>) {
-        *self.last_error.lock() = error;
-    }
-}
-
-/// Called after a new config is swapped in, with the old and the new config
-/// (the request path uses it to clear its local cache and to hold buckets a
-/// slower rule would otherwise drop).
-pub type OnSwap = Arc<dyn Fn(&Config, &Config) + Send + Sync>;
 
 /// Longest time a reload keeps existing buckets (366 days, in microseconds).
 pub const MAX_HOLD_US: u64 = 366 * 86_400 * 1_000_000;
@@ -542,7 +452,7 @@ impl std::error::Error for ConfigErrors {}
 
 #[cfg(test)]
 mod tests {
-    use super::loader::compile_texts;
+    use super::compile::compile_texts;
 
     fn config(rule: &str) -> super::Config {
         let yaml = format!("domain: e\ndescriptors:\n  - key: user\n    rate_limit: {rule}\n");
@@ -556,12 +466,14 @@ mod tests {
             let yaml = format!(
                 "domain: h\ndescriptors:\n  - key: k_a\n    rate_limit: {{unit: hour, requests_per_unit: 1, burst: 10}}\n  - key: k\n    value: a\n    rate_limit: {second}\n"
             );
-            crate::config::loader::compile_texts(&[("c.yaml".to_owned(), yaml.into_bytes())])
+            crate::config::compile::compile_texts(&[("c.yaml".to_owned(), yaml.into_bytes())])
                 .expect("loads")
         };
         let old = load("{unit: minute, requests_per_unit: 10, burst: 10}");
         let new = load("{unit: hour, requests_per_unit: 1, burst: 10}");
-        let (_, changed) = new.loosened(&old, 0).expect("the slower k: a is seen");
+        let (_, changed) = new
+            .loosened(&old, &crate::settings::ServiceSettings::default())
+            .expect("the slower k: a is seen");
         assert!(
             changed
                 .iter()
@@ -575,18 +487,19 @@ mod tests {
         let old = config("{unit: minute, requests_per_unit: 10}");
         // Faster, same burst: buckets fill sooner, nothing to hold.
         assert_eq!(
-            config("{unit: minute, requests_per_unit: 20, burst: 10}").loosened(&old, 0),
+            config("{unit: minute, requests_per_unit: 20, burst: 10}")
+                .loosened(&old, &crate::settings::ServiceSettings::default()),
             None
         );
         // Faster but a larger burst: a drained bucket is further from full.
         let (hold_us, rules) = config("{unit: minute, requests_per_unit: 20, burst: 40}")
-            .loosened(&old, 0)
+            .loosened(&old, &crate::settings::ServiceSettings::default())
             .unwrap();
         assert_eq!(rules, ["e.user: 10/minute burst 10 -> 20/minute burst 40"]);
         assert_eq!(hold_us, 120_000_000, "40 tokens at 20 per minute");
         // Slower.
         let (_, rules) = config("{unit: hour, requests_per_unit: 10}")
-            .loosened(&old, 0)
+            .loosened(&old, &crate::settings::ServiceSettings::default())
             .unwrap();
         assert_eq!(rules, ["e.user: 10/minute burst 10 -> 10/hour burst 10"]);
     }

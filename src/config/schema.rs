@@ -3,24 +3,56 @@
 //! Every scalar is read as its literal text (`value: 010` is the string `"010"`,
 //! docs/design.md, "Configuration files") with its source location. Mappings are read key by key so that
 //! every unknown, unsupported or misplaced key is *recorded* (with its line)
-//! rather than stopping the parse at the first one; [`super::loader`] turns the
+//! rather than stopping the parse at the first one; [`super::compile`] turns the
 //! records into errors that name the file, line and descriptor path.
+//!
+//! Line positions are optional: a tree parsed from YAML has them, a tree
+//! built from another representation (an xDS push) has none, and its errors
+//! then name the resource and the descriptor path only.
 
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
 use std::fmt;
 
-/// A scalar's literal text and where it was written.
-pub type Text = Spanned<String>;
+/// A scalar's literal text and the line it was written on (1-based; `None`
+/// for a tree not parsed from YAML).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text {
+    /// The literal text.
+    pub value: String,
+    /// Its line, when it has one.
+    pub line: Option<u32>,
+}
+
+impl Text {
+    /// Text without a line (a tree built from another representation).
+    #[must_use]
+    pub fn new(value: impl Into<String>) -> Self {
+        Self {
+            value: value.into(),
+            line: None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = Spanned::<String>::deserialize(d)?;
+        Ok(Self {
+            line: Some(line_of(&s.referenced)),
+            value: s.value,
+        })
+    }
+}
 
 /// A key that the schema does not accept at the level where it appeared.
 #[derive(Debug, Clone)]
 pub struct StrayKey {
     /// The key as written.
     pub name: String,
-    /// Line of the key, 1-based (0 when unknown).
-    pub line: u32,
+    /// Line of the key, 1-based, when known.
+    pub line: Option<u32>,
 }
 
 /// A whole file: `domain` and `descriptors`.
@@ -37,15 +69,16 @@ pub struct RawFile {
 /// One node of the descriptor tree.
 #[derive(Debug, Default)]
 pub struct RawDescriptor {
-    /// Line where the node starts, 1-based.
-    pub line: u32,
+    /// Line where the node starts, 1-based, when known.
+    pub line: Option<u32>,
     /// `key:`
     pub key: Option<Text>,
     /// `value:`
     pub value: Option<Text>,
-    /// Line of a `value:` written as null (`~`, `null` or nothing), which is
-    /// an error: it would silently turn an exact rule into a key-only one.
-    pub null_value_line: Option<u32>,
+    /// A `value:` written as null (`~`, `null` or nothing), with its line
+    /// when known, which is an error: it would silently turn an exact rule
+    /// into a key-only one.
+    pub null_value: Option<Option<u32>>,
     /// `rate_limit:` (boxed: descriptors nest, and a block held inline in
     /// every level's frame would make a file nested to the parser's depth
     /// limit overflow a 2 MiB stack in debug builds).
@@ -62,9 +95,10 @@ pub struct RawDescriptor {
     pub quota_mode: Option<Text>,
     /// `value_to_metric:`
     pub value_to_metric: Option<Text>,
-    /// `metadata:` with the line of its key: any YAML value, typed (numbers,
-    /// booleans, strings, lists, mappings); only a mapping is valid.
-    pub metadata: Option<(u32, serde_json::Value)>,
+    /// `metadata:` with the line of its key (when known): any YAML value,
+    /// typed (numbers, booleans, strings, lists, mappings); only a mapping
+    /// is valid.
+    pub metadata: Option<(Option<u32>, serde_json::Value)>,
     /// `descriptors:`
     pub descriptors: Option<Vec<RawDescriptor>>,
     /// Keys that do not belong on a descriptor.
@@ -74,8 +108,8 @@ pub struct RawDescriptor {
 /// A `rate_limit:` block.
 #[derive(Debug, Default)]
 pub struct RawRateLimit {
-    /// Line where the block starts, 1-based.
-    pub line: u32,
+    /// Line where the block starts, 1-based, when known.
+    pub line: Option<u32>,
     /// `unit:`
     pub unit: Option<Text>,
     /// `requests_per_unit:`
@@ -97,8 +131,8 @@ pub struct RawRateLimit {
 /// One `replaces:` entry, `{name: ...}`.
 #[derive(Debug, Default)]
 pub struct RawReplace {
-    /// Line of the entry, 1-based.
-    pub line: u32,
+    /// Line of the entry, 1-based, when known.
+    pub line: Option<u32>,
     /// `name:`
     pub name: Option<Text>,
     /// Keys other than `name`.
@@ -151,8 +185,8 @@ impl LineSlot for RawFile {
 macro_rules! line_slot {
     ($($t:ident),*) => {$(
         impl LineSlot for $t {
-            fn line_unset(&self) -> bool { self.line == 0 }
-            fn set_line(&mut self, line: u32) { self.line = line; }
+            fn line_unset(&self) -> bool { self.line.is_none() }
+            fn set_line(&mut self, line: u32) { self.line = Some(line); }
         }
     )*};
 }
@@ -166,7 +200,7 @@ fn stray<'de, A: MapAccess<'de>>(
     map.next_value::<IgnoredAny>()?;
     out.push(StrayKey {
         name: key.value.clone(),
-        line: line_of(&key.referenced),
+        line: Some(line_of(&key.referenced)),
     });
     Ok(())
 }
@@ -196,7 +230,7 @@ map_visitor!(
             "value" => {
                 out.value = map.next_value()?;
                 if out.value.is_none() {
-                    out.null_value_line = Some(line_of(&key.referenced));
+                    out.null_value = Some(Some(line_of(&key.referenced)));
                 }
             }
             "rate_limit" => out.rate_limit = map.next_value()?,
@@ -209,7 +243,7 @@ map_visitor!(
             "quota_mode" => out.quota_mode = map.next_value()?,
             "value_to_metric" => out.value_to_metric = map.next_value()?,
             "metadata" => {
-                out.metadata = Some((line_of(&key.referenced), map.next_value()?));
+                out.metadata = Some((Some(line_of(&key.referenced)), map.next_value()?));
             }
             "descriptors" => {
                 out.descriptors = map

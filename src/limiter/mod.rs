@@ -129,7 +129,7 @@ impl Limiter {
         after_swap(
             &*self.storage,
             &self.settings.key_prefix,
-            self.settings.max_debt_bursts,
+            &self.settings,
             &old,
             &self.config(),
         );
@@ -143,8 +143,10 @@ impl Limiter {
     pub fn on_swap(&self) -> OnSwap {
         let storage = self.storage.clone();
         let prefix = self.settings.key_prefix.clone();
-        let debt = self.settings.max_debt_bursts;
-        Arc::new(move |old: &Config, new: &Config| after_swap(&*storage, &prefix, debt, old, new))
+        let settings = self.settings.clone();
+        Arc::new(move |old: &Config, new: &Config| {
+            after_swap(&*storage, &prefix, &settings, old, new);
+        })
     }
 
     /// The storage backend.
@@ -478,13 +480,13 @@ impl Limiter {
 fn after_swap(
     storage: &dyn Storage,
     key_prefix: &str,
-    max_debt_bursts: u32,
+    settings: &ServiceSettings,
     old: &Config,
     new: &Config,
 ) {
     storage.invalidate_local_cache();
     warn_value_labels(new);
-    if let Some((hold_us, changed)) = new.loosened(old, max_debt_bursts) {
+    if let Some((hold_us, changed)) = new.loosened(old, settings) {
         tracing::info!(
             hold_secs = hold_us / 1_000_000,
             rules = ?changed,
@@ -555,7 +557,7 @@ mod tests {
     fn a_quota_spent_between_calls_does_not_deny_while_another_is_left() {
         let yaml = "domain: q\ndescriptors:\n  - key: svc\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
         let config =
-            crate::config::loader::compile_texts(&[("q.yaml".into(), yaml.as_bytes().to_vec())])
+            crate::config::compile::compile_texts(&[("q.yaml".into(), yaml.as_bytes().to_vec())])
                 .unwrap();
         let settings = ServiceSettings::default();
         let plain = Descriptor::new(vec![("svc", "z1")]);
@@ -610,7 +612,7 @@ mod tests {
     /// small whatever the domain's length.
     #[test]
     fn long_unknown_domains_are_clipped_in_labels_maps_and_logs() {
-        let config = crate::config::loader::compile_texts(&[(
+        let config = crate::config::compile::compile_texts(&[(
             "a.yaml".into(),
             b"domain: a\ndescriptors: []\n".to_vec(),
         )])
@@ -650,7 +652,7 @@ mod tests {
     fn debug_logging_explains_each_decision() {
         let yaml = "domain: why\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
         let config =
-            crate::config::loader::compile_texts(&[("why.yaml".into(), yaml.as_bytes().to_vec())])
+            crate::config::compile::compile_texts(&[("why.yaml".into(), yaml.as_bytes().to_vec())])
                 .unwrap();
         let storage = Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(1_000_000))));
         let l = Limiter::new(config, storage, ServiceSettings::default());

@@ -119,32 +119,16 @@ pub(super) fn plan(
                 let own = Some((o.requests_per_unit, unit.secs()));
                 (limit, current, shadow, false, None, own)
             }
-            (Some(r), None) => match &r.policy {
-                Policy::Unlimited => {
-                    plans.push(Plan::Unlimited);
-                    continue;
-                }
-                Policy::Limited {
-                    requests_per_unit,
-                    unit,
-                    burst,
-                    ..
-                } => (
-                    Limit {
-                        requests_per_unit: *requests_per_unit,
-                        unit_secs: unit.secs_nonzero(),
-                        burst: *burst,
-                        // The service-wide bound is for rules that cannot
-                        // carry `max_debt`; a quota rule keeps its quota
-                        // semantics instead (a debt rule is never a quota).
-                        max_debt: r.policy.max_debt(
-                            if r.quota_mode || settings.global_quota_mode {
-                                0
-                            } else {
-                                settings.max_debt_bursts
-                            },
-                        ),
+            (Some(r), None) => match (r.limit(settings), &r.policy) {
+                (
+                    Some(limit),
+                    Policy::Limited {
+                        requests_per_unit,
+                        unit,
+                        ..
                     },
+                ) => (
+                    limit,
                     CurrentLimit {
                         name: r.name.clone().unwrap_or_default(),
                         requests_per_unit: *requests_per_unit,
@@ -155,6 +139,10 @@ pub(super) fn plan(
                     r.metadata.clone(),
                     None,
                 ),
+                _ => {
+                    plans.push(Plan::Unlimited);
+                    continue;
+                }
             },
             _ => {
                 plans.push(Plan::NoLimit);
@@ -277,7 +265,7 @@ fn value_label(domain: &str, levels: &[MetricLevel], entries: &[(&str, &str)]) -
 mod tests {
     use super::*;
     use crate::config::Unit;
-    use crate::config::loader::compile_texts;
+    use crate::config::compile::compile_texts;
     use crate::limiter::request::{Descriptor, Override};
 
     fn domain(yaml: &str) -> std::sync::Arc<DomainConfig> {

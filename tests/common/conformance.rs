@@ -214,7 +214,7 @@ pub async fn misspelt_key_never_loads_and_a_bad_reload_keeps_the_old_config(b: &
         "rate_limit: {unit: minute, requests_per_unit: 1}",
         "rate_limit:\n          unlimied: true",
     );
-    let err = bucket_rls::config::loader::compile_texts(&[(
+    let err = bucket_rls::config::compile::compile_texts(&[(
         "edge.yaml".into(),
         typo.clone().into_bytes(),
     )])
@@ -232,7 +232,7 @@ pub async fn misspelt_key_never_loads_and_a_bad_reload_keeps_the_old_config(b: &
     assert_eq!(cr(&c.one("edge", &e, 1).await, 0).0, OVER);
     // The reload fails to compile, so nothing is swapped: v1 still applies.
     assert!(
-        bucket_rls::config::loader::compile_texts(&[("edge.yaml".into(), typo.into_bytes())])
+        bucket_rls::config::compile::compile_texts(&[("edge.yaml".into(), typo.into_bytes())])
             .is_err()
     );
     assert_eq!(cr(&c.one("edge", &e, 1).await, 0).0, OVER);

@@ -16,7 +16,7 @@ pub mod redis;
 pub mod sentinel;
 pub mod tls;
 
-use bucket_rls::config::loader;
+use bucket_rls::config::{compile, files};
 use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::Storage;
@@ -78,7 +78,7 @@ pub fn config(files: &[(&str, &str)]) -> bucket_rls::config::Config {
         .iter()
         .map(|(n, t)| ((*n).to_owned(), t.as_bytes().to_vec()))
         .collect();
-    loader::compile_texts(&texts).unwrap_or_else(|e| panic!("config does not load:\n{e}"))
+    compile::compile_texts(&texts).unwrap_or_else(|e| panic!("config does not load:\n{e}"))
 }
 
 /// A limiter over `storage` for one YAML file.

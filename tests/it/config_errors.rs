@@ -2,7 +2,8 @@
 //! files"): each error names the file,
 //! the line where the parser can give it, and the descriptor path.
 
-use bucket_rls::config::loader::{compile_texts, load_source};
+use bucket_rls::config::compile::compile_texts;
+use bucket_rls::config::files::load_source;
 
 /// Compiles one file and returns every error as text (panics if it loads).
 fn errors(name: &str, yaml: &str) -> Vec<String> {
@@ -674,7 +675,7 @@ fn example_config_is_valid() {
 // write them (in our words, same keys): each one it loads loads here, each
 // one it refuses is refused.
 
-use bucket_rls::config::loader::{LoadOptions, compile_texts_with};
+use bucket_rls::config::compile::{LoadOptions, compile_texts_with};
 
 fn loads(yaml: &str) -> bucket_rls::config::Config {
     compile_texts(&[("go.yaml".into(), yaml.as_bytes().to_vec())])

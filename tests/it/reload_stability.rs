@@ -2,8 +2,8 @@
 //! half-written, as long as the pause is shorter than the stability window.
 
 use crate::common::eventually::eventually;
-use bucket_rls::config::loader;
-use bucket_rls::config::watcher::{ConfigWatcher, WatchOptions};
+use bucket_rls::config::files;
+use bucket_rls::config::source::watch::{ConfigWatcher, WatchOptions};
 use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::clock::ManualClock;
@@ -23,7 +23,7 @@ async fn a_file_paused_mid_write_is_not_applied_half_written() {
     let file = dir.path().join("rl.yaml");
     let head = "domain: st\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1";
     std::fs::write(&file, format!("{head}0\n")).unwrap();
-    let config = loader::load_source(dir.path()).unwrap();
+    let config = files::load_source(dir.path()).unwrap();
     let storage = Arc::new(MemoryStorage::new(Arc::new(ManualClock::new(1_000_000))));
     let limiter = Arc::new(Limiter::new(config, storage, ServiceSettings::default()));
     let watcher = ConfigWatcher::spawn(

@@ -9,9 +9,9 @@
 
 use crate::common::eventually::eventually;
 use bucket_rls::config::ConfigHandle;
-use bucket_rls::config::loader::LoadOptions;
-use bucket_rls::config::xds::resources::{RATE_LIMIT_CONFIG_TYPE_URL, pack};
-use bucket_rls::config::xds::{Backoff, XdsClient, XdsSettings, XdsTls};
+use bucket_rls::config::compile::LoadOptions;
+use bucket_rls::config::source::xds::resources::{RATE_LIMIT_CONFIG_TYPE_URL, pack};
+use bucket_rls::config::source::xds::{Backoff, XdsClient, XdsSettings, XdsTls};
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
@@ -485,7 +485,7 @@ fn replica(settings: XdsSettings) -> Replica {
         storage,
         ServiceSettings::default(),
     ));
-    let client = bucket_rls::config::xds::spawn(
+    let client = bucket_rls::config::source::xds::spawn(
         settings,
         limiter.config_handle().clone(),
         limiter.on_swap(),

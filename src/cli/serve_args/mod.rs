@@ -196,7 +196,7 @@ pub struct ServeArgs {
     #[arg(long = flag::CONFIG_XDS_BACKOFF_JITTER, env = "BUCKET_RLS_CONFIG_XDS_BACKOFF_JITTER", default_value_t = 0.5, value_parser = ratio)]
     pub config_xds_backoff_jitter: f64,
     /// Largest xDS response accepted, in bytes.
-    #[arg(long = flag::CONFIG_XDS_MAX_MESSAGE_BYTES, env = "BUCKET_RLS_CONFIG_XDS_MAX_MESSAGE_BYTES", default_value_t = crate::config::xds::DEFAULT_MAX_MESSAGE_BYTES, value_parser = at_least_one)]
+    #[arg(long = flag::CONFIG_XDS_MAX_MESSAGE_BYTES, env = "BUCKET_RLS_CONFIG_XDS_MAX_MESSAGE_BYTES", default_value_t = crate::config::source::xds::DEFAULT_MAX_MESSAGE_BYTES, value_parser = at_least_one)]
     pub config_xds_max_message_bytes: usize,
     /// Bind the ports only once the first xDS config is in force. Without
     /// it the service serves at once and ShouldRateLimit answers an error
@@ -564,7 +564,7 @@ impl TryFrom<&ServeArgs> for Settings {
             grpc_addr: args.grpc_addr,
             http_addr: args.http_addr,
             service,
-            load: crate::config::loader::LoadOptions {
+            load: crate::config::compile::LoadOptions {
                 merge_domains: args.merge_domain_config,
             },
             backend: Backend::try_from(args)?,
@@ -608,7 +608,7 @@ impl TryFrom<&ServeArgs> for ConfigSource {
     /// `--config PATH`, or `--config-xds URL` with its `--config-xds-*`
     /// flags (clap makes the two exclusive and one of them required).
     fn try_from(args: &ServeArgs) -> Result<Self, SetupError> {
-        use crate::config::xds::{Backoff, XdsSettings, XdsTls, pairs};
+        use crate::config::source::xds::{Backoff, XdsSettings, XdsTls, pairs};
         let Some(server) = &args.config_xds else {
             let given = [
                 ("--config-xds-node-id", args.config_xds_node_id.is_some()),

@@ -433,7 +433,7 @@ fn go_mode_flags_reach_the_service_settings() {
 
 #[test]
 fn config_xds_flags_become_xds_settings() {
-    use crate::config::xds::XdsTls;
+    use crate::config::source::xds::XdsTls;
     let args = try_serve_args(&[
         "--config-xds",
         "envoy-gateway:18001",

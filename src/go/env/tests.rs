@@ -39,7 +39,7 @@ const EG: &[(&str, &str)] = &[
 
 #[test]
 fn envoy_gateways_xds_environment_gives_mtls_xds_settings_with_go_defaults() {
-    use crate::config::xds::{Backoff, XdsTls};
+    use crate::config::source::xds::{Backoff, XdsTls};
     use std::time::Duration;
     let mut vars = EG.to_vec();
     vars.extend([
@@ -83,7 +83,7 @@ fn envoy_gateways_xds_environment_gives_mtls_xds_settings_with_go_defaults() {
 
 #[test]
 fn go_xds_variables_for_metadata_headers_backoff_and_size_are_read() {
-    use crate::config::xds::Backoff;
+    use crate::config::source::xds::Backoff;
     use std::time::Duration;
     let s = settings(&[
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),

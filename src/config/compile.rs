@@ -1,10 +1,12 @@
-//! Reads config sources, validates them and compiles them into a [`Config`].
+//! Validates raw config trees and compiles them into a [`Config`].
 //!
 //! Parsing is separated from file reading: [`compile_file`] takes a file name
-//! and its text, [`load_source`] reads a file or a directory. Every problem is
-//! collected (not only the first) and each names the file, the line where the
-//! parser can give it, and the descriptor path.
+//! and its text, [`compile_raw_files`] takes trees already built (by the
+//! YAML parser or by the xDS source), and [`super::files`] reads a file or a
+//! directory. Every problem is collected (not only the first) and each names
+//! the file, the line where there is one, and the descriptor path.
 
+use super::files::hash_files;
 use super::schema::{self, RawDescriptor, RawFile, RawRateLimit, RawReplace, StrayKey, Text};
 use super::{
     Config, ConfigError, ConfigErrors, DomainConfig, MetricLevel, MetricLevelKind, Policy, Rule,
@@ -12,9 +14,7 @@ use super::{
 };
 use crate::matcher::{Level, Pattern, Selector};
 use crate::metrics::RuleCounters;
-use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -46,16 +46,54 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "replaces",
 ];
 
+/// A line position in any of the shapes the compiler meets: a known line
+/// (0 for none), or an optional one.
+trait Line {
+    fn line(self) -> Option<u32>;
+}
+
+impl Line for u32 {
+    fn line(self) -> Option<u32> {
+        Some(self)
+    }
+}
+
+impl Line for u64 {
+    fn line(self) -> Option<u32> {
+        u32::try_from(self).ok()
+    }
+}
+
+impl Line for i32 {
+    fn line(self) -> Option<u32> {
+        u32::try_from(self).ok()
+    }
+}
+
+impl Line for Option<u32> {
+    fn line(self) -> Option<u32> {
+        self
+    }
+}
+
+/// `file:line`, or `file` for a tree without lines.
+fn source_of(file: &str, line: Option<u32>) -> String {
+    match line {
+        Some(l) => format!("{file}:{l}"),
+        None => file.to_owned(),
+    }
+}
+
 struct Ctx<'a> {
     file: &'a str,
     errors: Vec<ConfigError>,
 }
 
 impl Ctx<'_> {
-    fn err(&mut self, line: impl TryInto<u32>, path: &str, message: impl Into<String>) {
+    fn err(&mut self, line: impl Line, path: &str, message: impl Into<String>) {
         self.errors.push(ConfigError {
             file: self.file.to_owned(),
-            line: line.try_into().ok().filter(|l: &u32| *l > 0),
+            line: line.line().filter(|l| *l > 0),
             path: path.to_owned(),
             message: message.into(),
         });
@@ -91,7 +129,7 @@ impl Ctx<'_> {
             "false" | "no" | "off" | "" | "~" | "null" => false,
             other => {
                 self.err(
-                    t.referenced.line(),
+                    t.line,
                     path,
                     format!("{what}: expected true or false, got '{other}'"),
                 );
@@ -106,7 +144,7 @@ impl Ctx<'_> {
             return Some(v);
         }
         self.err(
-            t.referenced.line(),
+            t.line,
             path,
             format!(
                 "{what}: expected an integer from 0 to 4294967295, got '{}'",
@@ -172,7 +210,7 @@ fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
     let name = match &raw.domain {
         Some(d) if d.value.trim() != d.value => {
             cx.err(
-                d.referenced.line(),
+                d.line,
                 "domain",
                 format!("domain '{}' has leading or trailing whitespace", d.value),
             );
@@ -180,7 +218,7 @@ fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
         }
         Some(d) if !d.value.trim().is_empty() => d.value.clone(),
         Some(d) => {
-            cx.err(d.referenced.line(), "domain", "domain must not be empty");
+            cx.err(d.line, "domain", "domain must not be empty");
             String::new()
         }
         None => {
@@ -263,10 +301,6 @@ fn parse_error_message(msg: &str) -> String {
     }
 }
 
-fn schema_line(loc: &serde_saphyr::Location) -> u32 {
-    u32::try_from(loc.line()).unwrap_or(u32::MAX)
-}
-
 fn selector_text(key: &str, value: Option<&str>) -> String {
     match value {
         Some(v) => format!("{key}_{v}"),
@@ -283,7 +317,7 @@ fn compile_level(
     rules: &mut Vec<Rule>,
     chain: &mut Vec<MetricLevel>,
 ) {
-    let mut siblings: HashMap<(String, Option<String>), u32> = HashMap::new();
+    let mut siblings: HashMap<(String, Option<String>), (Option<u32>, String)> = HashMap::new();
     for (i, d) in descs.iter().enumerate() {
         let here = format!("{path}[{i}]");
         cx.stray(&d.stray, &here, DESCRIPTOR_KEYS);
@@ -291,11 +325,11 @@ fn compile_level(
             cx.err(d.line, &here, "descriptor without 'key'");
             continue;
         };
-        let empty_value = d.null_value_line.or_else(|| {
+        let empty_value = d.null_value.or_else(|| {
             d.value
                 .as_ref()
                 .filter(|v| v.value.is_empty())
-                .map(|v| schema_line(&v.referenced))
+                .map(|v| v.line)
         });
         // A descriptor with an empty value is an error, but the rest of it is
         // still checked (into a tree that is thrown away), so one mistake
@@ -321,12 +355,17 @@ fn compile_level(
             selector_text(&key.value, value.as_deref())
         );
         if empty_value.is_none()
-            && let Some(first) = siblings.insert((key.value.clone(), value.clone()), d.line)
+            && let Some((first_line, first_path)) =
+                siblings.insert((key.value.clone(), value.clone()), (d.line, here.clone()))
         {
+            let first = match first_line {
+                Some(l) => format!("on line {l}"),
+                None => format!("at {first_path}"),
+            };
             cx.err(
                 d.line,
                 &here,
-                format!("duplicate descriptor composite key '{composite}' (first defined on line {first}); give each key/value one entry"),
+                format!("duplicate descriptor composite key '{composite}' (first defined {first}); give each key/value one entry"),
             );
             continue;
         }
@@ -390,7 +429,7 @@ fn compile_level(
         };
         let node = level.insert(&key.value, sel);
         node.share_threshold = share_threshold;
-        node.source = format!("{}:{}", cx.file, d.line);
+        node.source = source_of(cx.file, d.line);
         let mut replaces = Vec::new();
         if let Some(r) = &d.replaces {
             replaces.extend(compile_replaces(cx, r, &format!("{here}.replaces")));
@@ -427,7 +466,7 @@ fn compile_level(
                         .iter()
                         .any(|l| l.value_to_metric)
                         .then(|| chain.clone()),
-                    source: format!("{}:{}", cx.file, d.line),
+                    source: source_of(cx.file, d.line),
                     counters: Arc::new(RuleCounters::new(composite.clone())),
                 });
             }
@@ -486,7 +525,7 @@ fn compile_rate_limit(
     cx.stray(&rl.stray, path, RATE_LIMIT_KEYS);
     let name = match &rl.name {
         Some(n) if n.value.trim().is_empty() => {
-            cx.err(n.referenced.line(), path, "name must not be empty");
+            cx.err(n.line, path, "name must not be empty");
             None
         }
         Some(n) => Some(n.value.clone()),
@@ -531,7 +570,7 @@ fn compile_rate_limit(
             let parsed = Unit::parse(u.value.trim());
             if parsed.is_none() {
                 cx.err(
-                    u.referenced.line(),
+                    u.line,
                     path,
                     format!(
                         "bad unit '{}': expected second, minute, hour, day, week, month or year",
@@ -556,7 +595,7 @@ fn compile_rate_limit(
         Some(t) => {
             let b = cx.uint(t, path, "burst");
             if b == Some(0) && rpu.is_some_and(|r| r > 0) {
-                cx.err(t.referenced.line(), path, "burst must be at least 1 when requests_per_unit > 0 (a bucket of capacity 0 admits nothing)");
+                cx.err(t.line, path, "burst must be at least 1 when requests_per_unit > 0 (a bucket of capacity 0 admits nothing)");
             }
             b
         }
@@ -569,7 +608,7 @@ fn compile_rate_limit(
             let d = cx.uint(t, path, "max_debt");
             if d.is_some_and(|d| d > 0) && rpu == Some(0) {
                 cx.err(
-                    t.referenced.line(),
+                    t.line,
                     path,
                     "max_debt must be 0 when requests_per_unit is 0 (a bucket that never refills never repays a debt)",
                 );
@@ -609,7 +648,11 @@ fn merge_domain(into: &mut DomainConfig, other: DomainConfig) -> Vec<ConfigError
     duplicates
         .into_iter()
         .map(|(selector, first, second)| {
-            let (file, line) = second.rsplit_once(':').map_or((second.as_str(), None), |(f, l)| (f, l.parse().ok()));
+            // `file:line`, or a bare label for a tree without lines.
+            let (file, line) = match second.rsplit_once(':') {
+                Some((f, l)) if l.parse::<u32>().is_ok() => (f, l.parse().ok()),
+                _ => (second.as_str(), None),
+            };
             ConfigError {
                 file: file.to_owned(),
                 line,
@@ -623,177 +666,6 @@ fn merge_domain(into: &mut DomainConfig, other: DomainConfig) -> Vec<ConfigError
         .collect()
 }
 
-/// SHA-256 (hex) over `(file name, bytes)` pairs in name order. Only the last
-/// component of each name counts, so the hash depends on the policy files and
-/// not on where they are mounted or how the path was spelled:
-/// `check-config config/` in CI and a pod reading `/etc/bucket-rls` agree.
-#[must_use]
-pub fn hash_files(files: &[(String, Vec<u8>)]) -> String {
-    let mut sorted: Vec<(&str, &Vec<u8>)> = files
-        .iter()
-        .map(|(n, b)| {
-            let base = Path::new(n)
-                .file_name()
-                .and_then(|f| f.to_str())
-                .unwrap_or(n);
-            (base, b)
-        })
-        .collect();
-    sorted.sort_by(|a, b| a.0.cmp(b.0));
-    let mut h = Sha256::new();
-    for (name, bytes) in sorted {
-        h.update((name.len() as u64).to_be_bytes());
-        h.update(name.as_bytes());
-        h.update((bytes.len() as u64).to_be_bytes());
-        h.update(bytes);
-    }
-    hex::encode(h.finalize())
-}
-
-/// Largest config file read, in bytes. A bigger file (or a device such as
-/// `/dev/zero` behind a symlink) is an error, so reading stays bounded.
-pub const MAX_FILE_BYTES: u64 = 64 << 20;
-
-/// Largest config source read, in bytes, all files together: parsing holds
-/// every file's YAML tree at once (about 25 times the text), so many files
-/// each under [`MAX_FILE_BYTES`] must not add up to more memory than one
-/// file at the cap. Past it, the remaining files are errors (the source does
-/// not load, and a running service keeps its config).
-pub const MAX_SOURCE_BYTES: u64 = 64 << 20;
-
-/// The files a source stands for: the file itself, or for a directory every
-/// visible `*.yaml`/`*.yml` entry (symlinks followed; hidden entries such as
-/// Kubernetes `..data` skipped, so a ConfigMap mount loads each file once),
-/// sorted by name. Whether each is a readable regular file is checked when it
-/// is read ([`read_source`]): a visible `*.yaml` entry that is a dangling
-/// symlink, a FIFO or a device is an error, never silently skipped (skipping
-/// it would drop its domain on reload).
-///
-/// # Errors
-/// The source cannot be read.
-pub fn source_files(source: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let io_err = |e: std::io::Error| ConfigError {
-        file: source.display().to_string(),
-        line: None,
-        path: String::new(),
-        message: format!("cannot read: {e}"),
-    };
-    let meta = std::fs::metadata(source).map_err(io_err)?;
-    if !meta.is_dir() {
-        return Ok(vec![source.to_path_buf()]);
-    }
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(source).map_err(io_err)? {
-        let entry = entry.map_err(io_err)?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
-            continue;
-        }
-        let path = entry.path();
-        // A visible directory named *.yaml is not a config file; anything else
-        // (regular file, symlink, FIFO, device) is read and checked.
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
-        files.push(path);
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// Reads one config file: opened without blocking (a FIFO cannot hang the
-/// loader), checked to be a regular file, and read up to [`MAX_FILE_BYTES`].
-///
-/// # Errors
-/// A message saying what is wrong with the file.
-pub fn read_file(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    let meta = file.metadata().map_err(|e| format!("cannot read: {e}"))?;
-    if !meta.is_file() {
-        return Err("not a regular file (a FIFO, socket or device cannot be a config file)".into());
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(format!(
-            "too large: {} bytes (at most {MAX_FILE_BYTES})",
-            meta.len()
-        ));
-    }
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("too large: more than {MAX_FILE_BYTES} bytes"));
-    }
-    Ok(bytes)
-}
-
-/// Reads every file of `source` (a file or a directory, with the rules of
-/// [`source_files`]) as `(name, bytes)`, without parsing.
-///
-/// # Errors
-/// The source or one of its files cannot be read.
-pub fn read_source(source: &Path) -> Result<Vec<(String, Vec<u8>)>, ConfigErrors> {
-    let (texts, errors) = read_source_partly(source)?;
-    if errors.is_empty() {
-        Ok(texts)
-    } else {
-        Err(ConfigErrors(errors))
-    }
-}
-
-/// Files read, as `(name, bytes)`.
-type Texts = Vec<(String, Vec<u8>)>;
-
-/// [`read_source`] that goes on past files it cannot read: the files read,
-/// and one error per file that could not be.
-///
-/// # Errors
-/// The source itself cannot be read.
-fn read_source_partly(source: &Path) -> Result<(Texts, Vec<ConfigError>), ConfigErrors> {
-    let files = source_files(source).map_err(|e| ConfigErrors(vec![e]))?;
-    let mut texts = Vec::with_capacity(files.len());
-    let mut errors = Vec::new();
-    let mut total: u64 = 0;
-    for f in &files {
-        let name = f.display().to_string();
-        match read_file(f) {
-            Ok(bytes) if total + bytes.len() as u64 > MAX_SOURCE_BYTES => {
-                errors.push(ConfigError {
-                    file: name,
-                    line: None,
-                    path: String::new(),
-                    message: format!(
-                        "the config source is too large: this file ({} bytes) takes the files read so far past {MAX_SOURCE_BYTES} bytes in all; split the policy across services or shrink it",
-                        bytes.len()
-                    ),
-                });
-                // Counted, so every later file is refused too and the
-                // bytes held stay under the cap.
-                total = MAX_SOURCE_BYTES;
-            }
-            Ok(bytes) => {
-                total += bytes.len() as u64;
-                texts.push((name, bytes));
-            }
-            Err(message) => errors.push(ConfigError {
-                file: name,
-                line: None,
-                path: String::new(),
-                message,
-            }),
-        }
-    }
-    Ok((texts, errors))
-}
-
 /// How files become one config.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -802,33 +674,6 @@ pub struct LoadOptions {
     /// top-level descriptor defined in two of them is still an error. Off: a
     /// second file for a domain is an error.
     pub merge_domains: bool,
-}
-
-/// Loads a file or directory into a complete [`Config`].
-///
-/// # Errors
-/// Every problem of every file, plus duplicate domains across files: a file
-/// that cannot be read does not hide the problems of the others.
-pub fn load_source(source: &Path) -> Result<Config, ConfigErrors> {
-    load_source_with(source, LoadOptions::default())
-}
-
-/// [`load_source`] with `options`.
-///
-/// # Errors
-/// As [`load_source`]; with `merge_domains`, a top-level descriptor defined
-/// in two files of one domain instead of a duplicate domain.
-pub fn load_source_with(source: &Path, options: LoadOptions) -> Result<Config, ConfigErrors> {
-    let (texts, mut errors) = read_source_partly(source)?;
-    match compile_texts_with(&texts, options) {
-        Ok(config) if errors.is_empty() => Ok(config),
-        Ok(_) => Err(ConfigErrors(errors)),
-        Err(ConfigErrors(more)) => {
-            errors.extend(more);
-            errors.sort_by(|a, b| a.file.cmp(&b.file));
-            Err(ConfigErrors(errors))
-        }
-    }
 }
 
 /// Compiles already-read files `(name, bytes)` into a [`Config`].
@@ -849,7 +694,7 @@ pub fn compile_texts_with(
     options: LoadOptions,
 ) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
-    let mut domains: HashMap<String, Arc<DomainConfig>> = HashMap::new();
+    let mut domains = Vec::with_capacity(texts.len());
     for (name, bytes) in texts {
         let text = match std::str::from_utf8(bytes) {
             Ok(t) => t,
@@ -871,7 +716,57 @@ pub fn compile_texts_with(
                 continue;
             }
         };
-        match compile_file(name, text) {
+        domains.push((name.as_str(), compile_file(name, text)));
+    }
+    assemble(domains, errors, options, || hash_files(texts))
+}
+
+/// Compiles trees already built, `(name, tree)` (xDS resources mapped onto
+/// the schema), into a [`Config`] whose hash is `hash`, with the checks a
+/// file gets. Errors carry the lines the trees have (none for xDS).
+///
+/// # Errors
+/// Every problem of every tree, plus duplicate domains (with
+/// `merge_domains`, a top-level descriptor defined twice in one domain).
+pub fn compile_raw_files(
+    files: Vec<(String, RawFile)>,
+    hash: String,
+    options: LoadOptions,
+) -> Result<Config, ConfigErrors> {
+    let (names, results): (Vec<String>, Vec<_>) = files
+        .into_iter()
+        .map(|(name, raw)| {
+            let mut cx = Ctx {
+                file: &name,
+                errors: Vec::new(),
+            };
+            let d = compile_raw(&mut cx, raw);
+            let result = match d {
+                Some(d) if cx.errors.is_empty() => Ok(d),
+                _ => Err(cx.errors),
+            };
+            (name, result)
+        })
+        .unzip();
+    assemble(
+        names.iter().map(String::as_str).zip(results).collect(),
+        Vec::new(),
+        options,
+        || hash,
+    )
+}
+
+/// The domains of compiled files as one [`Config`]: merged or refused as
+/// duplicates per `options`; `errors` are problems found before.
+fn assemble(
+    files: Vec<(&str, Result<DomainConfig, Vec<ConfigError>>)>,
+    mut errors: Vec<ConfigError>,
+    options: LoadOptions,
+    hash: impl FnOnce() -> String,
+) -> Result<Config, ConfigErrors> {
+    let mut domains: HashMap<String, Arc<DomainConfig>> = HashMap::new();
+    for (name, result) in files {
+        match result {
             Ok(d) => {
                 if options.merge_domains
                     && let Some(prev) = domains.get_mut(&d.name)
@@ -879,7 +774,7 @@ pub fn compile_texts_with(
                     errors.extend(merge_domain(Arc::make_mut(prev), d));
                 } else if let Some(prev) = domains.get(&d.name) {
                     errors.push(ConfigError {
-                        file: name.clone(),
+                        file: name.to_owned(),
                         line: None,
                         path: "domain".into(),
                         message: format!(
@@ -897,7 +792,7 @@ pub fn compile_texts_with(
     if errors.is_empty() {
         Ok(Config {
             domains,
-            hash: hash_files(texts),
+            hash: hash(),
             loaded_at: SystemTime::now(),
         })
     } else {

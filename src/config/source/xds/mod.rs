@@ -3,7 +3,7 @@
 //! (Envoy Gateway, or any go-control-plane server) and swaps them in as the
 //! config in force, like the file watcher does for files.
 //!
-//! - [`resources`]: `RateLimitConfig` resources -> the same [`super::Config`]
+//! - [`resources`]: `RateLimitConfig` resources -> the same [`crate::config::Config`]
 //!   the file loader builds (same validation), and YAML dumps of them for
 //!   `check-config`.
 //! - [`client`]: the stream, ACK/NACK, reconnects with jittered backoff.

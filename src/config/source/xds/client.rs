@@ -19,10 +19,9 @@
 
 use super::resources::{RATE_LIMIT_CONFIG_TYPE_URL, compile_resources};
 use super::{MAX_ERROR_DETAIL_BYTES, XdsSettings, shown};
-use crate::config::loader::LoadOptions;
-use crate::config::watcher::record_outcome;
-use crate::config::{ConfigErrors, ConfigHandle, OnSwap, PushStatus, ReloadError};
-use crate::metrics as m;
+use crate::config::compile::LoadOptions;
+use crate::config::{ConfigErrors, ConfigHandle, OnSwap, Origin, Outcome, PushStatus};
+use crate::metrics::{XDS_CONNECTED, XDS_RESPONSES};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
@@ -33,34 +32,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 use tokio::sync::{mpsc, watch};
 
-/// Counter: xDS responses handled. Label `result` (`ack`, `nack`).
-pub const XDS_RESPONSES: &str = "bucket_rls_xds_responses_total";
-/// Gauge: 1 while a stream to the management server is open, else 0.
-pub const XDS_CONNECTED: &str = "bucket_rls_xds_connected";
-/// Info gauge rendered at scrape time: label `version` = the `version_info`
-/// whose config is in force (empty before the first), value 1.
-pub const XDS_VERSION_INFO: &str = "bucket_rls_xds_version_info";
-
-/// The [`XDS_VERSION_INFO`] gauge for `version` (the version in force),
-/// as Prometheus text; the label value is escaped and bounded.
-#[must_use]
-pub fn render_version(version: &str) -> String {
-    let mut v = String::with_capacity(version.len());
-    for c in shown(version).chars() {
-        match c {
-            '\\' => v.push_str("\\\\"),
-            '"' => v.push_str("\\\""),
-            '\n' => v.push_str("\\n"),
-            c => v.push(c),
-        }
-    }
-    format!(
-        "# HELP {XDS_VERSION_INFO} xDS version_info of the config in force (value always 1)\n\
-         # TYPE {XDS_VERSION_INFO} gauge\n\
-         {XDS_VERSION_INFO}{{version=\"{v}\"}} 1\n"
-    )
-}
-
 /// gRPC `INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
@@ -70,6 +41,8 @@ const INVALID_ARGUMENT: i32 = 3;
 pub struct XdsClient {
     task: tokio::task::JoinHandle<()>,
     first: watch::Receiver<bool>,
+    /// Serve only once the first config is in force.
+    wait: bool,
 }
 
 impl XdsClient {
@@ -81,26 +54,26 @@ impl XdsClient {
     }
 }
 
-impl XdsClient {
-    /// A future that resolves once a first config has been swapped in, not
-    /// tied to the client's lifetime (for a task that waits for it).
-    pub fn first_config_signal(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.first.clone();
-        async move {
-            let _ = rx.wait_for(|got| *got).await;
-        }
-    }
-}
-
 impl Drop for XdsClient {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-/// Starts the xDS source: pushes are compiled with `load`, swapped into
-/// `handle`, and `on_swap` runs after each swap. Must be called inside a
-/// Tokio runtime. Connection problems are logged and retried forever.
+/// The xDS client as a config source: no reload on demand (there is nothing
+/// on disk to re-read), and the service waits for the first push unless
+/// [`XdsSettings::start_without_config`].
+impl From<XdsClient> for crate::config::source::SourceHandle {
+    fn from(client: XdsClient) -> Self {
+        let (first, wait) = (client.first.clone(), client.wait);
+        Self::new(Box::new(client), first, wait, None)
+    }
+}
+
+/// Starts the xDS source: pushes are compiled with `load`, handed to
+/// [`ConfigHandle::apply`] on `handle` (which runs `on_swap` after each
+/// swap). Must be called inside a Tokio runtime. Connection problems are
+/// logged and retried forever.
 #[must_use]
 pub fn spawn(
     settings: XdsSettings,
@@ -108,6 +81,8 @@ pub fn spawn(
     on_swap: OnSwap,
     load: LoadOptions,
 ) -> XdsClient {
+    let wait = !settings.start_without_config;
+    tracing::info!(server = %settings.server, node = %settings.node_id, tls = settings.tls.is_some(), wait_for_config = wait, "config from xDS");
     let (first_tx, first) = watch::channel(!handle.is_awaiting_first_config());
     handle.update_source_status(|s| {
         s.kind = "xds";
@@ -130,6 +105,7 @@ pub fn spawn(
     XdsClient {
         task: tokio::spawn(source.run()),
         first,
+        wait,
     }
 }
 
@@ -374,51 +350,24 @@ impl Source {
                 shown(&resp.type_url)
             ))
         };
-        match compiled {
-            Ok(config) => {
+        let version = shown(&resp.version_info);
+        let refusal = compiled.as_ref().err().cloned();
+        let outcome = self
+            .handle
+            .apply(compiled, Origin::Xds { version: &version }, &self.on_swap);
+        match (outcome, refusal) {
+            (Outcome::Applied(_) | Outcome::Unchanged, _) => {
                 self.refused = None;
-                let current = self.handle.current();
-                let awaiting = self.handle.is_awaiting_first_config();
-                if awaiting || config.hash != current.hash {
-                    let hash = config.hash.clone();
-                    let (domains, rules) = (config.domains.len(), config.rule_count());
-                    let old = self.handle.swap(config);
-                    (self.on_swap)(&old, &self.handle.current());
-                    metrics::counter!(m::CONFIG_LOAD, "result" => "success").increment(1);
-                    tracing::info!(
-                        version = %shown(&resp.version_info),
-                        hash = %hash,
-                        previous = %old.hash,
-                        domains,
-                        rules,
-                        "xDS config applied"
-                    );
-                } else {
-                    tracing::info!(version = %shown(&resp.version_info), hash = %current.hash, "xDS push equals the config in force");
-                }
-                record_outcome(true);
-                self.handle.set_last_error(None);
                 self.handle
-                    .update_source_status(|s| s.version = Some(shown(&resp.version_info)));
+                    .update_source_status(|s| s.version = Some(version.clone()));
                 metrics::counter!(XDS_RESPONSES, "result" => "ack").increment(1);
                 self.note_push(&resp, at, None);
                 self.first.send_replace(true);
                 Ok(())
             }
-            Err(message) => {
-                metrics::counter!(m::CONFIG_LOAD, "result" => "error").increment(1);
+            (Outcome::Failed | Outcome::FailedAgain, refusal) => {
                 metrics::counter!(XDS_RESPONSES, "result" => "nack").increment(1);
-                record_outcome(false);
-                tracing::error!(
-                    version = %shown(&resp.version_info),
-                    errors = %message.replace('\n', "; "),
-                    kept = %self.handle.current().hash,
-                    "xDS config refused (NACK); keeping the config in force"
-                );
-                self.handle.set_last_error(Some(ReloadError {
-                    at,
-                    message: message.clone(),
-                }));
+                let message = refusal.unwrap_or_default();
                 self.refused = Some(Refused {
                     fingerprint,
                     message: message.clone(),
@@ -494,7 +443,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::xds::resources::pack;
+    use crate::config::source::xds::resources::pack;
     use envoy_types::pb::ratelimit::config::ratelimit::v3::{
         RateLimitConfig, RateLimitDescriptor, RateLimitPolicy,
     };

@@ -1,6 +1,8 @@
-//! Hot reload of the config source (docs/design.md, "Hot reload"): file events, SIGHUP and a
-//! periodic rescan all lead to the same [`Reloader::apply`], which builds the
-//! new [`Config`] completely and swaps it in atomically, or keeps the old one.
+//! The file source: hot reload of a file or directory (docs/design.md, "Hot
+//! reload"). File events, SIGHUP and a periodic rescan all lead to the same
+//! [`Reloader::apply`], which reads and compiles the files completely and
+//! hands the result to [`ConfigHandle::apply`] (swap, or keep the old config
+//! and report), unless the files are the config in force.
 //!
 //! What is watched: for a file source its parent directory, for a directory
 //! source the directory itself, non-recursively. That one watch sees every
@@ -32,16 +34,16 @@
 //! Reloads never touch buckets: bucket identity does not include the rate
 //! (docs/design.md, "Reloads"), so tokens carry over, capped at the new capacity.
 
-use super::loader::{LoadOptions, compile_texts_with, hash_files};
-use super::{Config, ConfigError, ConfigErrors, ConfigHandle, OnSwap};
-use crate::metrics as m;
+use crate::config::compile::{LoadOptions, compile_texts_with};
+use crate::config::files::hash_files;
+use crate::config::{ConfigError, ConfigErrors, ConfigHandle, OnSwap, Origin};
 use notify_debouncer_full::notify::event::{AccessKind, AccessMode};
 use notify_debouncer_full::notify::{EventKind, RecursiveMode};
 use notify_debouncer_full::{DebounceEventResult, new_debouncer};
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// Most settle rounds before the last state read is used anyway (a file that
@@ -87,27 +89,13 @@ impl Default for WatchOptions {
     }
 }
 
-pub use super::ReloadError;
-
-/// What one reload attempt did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The source hashes to the config in force; nothing to do.
-    Unchanged,
-    /// A new config was compiled and swapped in; its hash.
-    Applied(String),
-    /// The source does not load; the old config stays. Reported (logged,
-    /// counted, kept as last reload error).
-    Failed,
-    /// The same failing state as last time; not reported again.
-    FailedAgain,
-}
+pub use crate::config::{Outcome, ReloadError};
 
 /// Files of one read of the source: `(name, bytes)`, names as
-/// [`super::loader::load_source`] gives them, so hashes agree with it.
+/// [`crate::config::files::load_source`] gives them, so hashes agree with it.
 pub type Snapshot = Result<Vec<(String, Vec<u8>)>, ConfigErrors>;
 
-pub use super::loader::read_source;
+pub use crate::config::files::read_source;
 
 fn fingerprint(snap: &Snapshot) -> String {
     match snap {
@@ -169,18 +157,19 @@ impl Reloader {
     }
 
     /// Applies one snapshot: skips it when it equals the config in force,
-    /// otherwise compiles it completely and swaps it in, or keeps the old
-    /// config and reports the error. `force` (SIGHUP) reports a failing state
-    /// again even if it was reported before.
+    /// otherwise compiles it completely and hands it to
+    /// [`ConfigHandle::apply`] (swap, or keep the old config and report the
+    /// error). `force` (SIGHUP) reports a failing state again even if it was
+    /// reported before.
     pub fn apply(&self, snap: Snapshot, force: bool) -> Outcome {
         let fp = fingerprint(&snap);
         let current = self.handle.current();
         if snap.is_ok() && fp == current.hash {
-            if self.failed.lock().take().is_some() {
+            let was_failing = self.failed.lock().take().is_some();
+            if was_failing {
                 tracing::info!(source = %self.source.display(), hash = %fp, "config source is good again: it is the config in force");
-                record_outcome(true);
             }
-            self.handle.set_last_error(None);
+            self.handle.record_good_again(was_failing);
             if force {
                 tracing::info!(source = %self.source.display(), hash = %fp, "reload requested: config unchanged");
             }
@@ -189,88 +178,23 @@ impl Reloader {
         if !force && self.failed.lock().as_deref() == Some(fp.as_str()) {
             return Outcome::FailedAgain;
         }
-        match snap.and_then(|texts| compile_texts_with(&texts, self.load)) {
-            Ok(config) => {
-                let hash = config.hash.clone();
-                log_applied(&self.source, &current, &config);
-                let old = self.handle.swap(config);
-                (self.on_swap)(&old, &self.handle.current());
-                metrics::counter!(m::CONFIG_LOAD, "result" => "success").increment(1);
+        let result = snap
+            .and_then(|texts| compile_texts_with(&texts, self.load))
+            .map_err(|errors| errors.to_string());
+        let outcome = self
+            .handle
+            .apply(result, Origin::Files(&self.source), &self.on_swap);
+        match &outcome {
+            Outcome::Applied(hash) => {
                 if self.failed.lock().take().is_some() {
                     tracing::info!(source = %self.source.display(), hash = %hash, "config source is good again after a failed reload");
                 }
-                record_outcome(true);
-                self.handle.set_last_error(None);
-                Outcome::Applied(hash)
             }
-            Err(errors) => {
-                metrics::counter!(m::CONFIG_LOAD, "result" => "error").increment(1);
-                let message = errors.to_string();
-                // One physical log line, also in the text format.
-                let one_line = errors
-                    .0
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                tracing::error!(
-                    source = %self.source.display(),
-                    errors = %one_line,
-                    kept = %current.hash,
-                    "config reload failed; keeping the config in force"
-                );
-                self.handle.set_last_error(Some(ReloadError {
-                    at: SystemTime::now(),
-                    message,
-                }));
-                *self.failed.lock() = Some(fp);
-                record_outcome(false);
-                Outcome::Failed
-            }
+            Outcome::Failed => *self.failed.lock() = Some(fp),
+            Outcome::Unchanged | Outcome::FailedAgain => {}
         }
+        outcome
     }
-}
-
-/// Sets the last-reload gauges: whether the source loads, and when that was
-/// last reported (every config source reports through it).
-pub(crate) fn record_outcome(ok: bool) {
-    metrics::gauge!(m::CONFIG_LAST_RELOAD_SUCCESSFUL).set(if ok { 1.0 } else { 0.0 });
-    let now = SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    metrics::gauge!(m::CONFIG_LAST_RELOAD_TIMESTAMP).set(now);
-}
-
-/// The last-reload gauges at startup: the source loaded (it was just read).
-pub fn record_startup_load() {
-    record_outcome(true);
-}
-
-fn log_applied(source: &Path, old: &Config, new: &Config) {
-    let mut added: Vec<&str> = new
-        .domains
-        .keys()
-        .filter(|d| !old.domains.contains_key(*d))
-        .map(String::as_str)
-        .collect();
-    let mut removed: Vec<&str> = old
-        .domains
-        .keys()
-        .filter(|d| !new.domains.contains_key(*d))
-        .map(String::as_str)
-        .collect();
-    added.sort_unstable();
-    removed.sort_unstable();
-    tracing::info!(
-        source = %source.display(),
-        hash = %new.hash,
-        previous = %old.hash,
-        domains = new.domains.len(),
-        rules = new.rule_count(),
-        added = ?added,
-        removed = ?removed,
-        "config reloaded"
-    );
 }
 
 /// What woke the reload task.
@@ -377,6 +301,46 @@ impl ConfigWatcher {
     pub fn reloader(&self) -> &Arc<Reloader> {
         &self.reloader
     }
+}
+
+/// Starts the file source for [`super::spawn`]: records where the config
+/// comes from, applies `initial` (the config loaded from `path` before
+/// serving; an empty config when `None`) as the startup load, and watches
+/// `path` with the default timings.
+pub(super) fn spawn_source(
+    path: PathBuf,
+    initial: Option<crate::config::Config>,
+    handle: Arc<ConfigHandle>,
+    on_swap: OnSwap,
+    load: LoadOptions,
+) -> super::SourceHandle {
+    handle.update_source_status(|st| {
+        st.kind = "file";
+        st.location = path.display().to_string();
+    });
+    handle.apply(
+        Ok(initial.unwrap_or_else(crate::config::Config::empty)),
+        Origin::Startup,
+        &on_swap,
+    );
+    let watcher = ConfigWatcher::spawn(
+        path,
+        handle,
+        on_swap,
+        WatchOptions {
+            load,
+            ..WatchOptions::default()
+        },
+    );
+    let reload = watcher.reload_handle();
+    // The config is in force from the start: the signal is true and stays so.
+    let (first_tx, first) = tokio::sync::watch::channel(true);
+    super::SourceHandle::new(
+        Box::new((watcher, first_tx)),
+        first,
+        false,
+        Some(Arc::new(move || reload.reload_now())),
+    )
 }
 
 /// Asks a [`ConfigWatcher`] for immediate reloads; does nothing once the

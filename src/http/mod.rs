@@ -25,11 +25,13 @@
 //!   other than `application/json` (a browser's cross-site `text/plain` or
 //!   form post), 503 when storage is unavailable.
 //!
-//! The router is built by [`router`] so tests call it without a socket.
+//! The router is built by [`router`] so tests call it without a socket; the
+//! `/rlconfig` body is [`rlconfig::RlConfig`], the one type that
+//! `check-config --diff` also reads.
 
 pub mod json;
+pub mod rlconfig;
 
-use crate::config::{Config, Policy};
 use crate::limiter::{Code, DecideError, Limiter};
 use axum::Router;
 use axum::body::Bytes;
@@ -166,7 +168,7 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
             let mut out = crate::metrics::render(&config.hash, config.loaded_at);
             let source = limiter.config_handle().source_status();
             if source.kind == "xds" {
-                out.push_str(&crate::config::xds::client::render_version(
+                out.push_str(&crate::metrics::render_xds_version(
                     source.version.as_deref().unwrap_or(""),
                 ));
             }
@@ -178,189 +180,8 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
         .into_response()
 }
 
-/// `/rlconfig` body.
-#[derive(Debug, Serialize)]
-struct RlConfig {
-    hash: String,
-    loaded_at: String,
-    loaded_at_unix_ms: u128,
-    backend: &'static str,
-    /// Where the config comes from (`file` or `xds`) and, for xDS, the
-    /// version in force and the last push's outcome.
-    source: SourceView,
-    /// Service-wide modes (`--shadow-mode`, `--quota-mode`,
-    /// `--response-dynamic-metadata`), which apply on top of each rule's own.
-    modes: ModesView,
-    last_reload_error: Option<ReloadErrorView>,
-    domains: Vec<DomainView>,
-}
-
-#[derive(Debug, Serialize)]
-struct ModesView {
-    shadow_mode: bool,
-    quota_mode: bool,
-    response_dynamic_metadata: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct SourceView {
-    kind: &'static str,
-    location: String,
-    /// No config has arrived yet (xDS before its first push).
-    awaiting_first_config: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    connected: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    version: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    last_push: Option<PushView>,
-}
-
-#[derive(Debug, Serialize)]
-struct PushView {
-    at: String,
-    version: String,
-    nonce: String,
-    /// `ack` or `nack`.
-    outcome: &'static str,
-    error: Option<String>,
-}
-
-fn source_view(handle: &crate::config::ConfigHandle) -> SourceView {
-    let s = handle.source_status();
-    SourceView {
-        kind: s.kind,
-        location: s.location,
-        awaiting_first_config: handle.is_awaiting_first_config(),
-        connected: s.connected,
-        version: s.version,
-        last_push: s.last_push.map(|p| PushView {
-            at: rfc3339(p.at),
-            version: p.version,
-            nonce: p.nonce,
-            outcome: if p.accepted { "ack" } else { "nack" },
-            error: p.error,
-        }),
-    }
-}
-
-#[derive(Debug, Serialize)]
-struct ReloadErrorView {
-    at: String,
-    message: String,
-}
-
-#[derive(Debug, Serialize)]
-struct DomainView {
-    domain: String,
-    file: String,
-    rules: Vec<RuleView>,
-}
-
-#[derive(Debug, Serialize)]
-struct RuleView {
-    path: String,
-    name: Option<String>,
-    unlimited: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    requests_per_unit: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    unit: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    burst: Option<u32>,
-    /// The debt bound in force (the rule's `max_debt` or the service-wide
-    /// multiple of its burst), when above 0.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_debt: Option<u32>,
-    shadow_mode: bool,
-    detailed_metric: bool,
-    quota_mode: bool,
-    value_to_metric: bool,
-    metadata: Option<crate::config::Metadata>,
-    replaces: Vec<String>,
-    source: String,
-}
-
-fn config_view(config: &Config, limiter: &Limiter) -> RlConfig {
-    let mut domains: Vec<DomainView> = config
-        .domains
-        .values()
-        .map(|d| DomainView {
-            domain: d.name.clone(),
-            file: d.file.clone(),
-            rules: d
-                .rules
-                .iter()
-                .map(|r| {
-                    let (unlimited, rpu, unit, burst) = match &r.policy {
-                        Policy::Unlimited => (true, None, None, None),
-                        Policy::Limited {
-                            requests_per_unit,
-                            unit,
-                            burst,
-                            ..
-                        } => (
-                            false,
-                            Some(*requests_per_unit),
-                            Some(unit.as_str()),
-                            Some(*burst),
-                        ),
-                    };
-                    RuleView {
-                        path: r.path.clone(),
-                        name: r.name.clone(),
-                        unlimited,
-                        requests_per_unit: rpu,
-                        unit,
-                        burst,
-                        max_debt: Some(r.policy.max_debt(
-                            if r.quota_mode || limiter.settings().global_quota_mode {
-                                0
-                            } else {
-                                limiter.settings().max_debt_bursts
-                            },
-                        ))
-                        .filter(|d| *d > 0),
-                        shadow_mode: r.shadow_mode,
-                        detailed_metric: r.detailed_metric,
-                        quota_mode: r.quota_mode,
-                        value_to_metric: r.metric_levels.is_some(),
-                        metadata: r.metadata.as_deref().cloned(),
-                        replaces: r.replaces.clone(),
-                        source: r.source.clone(),
-                    }
-                })
-                .collect(),
-        })
-        .collect();
-    domains.sort_by(|a, b| a.domain.cmp(&b.domain));
-    RlConfig {
-        hash: config.hash.clone(),
-        loaded_at: rfc3339(config.loaded_at),
-        loaded_at_unix_ms: config
-            .loaded_at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis()),
-        backend: limiter.storage().name(),
-        source: source_view(limiter.config_handle()),
-        modes: ModesView {
-            shadow_mode: limiter.settings().global_shadow_mode,
-            quota_mode: limiter.settings().global_quota_mode,
-            response_dynamic_metadata: limiter.settings().response_dynamic_metadata,
-        },
-        last_reload_error: limiter
-            .config_handle()
-            .last_error()
-            .map(|e| ReloadErrorView {
-                at: rfc3339(e.at),
-                message: e.message,
-            }),
-        domains,
-    }
-}
-
 async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> Response {
-    let view = config_view(&limiter.config(), &limiter);
+    let view = rlconfig::RlConfig::of(&limiter.config(), &limiter);
     json_response(StatusCode::OK, &view)
 }
 
