@@ -19,13 +19,11 @@ pub struct Listeners {
     pub http: TcpListener,
 }
 
-/// Errors that stop the server.
+/// Errors that stop the server (the gRPC port never fails as a whole: a
+/// connection that fails is dropped on its own).
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
-    Grpc(#[from] tonic::transport::Error),
-    /// The HTTP server failed.
+    /// An HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[from] std::io::Error),
 }
@@ -57,35 +55,36 @@ pub async fn run_with_grace(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), AppError> {
-    let options = RunOptions {
+    let options = Serving {
         grace,
-        ..RunOptions::default()
+        ..Serving::default()
     };
-    run_with(listeners, limiter, shutdown, options).await
+    serve(listeners, limiter, shutdown, options).await
 }
 
-/// What [`run_with`] serves besides the two ports in plaintext.
+/// What [`serve`] serves besides the two ports in plaintext (filled from
+/// an [`App`], or with defaults by [`run`]).
 #[derive(Debug)]
-pub struct RunOptions {
+struct Serving {
     /// Longest wait for in-flight requests after shutdown (default [`DRAIN_GRACE`]).
-    pub grace: Duration,
+    grace: Duration,
     /// TLS on the gRPC port; its certificate files are re-read every
     /// [`crate::tls::RELOAD_INTERVAL`] while serving.
-    pub tls: Option<crate::tls::ServerTls>,
+    tls: Option<crate::tls::ServerTls>,
     /// Health state; `None` = native health, nothing shared.
-    pub health: Option<Arc<crate::go::health::Health>>,
+    health: Option<Arc<crate::go::health::Health>>,
     /// After `shutdown` resolves, how long health reports unhealthy while
     /// every port keeps serving, before the drain starts.
-    pub shutdown_delay: Duration,
+    shutdown_delay: Duration,
     /// Listener of the Go-named metrics and its path ([`crate::go::metrics`]).
-    pub go_metrics: Option<(TcpListener, String)>,
+    go_metrics: Option<(TcpListener, String)>,
     /// Listener of the plain-text `/rlconfig` (the Go debug port).
-    pub debug: Option<TcpListener>,
+    debug: Option<TcpListener>,
     /// Serve gRPC server reflection ([`crate::grpc::reflection`]) on the gRPC port.
-    pub reflection: bool,
+    reflection: bool,
 }
 
-impl Default for RunOptions {
+impl Default for Serving {
     fn default() -> Self {
         Self {
             grace: DRAIN_GRACE,
@@ -108,13 +107,13 @@ pub const HEALTH_SERVICE_NAMES: [&str; 2] = ["", "ratelimit"];
 ///
 /// # Errors
 /// A server failed to run.
-pub async fn run_with(
+async fn serve(
     listeners: Listeners,
     limiter: Arc<Limiter>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    options: RunOptions,
+    options: Serving,
 ) -> Result<(), AppError> {
-    let RunOptions {
+    let Serving {
         grace,
         tls,
         health,
@@ -222,6 +221,8 @@ async fn grpc_health(
 mod drain;
 mod ports;
 mod setup;
+mod storage;
 mod tasks;
-pub use setup::{App, ExtraListeners, build_storage, reload_on_sighup, shutdown_signal};
+pub use setup::{App, ExtraListeners, reload_on_sighup, shutdown_signal};
+pub use storage::build_storage;
 pub use tasks::{GO_HEALTH_INTERVAL, SWEEP_INTERVAL};

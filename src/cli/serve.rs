@@ -74,7 +74,7 @@ async fn serve(args: &ServeArgs) -> Result<(), ServeError> {
         backend = app.limiter().storage().name(),
         "serving"
     );
-    app.run_with(Listeners { grpc, http }, extra, app::shutdown_signal())
+    app.serve(Listeners { grpc, http }, extra, app::shutdown_signal())
         .await?;
     // Spans still queued leave before the process does (bounded by the
     // exporter's 10 s timeout).
