@@ -46,9 +46,9 @@ pub mod limiter;
 pub mod loadgen;
 pub mod matcher;
 pub mod metrics;
-pub mod otel;
+mod otel;
 pub mod settings;
 pub mod storage;
 #[cfg(test)]
 mod test_log;
-pub mod tls;
+mod tls;

@@ -175,7 +175,7 @@ pub struct Settings {
 /// Files of the gRPC server's TLS (`--grpc-tls-*`; the Go service's
 /// `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT`,
 /// `GRPC_CLIENT_TLS_SAN`). Read at startup and again when they change
-/// ([`crate::tls`]).
+/// (the `tls` module).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GrpcTls {
     /// PEM certificate chain, leaf first.

@@ -326,13 +326,14 @@ impl ServerTls {
     }
 
     /// Reads the certificate files again now; `true` when a new
-    /// certificate is in force (the reloader calls this periodically).
+    /// certificate is in force (what the reloader does periodically).
+    #[cfg(test)]
     #[must_use]
-    pub fn reload_now(&self) -> bool {
+    fn reload_now(&self) -> bool {
         self.resolver.reload()
     }
 
-    /// Starts the task that calls [`Self::reload_now`] every `interval`; it
+    /// Starts the task that reads the certificate files again every `interval`; it
     /// ends when every clone of `self` is dropped.
     pub fn spawn_reloader(&self, interval: Duration) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Resolver> = Arc::downgrade(&self.resolver);
