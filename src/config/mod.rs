@@ -124,7 +124,7 @@ pub enum Policy {
         burst: u32,
         /// `D` in tokens, when the rule gives `max_debt` (never above 0 when
         /// `R = 0`): how far below zero the balance may go, see
-        /// [`Limit::max_debt`](crate::storage::Limit::max_debt). `None` takes
+        /// [`BucketLimit::max_debt`](crate::storage::BucketLimit::max_debt). `None` takes
         /// the service-wide bound ([`Policy::max_debt`]); `Some(0)` refuses it.
         max_debt: Option<u32>,
     },
@@ -312,15 +312,14 @@ impl Config {
                         .max()
                         .unwrap_or(0),
                 );
-                let empty = crate::storage::Limit {
+                let empty = crate::storage::BucketLimit {
                     requests_per_unit: rpu,
                     unit_secs: secs,
                     burst,
                     max_debt: debt,
                 };
-                let floor =
-                    -i64::from(debt) * i64::try_from(crate::storage::bucket::MICRO).unwrap_or(0);
-                hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, floor));
+                let floor = -i64::from(debt) * i64::try_from(crate::storage::MICRO).unwrap_or(0);
+                hold = hold.max(crate::storage::token_bucket::time_to_full_us(&empty, floor));
                 for o in same_path() {
                     let Some((o_rpu, o_secs, o_burst)) = limited(&o.policy) else {
                         continue;
