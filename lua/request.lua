@@ -12,12 +12,13 @@ under lua/algorithms/. It implements exactly the reference model
 random inputs.
 
 Assembly: src/storage/redis/script.rs builds the script text at build time
-as `local ALGORITHMS = {}`, then per algorithm
-`ALGORITHMS[id] = (function() <lua/algorithms/<name>.lua> end)()`, then
+as `local ALGORITHMS = {`, then per algorithm
+`[id] = (function() <lua/algorithms/<name>.lua> end)(),`, then `}` and
 this file. So one EVALSHA serves any mix of algorithms, and this file names
-none. Each algorithm part returns a table of functions over its limit's
-three parameters p1, p2, p3 and its extra parameter x (see ARGV[3]), and
-over a *level*: the working value of one key during a request, opaque here:
+none. Each algorithm part returns an array of six functions, in this order,
+over its limit's three parameters p1, p2, p3 and its extra parameter x (see
+ARGV[3]), and over a *level*: the working value of one key during a request,
+opaque here:
   read(s, p1, p2, p3, now) -> level, stale
       the level at `now` of a key whose stored string is s (false:
       missing); stale: stored with a time after now (rewritten, see below).
@@ -97,6 +98,8 @@ local min_ttl = tonumber(ARGV[2]) or 0
 -- lookup per use.
 local rcall = redis.call
 local spack, sunpack = struct.pack, struct.unpack
+-- Positions of an algorithm's functions in its array (see the header).
+local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE = 1, 2, 3, 4, 5, 6
 
 local now
 if ARGV[1] ~= '' then
@@ -135,8 +138,8 @@ end
 -- the working level W[k] and whether it changed (DIRTY[k]), the algorithm
 -- and limit of its last charge (LA, L1, L2, L3), the level after only the
 -- charges that stand (DW[k], written when the request is denied), and for
--- a key stored after now the level read before any charge (READ[k]).
-local RAW, W, DIRTY, LA, L1, L2, L3, DW, READ = {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- a key stored after now the level read before any charge (STALE[k]).
+local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
 -- Per charge: its key and whether it had enough.
 local KEY, ENOUGH = {}, {}
 
@@ -163,18 +166,18 @@ for c = 1, n do
     end
     RAW[k] = s
     local stale
-    w, stale = alg.read(s, p1, p2, p3, now)
+    w, stale = alg[READ](s, p1, p2, p3, now)
     if stale then
-      READ[k] = w
+      STALE[k] = w
     end
     DIRTY[k] = false
   else
-    w = alg.rebase(w, p1, p2, p3)
+    w = alg[REBASE](w, p1, p2, p3)
   end
   LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
   if refund then
     local changed
-    w, changed = alg.refund(w, cost, p1, p2, p3)
+    w, changed = alg[REFUND](w, cost, p1, p2, p3)
     if changed then
       DIRTY[k] = true
     end
@@ -182,7 +185,7 @@ for c = 1, n do
   else
     local x = (flags - low) / 4
     local ok, changed, stands
-    w, ok, changed, stands = alg.consume(w, cost, p1, p2, p3, x)
+    w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
     if ok then
       ENOUGH[c] = 1
     else
@@ -197,11 +200,11 @@ for c = 1, n do
     if stands then
       local d = DW[k]
       if d == nil then
-        d = alg.read(RAW[k], p1, p2, p3, now)
+        d = alg[READ](RAW[k], p1, p2, p3, now)
       else
-        d = alg.rebase(d, p1, p2, p3)
+        d = alg[REBASE](d, p1, p2, p3)
       end
-      DW[k] = alg.consume(d, cost, p1, p2, p3, x)
+      DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
     end
   end
   W[k] = w
@@ -209,7 +212,7 @@ end
 
 -- Writes `level` for key k, stamped now, under the limit of its last charge.
 local function put(k, level)
-  local value, ttl = LA[k].encode(level, now, L1[k], L2[k], L3[k])
+  local value, ttl = LA[k][ENCODE](level, now, L1[k], L2[k], L3[k])
   if value == nil then
     rcall('DEL', KEYS[k])
   else
@@ -230,21 +233,21 @@ if admitted then
   for k, d in pairs(DIRTY) do
     if d then
       put(k, W[k])
-    elseif READ[k] then
-      put(k, READ[k])
+    elseif STALE[k] then
+      put(k, STALE[k])
     end
   end
   for c = 1, n do
     local k = KEY[c]
     reply[2 * c] = ENOUGH[c]
-    reply[2 * c + 1] = LA[k].report(W[k])
+    reply[2 * c + 1] = LA[k][REPORT](W[k])
   end
 else
   for k in pairs(DIRTY) do
     if DW[k] then
       put(k, DW[k])
-    elseif READ[k] then
-      put(k, READ[k])
+    elseif STALE[k] then
+      put(k, STALE[k])
     end
   end
   -- What each key had before the request, under each charge's own limit.
@@ -255,7 +258,7 @@ else
     pos = pos + 32
     local alg = ALGORITHMS[a]
     reply[2 * c] = ENOUGH[c]
-    reply[2 * c + 1] = alg.report((alg.read(RAW[k], p1, p2, p3, now)))
+    reply[2 * c + 1] = alg[REPORT]((alg[READ](RAW[k], p1, p2, p3, now)))
   end
 end
 if n == 1 then

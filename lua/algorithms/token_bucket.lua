@@ -167,18 +167,16 @@ local function ttl_ms(R, U, cap, tokens)
   return ms
 end
 
--- Capacity in micro-tokens: 0 when R = 0.
-local function capacity(R, C)
-  if R > 0 then
-    return C * MICRO
-  end
-  return 0
-end
+-- Each function below computes the capacity in micro-tokens itself (0
+-- when R = 0): inline, a call per use would cost more than the arithmetic.
 
 -- The balance at now of a bucket stored as `s` (false: missing, full), and
 -- whether it was stored after now.
 local function read(s, R, U, C, now)
-  local cap = capacity(R, C)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
   local len = s and #s or 0
   if len >= 7 and len <= 15 then
     local updated, tokens
@@ -198,7 +196,10 @@ local function read(s, R, U, C, now)
 end
 
 local function rebase(w, R, U, C)
-  local cap = capacity(R, C)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
   if w > cap then
     return cap
   end
@@ -209,7 +210,10 @@ end
 -- max(cost, 1) tokens, at most capacity + 1; a debt charge (D > 0, cost > 0)
 -- is always taken and stands when the request is denied.
 local function consume(w, cost, R, U, C, D)
-  local cap = capacity(R, C)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
   local need = cost
   if need < 1 then
     need = 1
@@ -230,7 +234,10 @@ local function consume(w, cost, R, U, C, D)
 end
 
 local function refund(w, cost, R, U, C)
-  local cap = capacity(R, C)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
   local new = w + cost * MICRO
   if new > cap then
     new = cap
@@ -244,18 +251,16 @@ end
 
 -- Under a rate of 0 (capacity 0) a bucket counts as full, as in the model.
 local function encode_state(w, now, R, U, C)
-  local cap = capacity(R, C)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
   if w >= cap or R == 0 then
     return nil
   end
   return encode(w, now), ttl_ms(R, U, cap, w)
 end
 
-return {
-  read = read,
-  rebase = rebase,
-  consume = consume,
-  refund = refund,
-  report = report,
-  encode = encode_state,
-}
+-- In the order of lua/request.lua's contract (an array: cheaper to build
+-- on every call than a table with named fields).
+return { read, rebase, consume, refund, report, encode_state }

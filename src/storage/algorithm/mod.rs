@@ -673,9 +673,6 @@ mod tests {
     #[test]
     fn script_ids_are_registered_in_the_script() {
         let src = crate::storage::redis::script::SOURCE;
-        assert!(src.contains(&format!(
-            "ALGORITHMS[{}] = (function()",
-            TokenBucket::SCRIPT_ID
-        )));
+        assert!(src.contains(&format!("\n[{}] = (function()", TokenBucket::SCRIPT_ID)));
     }
 }

@@ -12,17 +12,17 @@ use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 /// Wraps one algorithm's script part (`lua/algorithms/<name>.lua`, a chunk
-/// that returns its table of functions) as the entry `$id` of the driver's
-/// `ALGORITHMS` table; `$id` is the algorithm's
+/// that returns its functions) as the entry `$id` of the driver's
+/// `ALGORITHMS` table constructor; `$id` is the algorithm's
 /// [`SCRIPT_ID`](crate::storage::algorithm::Algorithm::SCRIPT_ID).
 macro_rules! algorithm_part {
     ($id:literal, $file:literal) => {
         concat!(
-            "ALGORITHMS[",
+            "[",
             $id,
             "] = (function()\n",
             include_str!(concat!("../../../lua/algorithms/", $file)),
-            "\nend)()\n"
+            "\nend)(),\n"
         )
     };
 }
@@ -31,8 +31,9 @@ macro_rules! algorithm_part {
 /// each algorithm's part, then the request driver (`lua/request.lua`), so a
 /// request is one `EVALSHA` whatever mix of algorithms it carries.
 pub const SOURCE: &str = concat!(
-    "local ALGORITHMS = {}\n",
+    "local ALGORITHMS = {\n",
     algorithm_part!(0, "token_bucket.lua"),
+    "}\n",
     include_str!("../../../lua/request.lua")
 );
 
