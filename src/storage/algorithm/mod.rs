@@ -119,7 +119,7 @@ pub struct Consumed<L> {
 }
 
 /// One charge's limit and cost as the script's packed argument carries them
-/// (lua/request.lua, "ARGV[3]"): three 32-bit parameters and one extra
+/// (lua/request.lua, `ARGV[3]`): three 32-bit parameters and one extra
 /// parameter, whose meaning is the algorithm's, and the cost, clamped so
 /// that no outcome changes and Lua computes exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
