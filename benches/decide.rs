@@ -12,7 +12,7 @@ use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::memory::MemoryStorage;
-use bucket_rls::storage::{Charge, ChargeKind, ChargeSpec, Limit};
+use bucket_rls::storage::{BucketLimit, Charge, ChargeKind, ChargeSpec, Limit};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -23,19 +23,19 @@ use std::sync::Arc;
 const MANY_KEYS: u64 = 1_000_000;
 
 /// Never reached at benchmark speed: 4e9 tokens, refilling 1.1e6 per second.
-const HUGE: Limit = Limit {
+const HUGE: Limit = Limit::TokenBucket(BucketLimit {
     requests_per_unit: 4_000_000_000,
     unit_secs: std::num::NonZeroU64::new(3600).unwrap(),
     burst: 4_000_000_000,
     max_debt: 0,
-};
+});
 /// 10 per minute.
-const SMALL: Limit = Limit {
+const SMALL: Limit = Limit::TokenBucket(BucketLimit {
     requests_per_unit: 10,
     unit_secs: std::num::NonZeroU64::new(60).unwrap(),
     burst: 10,
     max_debt: 0,
-};
+});
 
 fn charge(key: String, limit: Limit) -> Charge {
     Charge {

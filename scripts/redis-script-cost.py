@@ -4,7 +4,9 @@
 Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [NAME=FILE.lua ...]
 
 Starts its own redis-server on a free loopback port (no persistence), loads
-each script (default: lua/token_bucket.lua as `script`), and sends C calls
+each script (default: the request script as `script`, assembled as
+src/storage/redis/script.rs does: lua/algorithms/token_bucket.lua, then
+lua/request.lua; a NAME=FILE.lua is a whole script), and sends C calls
 (default 20000, pipelined 200 at a time) on hot buckets that exist, 1 key
 and then N keys (default 5), each key charged 1 token of 1,000,000 per
 second. It prints Redis's usec_per_call of EVALSHA from INFO commandstats
@@ -15,7 +17,7 @@ charged bucket written with its own expiry): `floor-none` (returns at once),
 `floor-read` (TIME and one MGET), `floor-io` (TIME, one MGET, one SET with
 PX per key, a packed reply).
 
-The argument format is the script's own (lua/token_bucket.lua, ARGV[3]).
+The argument format is the script's own (lua/request.lua, ARGV[3]).
 """
 import os, socket, struct, subprocess, sys, tempfile, time
 
@@ -130,7 +132,14 @@ def main():
             sys.exit(__doc__)
     if not scripts:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        scripts["script"] = open(os.path.join(root, "lua", "token_bucket.lua")).read()
+        lua = os.path.join(root, "lua")
+        # The same text as `SOURCE` in src/storage/redis/script.rs.
+        scripts["script"] = (
+            "local ALGORITHMS = {\n[0] = (function()\n"
+            + open(os.path.join(lua, "algorithms", "token_bucket.lua")).read()
+            + "\nend)(),\n}\n"
+            + open(os.path.join(lua, "request.lua")).read()
+        )
     scripts.update(FLOORS)
     port = free_port()
     with tempfile.TemporaryDirectory() as d:

@@ -10,7 +10,7 @@ mod common;
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::storage::Storage;
-use bucket_rls::storage::bucket::{ChargeKind, ChargeSpec, Limit};
+use bucket_rls::storage::algorithm::{BucketLimit, ChargeKind, ChargeSpec, Limit};
 use bucket_rls::storage::key::{KeyValue, encode};
 use bucket_rls::storage::redis::cluster::{RedisClusterStorage, key_slot};
 use bucket_rls::storage::{Charge, StorageError};
@@ -344,12 +344,12 @@ async fn lost_slot_range_fails_only_its_requests() {
         c.node_mut(*p).stop();
     }
     // 100 per hour: refill stays far below a token during the test.
-    let limit = Limit {
+    let limit = Limit::TokenBucket(BucketLimit {
         requests_per_unit: 100,
         unit_secs: std::num::NonZeroU64::new(3600).expect("an hour"),
         burst: 100,
         max_debt: 0,
-    };
+    });
     let charge = |v: &str| Charge {
         key: bucket(&prefix, "c", "route", v),
         spec: ChargeSpec {
@@ -379,7 +379,7 @@ async fn lost_slot_range_fails_only_its_requests() {
             .unwrap_or_else(|e| panic!("live slots failed after {:?}: {e}", started.elapsed()));
         assert!(r.admitted);
         expected_live_b -= 1;
-        assert_eq!(r.charges[1].tokens_micro / 1_000_000, expected_live_b);
+        assert_eq!(r.charges[1].remaining_micro / 1_000_000, expected_live_b);
         live_ok += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -650,12 +650,12 @@ async fn ambiguous_timeout_is_not_replayed() {
         .build()
         .expect("seeds");
     connected(&s).await;
-    let limit = Limit {
+    let limit = Limit::TokenBucket(BucketLimit {
         requests_per_unit: 10,
         unit_secs: std::num::NonZeroU64::new(3600).expect("an hour"),
         burst: 10,
         max_debt: 0,
-    };
+    });
     let charge = Charge {
         key: key.clone(),
         spec: ChargeSpec {

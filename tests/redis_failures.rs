@@ -339,12 +339,12 @@ fn charge(key: &str, cost: u64) -> bucket_rls::storage::Charge {
     bucket_rls::storage::Charge {
         key: key.into(),
         spec: bucket_rls::storage::ChargeSpec {
-            limit: bucket_rls::storage::Limit {
+            limit: bucket_rls::storage::Limit::TokenBucket(bucket_rls::storage::BucketLimit {
                 requests_per_unit: 10,
                 unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                 burst: 10,
                 max_debt: 0,
-            },
+            }),
             cost,
             kind: bucket_rls::storage::ChargeKind::Consume,
             shadow: false,
@@ -422,7 +422,7 @@ async fn a_foreign_key_beside_existing_buckets_fails_the_request_and_is_kept() {
         .expect("a check");
     for c in &after.charges {
         assert!(
-            (8_999_000..=9_100_000).contains(&c.tokens_micro),
+            (8_999_000..=9_100_000).contains(&c.remaining_micro),
             "{after:?}"
         );
     }
@@ -444,7 +444,7 @@ async fn a_request_with_a_thousand_buckets_charges_each_once() {
             // 10 - round tokens left, plus at most a little refill.
             let left = (10 - round) * 1_000_000;
             assert!(
-                (left..left + 100_000).contains(&c.tokens_micro),
+                (left..left + 100_000).contains(&c.remaining_micro),
                 "round {round}, bucket {i}: {c:?}"
             );
         }

@@ -1,12 +1,15 @@
-//! `lua/token_bucket.lua` against its reference model
-//! (`bucket::apply_request`): random request sequences through the script
+//! The request script (`lua/request.lua` with `lua/algorithms/token_bucket.lua`)
+//! against its reference model (`algorithm::apply_request` with the token
+//! bucket): random request sequences through the script
 //! (test-only explicit now) and through the model give identical replies and
 //! identical stored state; every written key expires no earlier than its
 //! bucket is full again. Also the stored size of a bucket (BENCHMARKS.md).
 
 mod common;
 
-use bucket_rls::storage::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit};
+use bucket_rls::storage::algorithm::{
+    self, BucketLimit, BucketState, ChargeKind, ChargeSpec, Limit, RequestResult, State,
+};
 use bucket_rls::storage::redis::script::{BucketScript, SOURCE, ScriptCall};
 use bucket_rls::storage::{Charge, group_by_key};
 use common::redis::{RedisServer, decode_bucket};
@@ -22,7 +25,7 @@ const T0_US: u64 = 1_700_000_000_000_000;
 const MAX_TTL_MS: u128 = 1_000_000_000_000_000;
 const UNITS: [u64; 7] = [1, 60, 3600, 86_400, 604_800, 2_592_000, 31_536_000];
 
-fn limit() -> impl Strategy<Value = Limit> {
+fn limit() -> impl Strategy<Value = BucketLimit> {
     let rate = prop_oneof![
         1 => Just(0u32),
         4 => 1u32..20,
@@ -39,7 +42,7 @@ fn limit() -> impl Strategy<Value = Limit> {
         3 => 1u32..60,
         1 => Just(u32::MAX),
     ];
-    (rate, prop::sample::select(UNITS.to_vec()), burst, debt).prop_map(|(r, u, b, d)| Limit {
+    (rate, prop::sample::select(UNITS.to_vec()), burst, debt).prop_map(|(r, u, b, d)| BucketLimit {
         requests_per_unit: r,
         unit_secs: NonZeroU64::new(u).expect("a unit"),
         burst: b.unwrap_or(r),
@@ -73,7 +76,7 @@ fn step_us() -> impl Strategy<Value = i64> {
 /// One charge: key number, optional own limit (else the key's: a charge
 /// with another limit on the same bucket is what a per-request `limit`
 /// override on a rule's bucket would be), cost, refund, shadow.
-type ChargeGen = (usize, Option<Limit>, u64, bool, bool);
+type ChargeGen = (usize, Option<BucketLimit>, u64, bool, bool);
 
 fn charge() -> impl Strategy<Value = ChargeGen> {
     (
@@ -85,7 +88,7 @@ fn charge() -> impl Strategy<Value = ChargeGen> {
     )
 }
 
-fn sequence() -> impl Strategy<Value = (Vec<Limit>, Vec<(i64, Vec<ChargeGen>)>)> {
+fn sequence() -> impl Strategy<Value = (Vec<BucketLimit>, Vec<(i64, Vec<ChargeGen>)>)> {
     (
         prop::collection::vec(limit(), 3),
         prop::collection::vec((step_us(), prop::collection::vec(charge(), 1..5)), 1..12),
@@ -96,25 +99,25 @@ fn sequence() -> impl Strategy<Value = (Vec<Limit>, Vec<(i64, Vec<ChargeGen>)>)>
 type Model = HashMap<String, BucketState>;
 
 /// Runs the model; returns its result and the keys it wrote.
-fn run_model(
-    model: &mut Model,
-    charges: &[Charge],
-    now_us: u64,
-) -> (bucket::RequestResult, Vec<String>) {
+fn run_model(model: &mut Model, charges: &[Charge], now_us: u64) -> (RequestResult, Vec<String>) {
     let (keys, indexed) = group_by_key(charges);
-    let states: Vec<Option<BucketState>> = keys.iter().map(|k| model.get(*k).copied()).collect();
+    let states: Vec<Option<State>> = keys
+        .iter()
+        .map(|k| model.get(*k).copied().map(State::from))
+        .collect();
     let mut last = vec![None; keys.len()];
     for (i, spec) in &indexed {
         last[*i] = Some(spec.limit);
     }
     let mut puts = Vec::new();
-    let r = bucket::apply_request(&indexed, &states, now_us, |i, st| puts.push((i, st)));
+    let r = algorithm::apply_request(&indexed, &states, now_us, |i, st| puts.push((i, st)));
     let written = puts.iter().map(|(i, _)| keys[*i].to_owned()).collect();
     for (i, st) in puts {
-        let l = last[i].expect("charged bucket has a limit");
-        if bucket::time_to_full_us(&l, st.tokens_micro) == 0 {
+        let l: Limit = last[i].expect("charged bucket has a limit");
+        if l.expiry_us(&st) == 0 {
             model.remove(keys[i]);
         } else {
+            let st = *st.token_bucket().expect("a bucket");
             model.insert(keys[i].to_owned(), st);
         }
     }
@@ -123,8 +126,7 @@ fn run_model(
 
 /// Expected PX in ms for a stored state (ceil, at least 1, capped).
 fn expected_px_ms(l: &Limit, st: &BucketState, now_us: u64) -> u128 {
-    let us = bucket::time_to_full_us(l, st.tokens_micro)
-        + u128::from(st.updated_us.saturating_sub(now_us));
+    let us = l.expiry_us(&State::from(*st)) + u128::from(st.updated_us.saturating_sub(now_us));
     us.div_ceil(1000).clamp(1, MAX_TTL_MS)
 }
 
@@ -132,7 +134,7 @@ fn check_sequence(
     conn: &mut redis::Connection,
     script: &BucketScript,
     case: u64,
-    limits: &[Limit],
+    limits: &[BucketLimit],
     steps: &[(i64, Vec<ChargeGen>)],
 ) -> Result<(), TestCaseError> {
     let mut model = Model::new();
@@ -144,7 +146,7 @@ fn check_sequence(
             .map(|(k, own, cost, refund, shadow)| Charge {
                 key: format!("prop:{case}:{k}"),
                 spec: ChargeSpec {
-                    limit: own.unwrap_or(limits[*k]),
+                    limit: own.unwrap_or(limits[*k]).into(),
                     cost: *cost,
                     kind: if *refund {
                         ChargeKind::Refund
@@ -219,7 +221,7 @@ fn check_sequence(
     Ok(())
 }
 
-/// A fresh `redis-server` with the token bucket script loaded, and a
+/// A fresh `redis-server` with the request script loaded, and a
 /// connection to it.
 fn server_with_script() -> (RedisServer, redis::Connection) {
     let server = RedisServer::start();
@@ -258,32 +260,32 @@ fn lua_matches_reference_model() {
 fn extremes_match_model() {
     let (_server, mut conn) = server_with_script();
     let script = BucketScript::new();
-    let max = Limit {
+    let max = BucketLimit {
         requests_per_unit: u32::MAX,
         unit_secs: NonZeroU64::new(1).expect("a unit"),
         burst: u32::MAX,
         max_debt: 0,
     };
-    let year = Limit {
+    let year = BucketLimit {
         requests_per_unit: u32::MAX,
         unit_secs: NonZeroU64::new(31_536_000).expect("a unit"),
         burst: u32::MAX,
         max_debt: 0,
     };
-    let minute = Limit {
+    let minute = BucketLimit {
         requests_per_unit: u32::MAX,
         unit_secs: NonZeroU64::new(60).expect("a unit"),
         burst: u32::MAX,
         max_debt: 0,
     };
-    let zero = Limit {
+    let zero = BucketLimit {
         requests_per_unit: 0,
         unit_secs: NonZeroU64::new(60).expect("a unit"),
         burst: 0,
         max_debt: 0,
     };
-    let c = |l: Limit, cost: u64, kind: ChargeKind| ChargeSpec {
-        limit: l,
+    let c = |l: BucketLimit, cost: u64, kind: ChargeKind| ChargeSpec {
+        limit: l.into(),
         cost,
         kind,
         shadow: false,
@@ -380,12 +382,13 @@ fn bucket_memory_usage() {
         let charges = vec![Charge {
             key: name.to_owned(),
             spec: ChargeSpec {
-                limit: Limit {
+                limit: BucketLimit {
                     requests_per_unit: burst,
                     unit_secs: NonZeroU64::new(60).expect("a unit"),
                     burst,
                     max_debt: 0,
-                },
+                }
+                .into(),
                 cost,
                 kind: ChargeKind::Consume,
                 shadow: false,
@@ -417,12 +420,13 @@ fn test_mode_keeps_keys_alive() {
     let fast = |key: &str| Charge {
         key: key.into(),
         spec: ChargeSpec {
-            limit: Limit {
+            limit: BucketLimit {
                 requests_per_unit: 6000,
                 unit_secs: NonZeroU64::new(1).expect("a unit"),
                 burst: 6000,
                 max_debt: 0,
-            },
+            }
+            .into(),
             cost: 1,
             kind: ChargeKind::Consume,
             shadow: false,

@@ -126,7 +126,7 @@ pub enum Policy {
         burst: u32,
         /// `D` in tokens, when the rule gives `max_debt` (never above 0 when
         /// `R = 0`): how far below zero the balance may go, see
-        /// [`Limit::max_debt`](crate::storage::Limit::max_debt). `None` takes
+        /// [`BucketLimit::max_debt`](crate::storage::BucketLimit::max_debt). `None` takes
         /// the service-wide bound ([`Policy::max_debt`]); `Some(0)` refuses it.
         max_debt: Option<u32>,
     },
@@ -216,12 +216,14 @@ impl Rule {
         } else {
             settings.max_debt_bursts
         };
-        Some(crate::storage::Limit {
-            requests_per_unit,
-            unit_secs: unit.secs_nonzero(),
-            burst,
-            max_debt: self.policy.max_debt(bursts),
-        })
+        Some(crate::storage::Limit::TokenBucket(
+            crate::storage::BucketLimit {
+                requests_per_unit,
+                unit_secs: unit.secs_nonzero(),
+                burst,
+                max_debt: self.policy.max_debt(bursts),
+            },
+        ))
     }
 }
 
@@ -327,7 +329,11 @@ impl Config {
         settings: &crate::settings::ServiceSettings,
     ) -> Option<(u64, Vec<String>)> {
         // Rules with a rate above 0 (a rate of 0 never fills).
-        let limited = |r: &Rule| r.limit(settings).filter(|l| l.requests_per_unit > 0);
+        let limited = |r: &Rule| {
+            r.limit(settings)
+                .and_then(|l| l.token_bucket().copied())
+                .filter(|l| l.requests_per_unit > 0)
+        };
         let mut changed: Vec<String> = Vec::new();
         let mut hold: u128 = 0;
         for (name, d) in &self.domains {
@@ -350,17 +356,16 @@ impl Config {
                 };
                 let debt = limit.max_debt.max(
                     same_path()
-                        .filter_map(|o| o.limit(settings).map(|l| l.max_debt))
+                        .filter_map(|o| o.limit(settings).map(|l| l.max_debt()))
                         .max()
                         .unwrap_or(0),
                 );
-                let empty = crate::storage::Limit {
+                let empty = crate::storage::BucketLimit {
                     max_debt: debt,
                     ..limit
                 };
-                let floor =
-                    -i64::from(debt) * i64::try_from(crate::storage::bucket::MICRO).unwrap_or(0);
-                hold = hold.max(crate::storage::bucket::time_to_full_us(&empty, floor));
+                let floor = -i64::from(debt) * i64::try_from(crate::storage::MICRO).unwrap_or(0);
+                hold = hold.max(crate::storage::token_bucket::time_to_full_us(&empty, floor));
                 for o in same_path() {
                     let Some(o_limit) = limited(o) else {
                         continue;

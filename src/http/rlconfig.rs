@@ -202,7 +202,7 @@ impl RlConfig {
                             requests_per_unit: rpu,
                             unit,
                             burst,
-                            max_debt: r.limit(settings).map(|l| l.max_debt).filter(|d| *d > 0),
+                            max_debt: r.limit(settings).map(|l| l.max_debt()).filter(|d| *d > 0),
                             shadow_mode: r.shadow_mode,
                             detailed_metric: r.detailed_metric,
                             quota_mode: r.quota_mode,

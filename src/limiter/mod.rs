@@ -167,12 +167,12 @@ impl Limiter {
         let probe = Charge {
             key: format!("{}health", self.settings.key_prefix),
             spec: crate::storage::ChargeSpec {
-                limit: crate::storage::Limit {
+                limit: crate::storage::Limit::TokenBucket(crate::storage::BucketLimit {
                     requests_per_unit: 1_000,
                     unit_secs: std::num::NonZeroU64::MIN,
                     burst: 1_000,
                     max_debt: 0,
-                },
+                }),
                 cost: 1,
                 kind: ChargeKind::Consume,
                 shadow: false,
@@ -326,11 +326,7 @@ impl Limiter {
         // (a concurrent request can spend a quota between two rounds).
         // A debt charge was taken by the first call, denied or not: it is
         // not sent again (docs/design.md, "Debt").
-        let debt_taken = |i: usize| {
-            charges[i].spec.kind == ChargeKind::Consume
-                && charges[i].spec.cost > 0
-                && charges[i].spec.limit.debt_micro() > 0
-        };
+        let debt_taken = |i: usize| charges[i].spec.taken_when_denied();
         let mut dropped: Vec<bool> = (0..charges.len())
             .map(|i| (is_quota_consume(i) && lacks(i)) || debt_taken(i))
             .collect();

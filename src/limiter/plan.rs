@@ -10,7 +10,7 @@ use crate::matcher;
 use crate::metrics::RuleCounters;
 use crate::settings::ServiceSettings;
 use crate::storage::key::{self, KeyValue};
-use crate::storage::{Charge, ChargeKind, ChargeSpec, Limit};
+use crate::storage::{BucketLimit, Charge, ChargeKind, ChargeSpec, Limit};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -93,7 +93,7 @@ pub(super) fn plan(
                     plans.push(Plan::NoLimit);
                     continue;
                 };
-                let limit = Limit {
+                let limit = Limit::TokenBucket(BucketLimit {
                     requests_per_unit: o.requests_per_unit,
                     unit_secs: unit.secs_nonzero(),
                     burst: o.requests_per_unit,
@@ -105,7 +105,7 @@ pub(super) fn plan(
                     } else {
                         o.requests_per_unit.saturating_mul(settings.max_debt_bursts)
                     },
-                };
+                });
                 let current = CurrentLimit {
                     name: rule.and_then(|r| r.name.clone()).unwrap_or_default(),
                     requests_per_unit: o.requests_per_unit,
@@ -171,7 +171,7 @@ pub(super) fn plan(
         };
         // A debt rule is never a quota: its charge is taken anyway, so it
         // must deny on its own (docs/design.md, "Debt").
-        let quota = (quota || settings.global_quota_mode) && limit.debt_micro() == 0;
+        let quota = (quota || settings.global_quota_mode) && !limit.charges_when_denied();
         plans.push(Plan::Limited {
             charge: charges.len(),
             counters,
@@ -310,8 +310,9 @@ descriptors:
         assert_eq!(charges.len(), 1);
         assert!(charges[0].key.starts_with("p:"));
         assert_eq!(charges[0].spec.cost, 3);
-        assert_eq!(charges[0].spec.limit.unit_secs.get(), 60);
-        assert_eq!(charges[0].spec.limit.burst, 5);
+        let bucket = bucket_of(&charges[0]);
+        assert_eq!(bucket.unit_secs.get(), 60);
+        assert_eq!(bucket.burst, 5);
         assert!(matches!(
             &plans[0],
             Plan::Limited { charge: 0, cost: 3, current, .. }
@@ -319,6 +320,11 @@ descriptors:
         ));
         assert_eq!(plans[1], Plan::Unlimited);
         assert_eq!(plans[2], Plan::NoLimit);
+    }
+
+    /// The token bucket limit of a charge.
+    fn bucket_of(c: &Charge) -> crate::storage::BucketLimit {
+        *c.spec.limit.token_bucket().expect("a token bucket")
     }
 
     #[test]
@@ -331,7 +337,7 @@ descriptors:
         let (plans, charges) = plan(&d, &r, &settings(), &ValueLabels::default());
         assert_eq!(plans[0], Plan::NoLimit);
         assert_eq!(charges.len(), 1);
-        assert_eq!(charges[0].spec.limit.requests_per_unit, 2);
+        assert_eq!(bucket_of(&charges[0]).requests_per_unit, 2);
     }
 
     #[test]
@@ -346,11 +352,12 @@ descriptors:
         o.hits_addend = Some(0);
         let (plans, charges) = plan(&d, &req(vec![o]), &settings(), &ValueLabels::default());
         let spec = charges[0].spec;
+        let bucket = bucket_of(&charges[0]);
         assert_eq!(
             (
-                spec.limit.requests_per_unit,
-                spec.limit.unit_secs.get(),
-                spec.limit.burst
+                bucket.requests_per_unit,
+                bucket.unit_secs.get(),
+                bucket.burst
             ),
             (100, 3600, 100)
         );

@@ -7,7 +7,7 @@ use crate::config::Metadata;
 use crate::config::Unit;
 use crate::metrics::{self as m, RuleCounter};
 use crate::settings::ServiceSettings;
-use crate::storage::bucket::{self, MICRO, RequestResult};
+use crate::storage::algorithm::{self, RequestResult};
 use crate::storage::{Charge, ChargeKind};
 use std::borrow::Cow;
 use std::time::Duration;
@@ -45,7 +45,8 @@ pub struct DescriptorStatus {
     pub current_limit: Option<CurrentLimit>,
     /// Whole tokens left; 0 when over; [`UNLIMITED_REMAINING`] for `unlimited`.
     pub limit_remaining: u32,
-    /// Within the limit: until the bucket is full again. Over: until the
+    /// Within the limit: until the key is back to its fresh state (a bucket
+    /// full again). Over: until the
     /// request would be admitted. Whole seconds rounded up, or milliseconds
     /// rounded up with `exact_durations`.
     pub duration_until_reset: Option<Duration>,
@@ -141,7 +142,7 @@ pub fn reported_duration(us: u128, exact: bool) -> Duration {
         let nanos = u32::try_from((ms % 1000) * 1_000_000).unwrap_or(0);
         Duration::new(secs, nanos)
     } else {
-        Duration::from_secs(bucket::ceil_secs(us))
+        Duration::from_secs(algorithm::ceil_secs(us))
     }
 }
 
@@ -221,7 +222,7 @@ pub(super) fn respond(
     // Quota statuses over their limit in a request that passes limit
     // nothing: the RateLimit headers leave them out.
     let mut spent_quota = Vec::new();
-    let need_micro = bucket::request_needs(charges);
+    let need_micro = algorithm::request_needs(charges);
     // A denied request still takes its debt charges; storage reports the
     // balances from before it. Statuses of debt charges report the balance
     // after them, so the wait counts the charge just taken: a client that
@@ -231,7 +232,7 @@ pub(super) fn respond(
     let after_debt = if result.admitted {
         Vec::new()
     } else {
-        balances_after_debt(charges, result)
+        algorithm::remaining_after_denial(charges, result)
     };
     for plan in plans {
         let (charge_idx, counters, current, cost, shadow, quota) = match plan {
@@ -267,16 +268,14 @@ pub(super) fn respond(
         let spec = &charges[charge_idx].spec;
         // Shadow rules never deny and are not announced in headers.
         if !shadow {
-            limited.push((statuses.len(), spec.limit.unit_secs.get()));
+            limited.push((statuses.len(), spec.limit.unit_secs()));
         }
         let r = result.charges[charge_idx];
         let limit = &spec.limit;
-        let cap = limit.capacity_micro();
         let debt_after = after_debt.get(charge_idx).copied().flatten();
-        let tokens_micro = debt_after.unwrap_or(r.tokens_micro);
+        let left_micro = debt_after.unwrap_or(r.remaining_micro);
         // 0 while in debt.
-        let remaining =
-            u32::try_from(tokens_micro.max(0).unsigned_abs() / MICRO).unwrap_or(u32::MAX);
+        let remaining = algorithm::whole(left_micro);
         // A u64 `hits_addend` near its maximum would wrap a counter in one
         // or two requests, and Prometheus reads a counter going down as a
         // reset; one request counts at most u32::MAX hits (the reference
@@ -288,8 +287,8 @@ pub(super) fn respond(
         let status = if spec.kind == ChargeKind::Refund || r.enough {
             if spec.kind == ChargeKind::Consume && charged {
                 counters.increment(RuleCounter::WithinLimit, counted);
-                let low = (cap as f64) * (1.0 - settings.near_limit_ratio);
-                if cost > 0 && (tokens_micro as f64) < low {
+                let low = (limit.capacity_micro() as f64) * (1.0 - settings.near_limit_ratio);
+                if cost > 0 && (left_micro as f64) < low {
                     counters.increment(RuleCounter::NearLimit, counted);
                 }
             }
@@ -300,11 +299,9 @@ pub(super) fn respond(
                 && spec.kind == ChargeKind::Consume
                 && !shadow
             {
-                let own = u128::from(spec.cost.max(1)) * u128::from(MICRO);
-                let need = need_micro[charge_idx].max(own);
+                let need = need_micro[charge_idx].max(spec.own_need_micro());
                 if i128::from(after) < i128::try_from(need).unwrap_or(i128::MAX) {
-                    retry_after_us =
-                        retry_after_us.max(bucket::wait_until_fits_us(limit, after, need));
+                    retry_after_us = retry_after_us.max(limit.wait_us(after, need));
                 }
             }
             DescriptorStatus {
@@ -312,27 +309,26 @@ pub(super) fn respond(
                 current_limit: Some(current.clone()),
                 limit_remaining: remaining,
                 duration_until_reset: Some(reported_duration(
-                    bucket::time_to_full_us(limit, tokens_micro),
+                    limit.reset_us(left_micro),
                     settings.exact_durations,
                 )),
             }
         } else {
             counters.increment(RuleCounter::OverLimit, counted);
-            let own = u128::from(spec.cost.max(1)) * u128::from(MICRO);
-            if limit.requests_per_unit > 0 && own > cap {
+            let own = spec.own_need_micro();
+            if limit.exceeds_capacity(own) {
                 counters.increment(RuleCounter::HitsExceedCapacity, counted);
             }
-            // Earlier consumes of this request on the same bucket must fit
+            // Earlier consumes of this request on the same key must fit
             // too: wait until all of them do, not only this one's cost.
-            let wait_us =
-                bucket::wait_until_fits_us(limit, tokens_micro, need_micro[charge_idx].max(own));
+            let wait_us = limit.wait_us(left_micro, need_micro[charge_idx].max(own));
             let code = if shadow {
                 counters.increment(RuleCounter::ShadowMode, counted);
                 Code::Ok
             } else if quota {
                 // A quota that can never pass (cost above its burst, or a
                 // zero rate) is no reason to come back sooner.
-                let possible = limit.requests_per_unit > 0 && own <= cap;
+                let possible = limit.can_ever_fit(own);
                 let key = (!possible, wait_us);
                 if quota_wait.is_none_or(|(k, _)| key < k) {
                     quota_wait = Some((key, statuses.len()));
@@ -374,7 +370,7 @@ pub(super) fn respond(
     if denied {
         decision.response_headers_to_add.push(Header {
             key: "retry-after".into(),
-            value: bucket::ceil_secs(retry_after_us.clamp(1, MAX_REPORTED_US)).to_string(),
+            value: algorithm::ceil_secs(retry_after_us.clamp(1, MAX_REPORTED_US)).to_string(),
         });
     }
     Verdict {
@@ -383,44 +379,6 @@ pub(super) fn respond(
         denials,
         over,
     }
-}
-
-/// For a denied request: per charge, the balance of its bucket after every
-/// debt charge of the request on that bucket (micro-tokens, from the balance
-/// before the request that storage reported), or `None` for a bucket no debt
-/// charge touched.
-fn balances_after_debt(charges: &[Charge], result: &RequestResult) -> Vec<Option<i64>> {
-    // Most denied requests carry no debt charge: nothing to compute.
-    if !charges
-        .iter()
-        .any(|c| c.spec.limit.debt_micro() > 0 && c.spec.cost > 0)
-    {
-        return Vec::new();
-    }
-    let mut balance: std::collections::HashMap<&str, i128> = std::collections::HashMap::new();
-    for (c, r) in charges.iter().zip(&result.charges) {
-        let debt = c.spec.limit.debt_micro();
-        if c.spec.kind != ChargeKind::Consume || debt == 0 || c.spec.cost == 0 {
-            continue;
-        }
-        let cap = i128::try_from(c.spec.limit.capacity_micro()).unwrap_or(i128::MAX);
-        let b = balance
-            .entry(c.key.as_str())
-            .or_insert_with(|| i128::from(r.tokens_micro));
-        *b = bucket::charge_debt(
-            (*b).min(cap),
-            c.spec.cost,
-            i128::try_from(debt).unwrap_or(i128::MAX),
-        );
-    }
-    charges
-        .iter()
-        .map(|c| {
-            balance
-                .get(c.key.as_str())
-                .map(|b| i64::try_from(*b).unwrap_or(if *b < 0 { i64::MIN } else { i64::MAX }))
-        })
-        .collect()
 }
 
 #[cfg(test)]

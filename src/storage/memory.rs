@@ -1,7 +1,8 @@
 //! The `memory` backend: one process, no Redis.
 //!
-//! A fixed number of shards, each a mutex around a hash map from bucket key to
-//! [`BucketState`]. A request locks every shard it touches, in ascending shard
+//! A fixed number of shards, each a mutex around a hash map from key to its
+//! [`State`] (a bucket's balance and stamp), evaluated through the request
+//! driver of the algorithm seam ([`algorithm::apply_request`]). A request locks every shard it touches, in ascending shard
 //! order (no deadlock), so all-or-nothing holds under concurrency. A bucket is
 //! dropped once it would be full again (its state then equals "never seen"), by
 //! an amortised sweep on insert and by [`MemoryStorage::sweep`], which the
@@ -17,7 +18,7 @@
 //! `bucket_rls_memory_evictions_total` counts them. Redis is the backend for
 //! exact limits at that scale.
 
-use super::bucket::{self, BucketState};
+use super::algorithm::{self, Limit, State};
 use super::clock::{Clock, MonotonicClock};
 use super::{Charge, RequestResult, Storage, StorageError, group_by_key};
 use async_trait::async_trait;
@@ -38,8 +39,8 @@ pub const EVICTIONS_METRIC: &str = "bucket_rls_memory_evictions_total";
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// key -> (state, microsecond time at which the bucket is full again)
-    map: HashMap<String, (BucketState, u64)>,
+    /// key -> (state, microsecond time at which it is the same as never seen)
+    map: HashMap<String, (State, u64)>,
     next_sweep_len: usize,
     /// Cap evictions so far: each draws a new random order.
     evict_round: u64,
@@ -167,7 +168,7 @@ impl MemoryStorage {
             order.iter().map(|&i| (i, self.shards[i].lock())).collect();
         let guard_pos = |shard: usize| order.binary_search(&shard).unwrap_or(0);
         let now = self.clock.now_us();
-        let states: SmallVec<[Option<BucketState>; 4]> = keys
+        let states: SmallVec<[Option<State>; 4]> = keys
             .iter()
             .zip(&shard_ids)
             .map(|(k, &s)| {
@@ -181,22 +182,22 @@ impl MemoryStorage {
                     .map(|(st, _)| *st)
             })
             .collect();
-        // The limit of a bucket's last charge decides when it is full again.
-        let mut limit_of: SmallVec<[Option<bucket::Limit>; 4]> = smallvec![None; keys.len()];
+        // The limit of a key's last charge decides when it expires.
+        let mut limit_of: SmallVec<[Option<Limit>; 4]> = smallvec![None; keys.len()];
         for (i, spec) in &indexed {
             limit_of[*i] = Some(spec.limit);
         }
         let max_per_shard = self.max_per_shard;
         let hasher = &self.hasher;
-        bucket::apply_request(&indexed, &states, now, |i, st| {
+        algorithm::apply_request(&indexed, &states, now, |i, st| {
             let shard = &mut guards[guard_pos(shard_ids[i])].1;
-            let ttf = limit_of[i].map_or(0, |l| bucket::time_to_full_us(&l, st.tokens_micro));
+            let ttf = limit_of[i].map_or(0, |l| l.expiry_us(&st));
             if ttf == 0 {
                 shard.map.remove(keys[i]);
                 return;
             }
             let full_at = st
-                .updated_us
+                .updated_us()
                 .saturating_add(u64::try_from(ttf).unwrap_or(u64::MAX));
             // An existing bucket is updated in place: no key allocated.
             if let Some(slot) = shard.map.get_mut(keys[i]) {
@@ -233,7 +234,7 @@ impl Storage for MemoryStorage {
     fn hold_existing(&self, _prefix: &str, hold_us: u64) {
         for shard in self.shards.iter() {
             for (st, full_at) in shard.lock().map.values_mut() {
-                *full_at = (*full_at).max(st.updated_us.saturating_add(hold_us));
+                *full_at = (*full_at).max(st.updated_us().saturating_add(hold_us));
             }
         }
     }
@@ -242,7 +243,7 @@ impl Storage for MemoryStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::{ChargeKind, ChargeSpec, Limit, MICRO_I64};
+    use crate::storage::algorithm::{BucketLimit, ChargeKind, ChargeSpec, MICRO_I64};
     use crate::storage::clock::ManualClock;
     use std::time::Duration;
 
@@ -250,12 +251,13 @@ mod tests {
         Charge {
             key: key.into(),
             spec: ChargeSpec {
-                limit: Limit {
+                limit: BucketLimit {
                     requests_per_unit: r,
                     unit_secs: std::num::NonZeroU64::new(u).expect("a unit of at least 1 s"),
                     burst: r,
                     max_debt: 0,
-                },
+                }
+                .into(),
                 cost,
                 kind: ChargeKind::Consume,
                 shadow: false,
@@ -280,12 +282,13 @@ mod tests {
         Charge {
             key: key.into(),
             spec: ChargeSpec {
-                limit: Limit {
+                limit: BucketLimit {
                     requests_per_unit: 10,
                     unit_secs: std::num::NonZeroU64::new(31_536_000).expect("a year"),
                     burst: 10,
                     max_debt: 0,
-                },
+                }
+                .into(),
                 cost,
                 kind: ChargeKind::Consume,
                 shadow: false,
@@ -359,7 +362,7 @@ mod tests {
         assert!(r.admitted);
         assert!(m.is_empty());
         let r = m.apply_sync(&[charge("k", 10, 60, 4)]);
-        assert_eq!(r.charges[0].tokens_micro, 6 * MICRO_I64);
+        assert_eq!(r.charges[0].remaining_micro, 6 * MICRO_I64);
     }
 
     #[test]

@@ -2,22 +2,25 @@
 //! that a backend can evaluate and apply them atomically (all-or-nothing,
 //! docs/design.md, "All-or-nothing requests") in a single call (one Redis script call on a single node).
 
-pub mod bucket;
+pub mod algorithm;
 pub mod clock;
 pub mod key;
 pub mod memory;
 pub mod redis;
 
+pub use algorithm::{
+    BucketLimit, BucketState, ChargeKind, ChargeResult, ChargeSpec, Limit, MICRO, RequestResult,
+    State, token_bucket,
+};
 use async_trait::async_trait;
-pub use bucket::{BucketState, ChargeKind, ChargeResult, ChargeSpec, Limit, RequestResult};
 use smallvec::SmallVec;
 
-/// One descriptor's charge: which bucket, and what to do with it.
+/// One descriptor's charge: which key, and what to do with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Charge {
-    /// Bucket identity from [`key::encode`] (prefix included).
+    /// Key identity from [`key::encode`] (prefix included).
     pub key: String,
-    /// Limit, cost, kind and shadow flag.
+    /// Limit (and algorithm), cost, kind and shadow flag.
     pub spec: ChargeSpec,
 }
 
@@ -217,10 +220,11 @@ impl std::fmt::Display for BackendKind {
 #[async_trait]
 pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// Evaluates and applies all `charges` of one request atomically, with the
-    /// semantics of [`bucket::apply_request`]: charges on the same key add up;
-    /// the request is admitted only if every non-shadow consume charge has
-    /// enough tokens; otherwise nothing is written but the consumes on
-    /// buckets with a `max_debt` (always taken, clamped at `-max_debt`).
+    /// semantics of [`algorithm::apply_request`]: charges on the same key add
+    /// up; the request is admitted only if every non-shadow consume charge
+    /// has enough; otherwise nothing is written but the charges taken when
+    /// denied (consumes on buckets with a `max_debt`, clamped at
+    /// `-max_debt`).
     ///
     /// # Errors
     /// [`StorageError`] when the backend cannot answer; the caller must not

@@ -748,7 +748,9 @@ impl Rng {
 /// exceed `C + r*T + 1`, remaining never exceeds `C`, and every OVER_LIMIT
 /// duration is at least 1 s and honest (a retry after it is admitted).
 pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
-    use bucket_rls::storage::bucket::{self, BucketState, ChargeKind, ChargeSpec, Limit, MICRO};
+    use bucket_rls::storage::algorithm::{
+        self, BucketLimit, ChargeKind, ChargeSpec, Limit, MICRO, State,
+    };
     for (ci, cap) in [1u64, 7, 100, 4_294_967_295].into_iter().enumerate() {
         for unit in ["second", "minute"] {
             let unit_secs = if unit == "second" { 1 } else { 60 };
@@ -756,13 +758,13 @@ pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
                 "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: {cap}}}\n"
             );
             let c = Case::new(b, &yaml).await;
-            let limit = Limit {
+            let limit = Limit::TokenBucket(BucketLimit {
                 requests_per_unit: u32::try_from(cap).unwrap_or(u32::MAX),
                 unit_secs: std::num::NonZeroU64::new(unit_secs).expect("a unit"),
                 burst: u32::try_from(cap).unwrap_or(u32::MAX),
                 max_debt: 0,
-            };
-            let mut model: Option<BucketState> = None;
+            });
+            let mut model: Option<State> = None;
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (ci as u64 * 31 + unit_secs));
             let mut admitted_log: Vec<(u64, u64)> = Vec::new(); // (time us, hits)
             let mut t_us = 0u64;
@@ -782,7 +784,8 @@ pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
                     shadow: false,
                 };
                 let mut put = None;
-                let want = bucket::apply_request(&[(0, spec)], &[model], now, |_, s| put = Some(s));
+                let want =
+                    algorithm::apply_request(&[(0, spec)], &[model], now, |_, s| put = Some(s));
                 if let Some(s) = put {
                     model = Some(s);
                 }
@@ -790,7 +793,8 @@ pub async fn random_traffic_matches_the_reference_model(b: &dyn Backend) {
                 assert_eq!(code == OK, want.admitted, "cap {cap} {unit} step {step}");
                 assert_eq!(
                     u64::from(rem),
-                    want.charges[0].tokens_micro.unsigned_abs() / MICRO * u64::from(want.admitted),
+                    want.charges[0].remaining_micro.unsigned_abs() / MICRO
+                        * u64::from(want.admitted),
                     "cap {cap} {unit} step {step}"
                 );
                 assert!(u64::from(rem) <= cap);

@@ -2,12 +2,13 @@
 //! later requests that are certain to be denied are answered from memory,
 //! without a Redis call, until enough tokens could have refilled.
 //!
-//! An entry remembers, per bucket key, the limit it was evaluated under, the
-//! micro-tokens Redis reported, and the times just before the call was sent
+//! An entry remembers, per key, the limit it was evaluated under, what
+//! Redis reported the key had left, and the times just before the call was sent
 //! and just after the reply came: Redis evaluated somewhere in between, so
-//! the refill since `sent` is an upper bound of the true refill (used to be
-//! certain of a denial) and the refill since `received` a lower bound (used
-//! for the tokens reported, so the wait reported is never too short and a
+//! what the key regained since `sent` ([`Limit::remaining_later`], a
+//! bucket's refill) is an upper bound of the truth (used to be certain of a
+//! denial) and what it regained since `received` a lower bound (used for
+//! the tokens reported, so the wait reported is never too short and a
 //! client retrying after it is admitted, docs/design.md, "Durations").
 //! A request is answered from the cache only when **every** charge is a
 //! non-shadow consume whose bucket has an entry for the same limit and whose
@@ -32,13 +33,13 @@
 //! `quick_cache`).
 
 use crate::storage::Charge;
-use crate::storage::bucket::{BucketState, ChargeKind, ChargeResult, Limit, RequestResult};
+use crate::storage::algorithm::{ChargeKind, ChargeResult, Limit, RequestResult};
 
-/// What is known about one bucket.
+/// What is known about one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
     limit: Limit,
-    tokens_micro: i64,
+    remaining_micro: i64,
     /// Microseconds (on the cache's time line) just before the call was sent.
     sent_us: u64,
     /// Microseconds just after the reply was received.
@@ -109,10 +110,7 @@ impl LocalCache {
         let mut out = Vec::with_capacity(charges.len());
         for c in charges {
             // A debt charge is taken even when denied: it must reach Redis.
-            if c.spec.kind != ChargeKind::Consume
-                || c.spec.shadow
-                || (c.spec.cost > 0 && c.spec.limit.debt_micro() > 0)
-            {
+            if c.spec.kind != ChargeKind::Consume || c.spec.shadow || c.spec.taken_when_denied() {
                 return None;
             }
             let e = self.map.get(c.key.as_str())?;
@@ -125,13 +123,7 @@ impl LocalCache {
             if e.limit != c.spec.limit || e.sent_us > now_us {
                 return None;
             }
-            let at = |t_us: u64| {
-                BucketState {
-                    tokens_micro: e.tokens_micro,
-                    updated_us: t_us,
-                }
-                .tokens_at(&e.limit, now_us)
-            };
+            let at = |t_us: u64| e.limit.remaining_later(e.remaining_micro, t_us, now_us);
             let most = at(e.sent_us);
             let need = i128::try_from(c.spec.need_micro()).unwrap_or(i128::MAX);
             if most + 1 >= need {
@@ -142,7 +134,7 @@ impl LocalCache {
             }
             out.push(ChargeResult {
                 enough: false,
-                tokens_micro: i64::try_from(at(e.received_us)).unwrap_or(i64::MAX),
+                remaining_micro: i64::try_from(at(e.received_us)).unwrap_or(i64::MAX),
             });
         }
         Some(RequestResult {
@@ -179,13 +171,12 @@ impl LocalCache {
     ) {
         for (c, r) in charges.iter().zip(&result.charges) {
             // A denied debt charge was taken after the balance reported.
-            let debt_taken = c.spec.cost > 0 && c.spec.limit.debt_micro() > 0;
-            if c.spec.kind == ChargeKind::Consume && !r.enough && !debt_taken {
+            if c.spec.kind == ChargeKind::Consume && !r.enough && !c.spec.taken_when_denied() {
                 self.map.insert(
                     c.key.clone(),
                     Entry {
                         limit: c.spec.limit,
-                        tokens_micro: r.tokens_micro,
+                        remaining_micro: r.remaining_micro,
                         sent_us,
                         received_us: received_us.max(sent_us),
                     },
@@ -218,18 +209,19 @@ impl LocalCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::{ChargeSpec, MICRO_I64};
+    use crate::storage::algorithm::{BucketLimit, ChargeSpec, MICRO_I64};
 
     fn charge(key: &str, cost: u64, shadow: bool) -> Charge {
         Charge {
             key: key.into(),
             spec: ChargeSpec {
-                limit: Limit {
+                limit: BucketLimit {
                     requests_per_unit: 10,
                     unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                     burst: 10,
                     max_debt: 0,
-                },
+                }
+                .into(),
                 cost,
                 kind: ChargeKind::Consume,
                 shadow,
@@ -243,7 +235,7 @@ mod tests {
             admitted: false,
             charges: vec![ChargeResult {
                 enough: false,
-                tokens_micro: 0,
+                remaining_micro: 0,
             }],
         }
     }
@@ -259,7 +251,7 @@ mod tests {
         let r = cache
             .lookup(std::slice::from_ref(&c), 6_000_000)
             .expect("certain");
-        assert_eq!(r.charges[0].tokens_micro, 666_666);
+        assert_eq!(r.charges[0].remaining_micro, 666_666);
         // At 6.999999 s the upper bound may suffice: ask Redis.
         assert!(cache.lookup(std::slice::from_ref(&c), 6_999_999).is_none());
     }
@@ -275,7 +267,7 @@ mod tests {
         let r = cache
             .lookup(std::slice::from_ref(&c), 6_000_000)
             .expect("certain");
-        assert_eq!(r.charges[0].tokens_micro, 833_333);
+        assert_eq!(r.charges[0].remaining_micro, 833_333);
         assert!(
             cache.lookup(&[charge("a", 1, true)], 2_000_000).is_none(),
             "shadow"
@@ -291,7 +283,7 @@ mod tests {
             admitted: true,
             charges: vec![ChargeResult {
                 enough: true,
-                tokens_micro: MICRO_I64,
+                remaining_micro: MICRO_I64,
             }],
         };
         cache.record(std::slice::from_ref(&c), &ok, 1_000_000);
@@ -307,17 +299,18 @@ mod tests {
     fn entries_answer_for_at_most_a_second_whatever_the_refill() {
         let cache = LocalCache::new(10);
         let mut slow = charge("slow", 1, false);
-        slow.spec.limit = Limit {
+        slow.spec.limit = BucketLimit {
             requests_per_unit: 1,
             unit_secs: std::num::NonZeroU64::new(86_400).expect("a day"),
             burst: 1,
             max_debt: 0,
-        };
+        }
+        .into();
         let denied = RequestResult {
             admitted: false,
             charges: vec![ChargeResult {
                 enough: false,
-                tokens_micro: 0,
+                remaining_micro: 0,
             }],
         };
         cache.record(std::slice::from_ref(&slow), &denied, 5_000_000);

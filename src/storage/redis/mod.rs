@@ -5,10 +5,11 @@
 //!
 //! Design:
 //! - **One script call per request** (per hash slot on a Cluster).
-//!   [`script`] wraps `lua/token_bucket.lua`, which reads, decides and writes
-//!   every bucket of a request atomically (all-or-nothing, docs/design.md, "All-or-nothing requests") with
+//!   [`script`] wraps the request script (`lua/request.lua` with the
+//!   algorithms' parts, `lua/algorithms/`), which reads, decides and writes
+//!   every key of a request atomically (all-or-nothing, docs/design.md, "All-or-nothing requests") with
 //!   exactly the semantics of
-//!   [`bucket::apply_request`](crate::storage::bucket::apply_request). Time
+//!   [`algorithm::apply_request`](crate::storage::algorithm::apply_request). Time
 //!   comes from Redis `TIME`, so replicas never disagree about a bucket and a
 //!   skewed service clock cannot mint tokens (docs/design.md, "Time"). The script is called with
 //!   `EVALSHA`; `NOSCRIPT` (restart, failover, `SCRIPT FLUSH`) loads it and
@@ -488,7 +489,7 @@ pub fn install_crypto_provider() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, Limit, MICRO_I64};
+    use crate::storage::algorithm::{BucketLimit, ChargeKind, ChargeResult, ChargeSpec, MICRO_I64};
     use crate::storage::clock::ManualClock;
     use std::num::NonZeroU64;
 
@@ -504,12 +505,13 @@ mod tests {
         let charge = Charge {
             key: "k".into(),
             spec: ChargeSpec {
-                limit: Limit {
+                limit: BucketLimit {
                     requests_per_unit: 10,
                     unit_secs: NonZeroU64::new(60).expect("a minute"),
                     burst: 10,
                     max_debt: 0,
-                },
+                }
+                .into(),
                 cost: 1,
                 kind: ChargeKind::Consume,
                 shadow: false,
@@ -519,7 +521,7 @@ mod tests {
             admitted: false,
             charges: vec![ChargeResult {
                 enough: false,
-                tokens_micro: 0,
+                remaining_micro: 0,
             }],
         };
         let sent_us = pipeline.local_now_us();
@@ -536,6 +538,6 @@ mod tests {
             .expect("enabled")
             .lookup(std::slice::from_ref(&charge), sent_us + 900_000)
             .expect("certain");
-        assert_eq!(r.charges[0].tokens_micro, MICRO_I64 / 10);
+        assert_eq!(r.charges[0].remaining_micro, MICRO_I64 / 10);
     }
 }

@@ -1,17 +1,41 @@
-//! The one Rust wrapper of `lua/token_bucket.lua`: argument encoding, the
-//! only builder of its `EVALSHA`, `EVAL` and `SCRIPT LOAD` commands, the
-//! `EVALSHA` call with one reload-and-retry on `NOSCRIPT`, and reply parsing.
-//! Everything here is topology-independent, so a Cluster or Sentinel backend
-//! calls the same functions per node or per slot.
+//! The one Rust wrapper of the request script: its text (assembled at build
+//! time from the algorithms' parts and the request driver), argument
+//! encoding, the only builder of its `EVALSHA`, `EVAL` and `SCRIPT LOAD`
+//! commands, the `EVALSHA` call with one reload-and-retry on `NOSCRIPT`, and
+//! reply parsing. Everything here is topology-independent, so a Cluster or
+//! Sentinel backend calls the same functions per node or per slot.
 
 use crate::metrics as m;
-use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
+use crate::storage::algorithm::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
 use crate::storage::{BackendKind, Charge, StorageError, group_by_key};
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-/// The script source, embedded at build time.
-pub const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
+/// Wraps one algorithm's script part (`lua/algorithms/<name>.lua`, a chunk
+/// that returns its functions) as the entry `$id` of the driver's
+/// `ALGORITHMS` table constructor; `$id` is the algorithm's
+/// [`SCRIPT_ID`](crate::storage::algorithm::Algorithm::SCRIPT_ID).
+macro_rules! algorithm_part {
+    ($id:literal, $file:literal) => {
+        concat!(
+            "[",
+            $id,
+            "] = (function()\n",
+            include_str!(concat!("../../../lua/algorithms/", $file)),
+            "\nend)(),\n"
+        )
+    };
+}
+
+/// The script source, assembled at build time: the table of algorithms,
+/// each algorithm's part, then the request driver (`lua/request.lua`), so a
+/// request is one `EVALSHA` whatever mix of algorithms it carries.
+pub const SOURCE: &str = concat!(
+    "local ALGORITHMS = {\n",
+    algorithm_part!(0, "token_bucket.lua"),
+    "}\n",
+    include_str!("../../../lua/request.lua")
+);
 
 /// Largest explicit `now_us` the script computes with exactly (2^53 - 1).
 pub const MAX_EXPLICIT_NOW_US: u64 = (1 << 53) - 1;
@@ -42,7 +66,7 @@ impl Default for BucketScript {
 }
 
 impl BucketScript {
-    /// The script of `lua/token_bucket.lua`.
+    /// The request script ([`SOURCE`]).
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -150,13 +174,11 @@ impl ScriptCall {
     /// (`None` in production: the script reads Redis `TIME`); with it, keys
     /// live at least [`TEST_MIN_TTL_MS`] (see `ScriptCall::with_min_ttl_ms`, cargo feature `test-util`).
     ///
-    /// Costs are clamped to capacity + `max_debt` + 1 token for consumes and
-    /// to capacity + `u32::MAX` (the deepest debt) for refunds, which changes
-    /// no outcome (see
-    /// [`ChargeSpec::need_micro`]; a debt charge that large is clamped at
-    /// `-max_debt` anyway) and keeps every micro-token amount below 2^53
-    /// inside Lua (a capacity and a debt bound are at most `u32::MAX` tokens
-    /// each and a unit at least 1 s, by their types).
+    /// Each algorithm packs its limit and clamps the cost so that no outcome
+    /// changes and every amount stays exact inside Lua
+    /// ([`Limit::script_charge`](crate::storage::Limit::script_charge); the
+    /// token bucket's: capacity + `max_debt` + 1 token for consumes,
+    /// capacity + `u32::MAX` for refunds).
     ///
     /// # Errors
     /// [`StorageError::Backend`] ([`BackendKind::Argument`]) for an explicit
@@ -242,48 +264,33 @@ fn argument(message: String) -> StorageError {
     StorageError::backend(BackendKind::Argument, message)
 }
 
-/// Bytes of one charge in the packed ARGV: key index, R, U and C as
-/// big-endian u32, cost and flags as big-endian u64 (lua/token_bucket.lua).
+/// Bytes of one charge in the packed ARGV: the algorithm (1 byte) and the
+/// key index (3), the limit's three parameters as big-endian u32, cost and
+/// flags as big-endian u64 (lua/request.lua).
 pub const CHARGE_BYTES: usize = 32;
 
+/// Largest key index a packed charge carries (3 bytes). A request has at
+/// most a few thousand descriptors.
+const MAX_KEY_NO: usize = (1 << 24) - 1;
+
 fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec) {
-    let l = &spec.limit;
-    let burst = l.burst;
-    let cap_tokens = if l.requests_per_unit == 0 {
-        0
-    } else {
-        u64::from(burst)
-    };
-    // The debt bound rides in the flags (`flags / 4`): no extra argument
-    // per charge on the hot path.
-    let debt_tokens = if l.requests_per_unit == 0 {
-        0
-    } else {
-        u64::from(l.max_debt)
-    };
-    let (cost, mut flags) = match spec.kind {
-        ChargeKind::Consume => (spec.cost.min(cap_tokens + debt_tokens + 1), 0),
-        // A balance is never below -u32::MAX tokens (the largest debt bound).
-        ChargeKind::Refund => (
-            spec.cost.min(cap_tokens + u64::from(u32::MAX)),
-            u64::from(FLAG_REFUND),
-        ),
+    let sc = spec.limit.script_charge(spec.cost, spec.kind);
+    let mut flags = match spec.kind {
+        ChargeKind::Consume => 0,
+        ChargeKind::Refund => u64::from(FLAG_REFUND),
     };
     if spec.shadow {
         flags |= u64::from(FLAG_SHADOW);
     }
-    flags |= debt_tokens << 2;
-    // A request has at most a few thousand descriptors and a unit at most a
-    // year (31,536,000 s), so both fit in 32 bits.
-    packed.extend_from_slice(&u32::try_from(key_no).unwrap_or(u32::MAX).to_be_bytes());
-    packed.extend_from_slice(&l.requests_per_unit.to_be_bytes());
-    packed.extend_from_slice(
-        &u32::try_from(l.unit_secs.get())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes(),
-    );
-    packed.extend_from_slice(&burst.to_be_bytes());
-    packed.extend_from_slice(&cost.to_be_bytes());
+    // The algorithm's extra parameter (the bucket's debt bound) rides in
+    // the flags (`flags / 4`): no extra argument per charge on the hot path.
+    flags |= sc.extra << 2;
+    let head = (u32::from(sc.algorithm) << 24) | u32::try_from(key_no.min(MAX_KEY_NO)).unwrap_or(0);
+    packed.extend_from_slice(&head.to_be_bytes());
+    for p in sc.params {
+        packed.extend_from_slice(&p.to_be_bytes());
+    }
+    packed.extend_from_slice(&sc.cost.to_be_bytes());
     packed.extend_from_slice(&flags.to_be_bytes());
 }
 
@@ -300,7 +307,7 @@ pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult
         )
     };
     // One packed string: the admitted byte, then per charge an enough byte
-    // and the balance as a big-endian i64 (lua/token_bucket.lua, "Reply").
+    // and what is left as a big-endian i64 (lua/request.lua, "Reply").
     let Value::BulkString(bytes) = reply else {
         return Err(bad("not a string"));
     };
@@ -319,7 +326,7 @@ pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult
         tokens.copy_from_slice(&c[1..]);
         out.push(ChargeResult {
             enough: flag(c[0], "enough flag")?,
-            tokens_micro: i64::from_be_bytes(tokens),
+            remaining_micro: i64::from_be_bytes(tokens),
         });
     }
     Ok(RequestResult {
@@ -331,18 +338,19 @@ pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::bucket::Limit;
+    use crate::storage::algorithm::BucketLimit;
 
     fn charge(key: &str, cost: u64, kind: ChargeKind, shadow: bool) -> Charge {
         Charge {
             key: key.into(),
             spec: ChargeSpec {
-                limit: Limit {
+                limit: BucketLimit {
                     requests_per_unit: 10,
                     unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
                     burst: 20,
                     max_debt: 0,
-                },
+                }
+                .into(),
                 cost,
                 kind,
                 shadow,
@@ -392,11 +400,14 @@ mod tests {
         let ok = packed(1, &[(1, 5)]);
         let r = parse_reply(&ok, 1).expect("valid");
         assert!(r.admitted);
-        assert_eq!((r.charges[0].enough, r.charges[0].tokens_micro), (true, 5));
+        assert_eq!(
+            (r.charges[0].enough, r.charges[0].remaining_micro),
+            (true, 5)
+        );
         assert!(parse_reply(&ok, 2).is_err());
         let debt = parse_reply(&packed(0, &[(0, -5)]), 1).expect("valid");
         assert!(!debt.admitted);
-        assert_eq!(debt.charges[0].tokens_micro, -5);
+        assert_eq!(debt.charges[0].remaining_micro, -5);
         assert!(parse_reply(&packed(2, &[(1, 5)]), 1).is_err());
         assert!(parse_reply(&packed(1, &[(7, 5)]), 1).is_err());
         assert!(parse_reply(&Value::Array(vec![Value::Int(1)]), 0).is_err());

@@ -104,7 +104,7 @@ use super::{
     ConnSource, MIN_CONNECT_TIMEOUT, Pipeline, RedisBuilder, RedisSetupError, hold,
     install_crypto_provider,
 };
-use crate::storage::bucket::{ChargeKind, ChargeSpec, RequestResult};
+use crate::storage::algorithm::{ChargeKind, ChargeSpec, RequestResult};
 use crate::storage::{BackendKind, Charge, Storage, StorageError};
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;

@@ -5,7 +5,7 @@
 //! backend per slot, and runs on the cluster with one script call per slot.
 
 use crate::metrics as m;
-use crate::storage::bucket::{ChargeKind, ChargeResult, ChargeSpec, MICRO, RequestResult};
+use crate::storage::algorithm::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
 use crate::storage::{Charge, StorageError};
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,7 +17,7 @@ pub(crate) type SlotOutcome = Result<RequestResult, StorageError>;
 /// a cluster.
 pub(crate) trait SlotCall: Sync {
     /// Evaluates and applies `charges`, all in hash slot `slot`, atomically
-    /// (the semantics of [`bucket::apply_request`](crate::storage::bucket::apply_request)).
+    /// (the semantics of [`algorithm::apply_request`](crate::storage::algorithm::apply_request)).
     fn call(&self, slot: u16, charges: &[Charge]) -> impl Future<Output = SlotOutcome> + Send;
 
     /// Called once the compensating refunds of a request have been sent and
@@ -118,15 +118,15 @@ pub(crate) async fn apply_slots<S: SlotCall>(
         for ((_, idx), outcome) in refund_slots.iter().zip(outcomes) {
             let r = outcome?;
             for (&i, cr) in idx.iter().zip(r.charges) {
-                after.insert(charges[i].key.as_str(), cr.tokens_micro);
+                after.insert(charges[i].key.as_str(), cr.remaining_micro);
                 results[i] = Some(cr);
             }
         }
-        // Every charge on a refunded bucket reports the tokens after the
+        // Every charge on a refunded key reports what is left after the
         // whole request, as on a single node.
         for (c, r) in charges.iter().zip(results.iter_mut()) {
             if let (Some(t), Some(r)) = (after.get(c.key.as_str()), r.as_mut()) {
-                r.tokens_micro = *t;
+                r.remaining_micro = *t;
             }
         }
     }
@@ -159,19 +159,19 @@ async fn compensate<S: SlotCall>(
                 continue;
             }
         };
-        // Micro-tokens this slot's call took from each bucket.
+        // Micro-units this slot's call took from each key.
         let mut taken: HashMap<&str, i128> = HashMap::new();
         if r.admitted {
             let mut give_back = Vec::new();
             for (&i, cr) in idx.iter().zip(&r.charges) {
                 let c = &charges[i];
-                let debt = c.spec.limit.debt_micro() > 0;
-                if c.spec.kind == ChargeKind::Consume && (cr.enough || debt) && c.spec.cost > 0 {
+                let stands = c.spec.taken_when_denied();
+                if c.spec.kind == ChargeKind::Consume && (cr.enough || stands) && c.spec.cost > 0 {
                     *taken.entry(c.key.as_str()).or_default() +=
-                        i128::from(c.spec.cost) * i128::from(MICRO);
+                        i128::try_from(c.spec.cost_micro()).unwrap_or(i128::MAX);
                     // A debt charge is taken whatever the request's outcome
                     // (docs/design.md, "Debt"): it is not given back.
-                    if debt {
+                    if stands {
                         continue;
                     }
                     give_back.push(Charge {
@@ -191,11 +191,11 @@ async fn compensate<S: SlotCall>(
         for (&i, cr) in idx.iter().zip(r.charges) {
             let c = &charges[i];
             let before =
-                i128::from(cr.tokens_micro) + taken.get(c.key.as_str()).copied().unwrap_or(0);
+                i128::from(cr.remaining_micro) + taken.get(c.key.as_str()).copied().unwrap_or(0);
             let cap = i128::try_from(c.spec.limit.capacity_micro()).unwrap_or(i128::MAX);
             results[i] = Some(ChargeResult {
                 enough: cr.enough || c.spec.kind == ChargeKind::Refund,
-                tokens_micro: i64::try_from(before.min(cap)).unwrap_or(i64::MAX),
+                remaining_micro: i64::try_from(before.min(cap)).unwrap_or(i64::MAX),
             });
         }
     }
@@ -243,7 +243,7 @@ fn probe(c: &Charge) -> Charge {
 mod tests {
     use super::*;
     use crate::storage::BackendKind;
-    use crate::storage::bucket::{Limit, MICRO_I64};
+    use crate::storage::algorithm::{BucketLimit, Limit, MICRO, MICRO_I64};
     use crate::storage::clock::ManualClock;
     use crate::storage::memory::MemoryStorage;
     use crate::storage::redis::cluster::slot::key_slot;
@@ -303,7 +303,7 @@ mod tests {
                     shadow: true,
                 },
             };
-            self.slot(key_slot(key)).apply_sync(&[check]).charges[0].tokens_micro
+            self.slot(key_slot(key)).apply_sync(&[check]).charges[0].remaining_micro
         }
 
         async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
@@ -338,7 +338,11 @@ mod tests {
     const KEYS: [&str; 5] = ["a", "b", "c", "d", "e"];
 
     fn limit(requests_per_unit: u32, unit_secs: u64, burst: u32) -> Limit {
-        Limit {
+        bucket(requests_per_unit, unit_secs, burst).into()
+    }
+
+    fn bucket(requests_per_unit: u32, unit_secs: u64, burst: u32) -> BucketLimit {
+        BucketLimit {
             requests_per_unit,
             unit_secs: NonZeroU64::new(unit_secs).expect("a unit"),
             burst,
@@ -423,7 +427,7 @@ mod tests {
                 let single = one_node.apply_sync(&[charge(key, l, 0, ChargeKind::Consume, true)]);
                 assert_eq!(
                     slots.tokens(key, l),
-                    single.charges[0].tokens_micro,
+                    single.charges[0].remaining_micro,
                     "step {step}: tokens of {key}"
                 );
             }
@@ -469,7 +473,7 @@ mod tests {
         let tokens: Vec<(bool, i64)> = r
             .charges
             .iter()
-            .map(|c| (c.enough, c.tokens_micro))
+            .map(|c| (c.enough, c.remaining_micro))
             .collect();
         assert_eq!(
             tokens,
@@ -493,10 +497,10 @@ mod tests {
         let clock = ManualClock::new(1_000_000_000);
         let slots = MemorySlots::new(&clock);
         let l = limit(5, 31_536_000, 5);
-        let debt = Limit {
+        let debt = Limit::from(BucketLimit {
             max_debt: 10,
-            ..limit(100, 31_536_000, 100)
-        };
+            ..bucket(100, 31_536_000, 100)
+        });
         assert!(
             slots
                 .apply(&[consume("b", l, 5)])
@@ -518,7 +522,7 @@ mod tests {
             r.charges[0],
             ChargeResult {
                 enough: true,
-                tokens_micro: 100 * MICRO_I64
+                remaining_micro: 100 * MICRO_I64
             }
         );
         assert_eq!(
@@ -538,7 +542,7 @@ mod tests {
             r.charges[0],
             ChargeResult {
                 enough: false,
-                tokens_micro: 70 * MICRO_I64
+                remaining_micro: 70 * MICRO_I64
             }
         );
         assert_eq!(slots.tokens("a", debt), -10 * MICRO_I64);

@@ -1,33 +1,28 @@
-//! Token bucket arithmetic: the single definition of what a bucket does.
+//! The token bucket: the single definition of what a bucket does, and the
+//! reference model of its script part (`lua/algorithms/token_bucket.lua`),
+//! tested against it through the request driver
+//! ([`apply_request`](super::apply_request), `lua/request.lua`).
 //!
-//! Units: tokens are counted in **micro-tokens** (1 token = 1,000,000) and time in
-//! **microseconds**, both as integers, so fractional refill accumulates without
-//! loss and nothing depends on floating point. The memory backend runs this code
-//! directly; `lua/token_bucket.lua` implements the same rules and is tested
-//! against [`apply_request`] as its reference model.
+//! Units: tokens are counted in **micro-tokens** (1 token = [`MICRO`]) and
+//! time in **microseconds**, both as integers, so fractional refill
+//! accumulates without loss and nothing depends on floating point.
 //!
 //! A bucket with rate `R` tokens per `U` seconds and capacity `C` tokens gains
 //! `R / U` micro-tokens per microsecond, up to `C`. A bucket that has never been
-//! seen (or whose state expired) is full.
+//! seen (or whose state expired) is full. Its level during a request is its
+//! balance in micro-tokens (an `i128`), and what a charge reports is that
+//! balance.
 
-use smallvec::{SmallVec, smallvec};
+use super::{Algorithm, ChargeKind, Consumed, MICRO, ScriptCharge};
 use std::num::NonZeroU64;
 
-/// Micro-tokens per token.
-pub const MICRO: u64 = 1_000_000;
-
-/// [`MICRO`] as a signed balance (balances go below zero in debt).
-pub const MICRO_I64: i64 = 1_000_000;
-
-/// The limit a bucket is evaluated under; taken from the rule (or a per-request
-/// override) on every call, never stored with the bucket, so a config change
-/// applies at once and never refills a bucket (docs/design.md, "Reloads").
+/// The limit a bucket is evaluated under ([`Limit::TokenBucket`](super::Limit::TokenBucket)).
 ///
 /// The types exclude the limits no backend could evaluate: a unit of 0 s
 /// (`NonZeroU64`) and a capacity above `u32::MAX` tokens (which the Lua
 /// script could not compute exactly in micro-tokens).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Limit {
+pub struct BucketLimit {
     /// `R`: tokens added per unit. 0 blocks everything (capacity is then 0).
     pub requests_per_unit: u32,
     /// `U`: length of the unit in seconds (second = 1 ... year = 31,536,000).
@@ -42,7 +37,7 @@ pub struct Limit {
     pub max_debt: u32,
 }
 
-impl Limit {
+impl BucketLimit {
     /// Capacity in micro-tokens; 0 when `R = 0`.
     #[must_use]
     pub fn capacity_micro(&self) -> u128 {
@@ -99,8 +94,8 @@ impl BucketState {
     /// refills nothing, and the next write stores `now_us`, so a clock step
     /// never freezes a bucket (docs/design.md, "Time").
     #[must_use]
-    pub fn tokens_at(&self, limit: &Limit, now_us: u64) -> i128 {
-        let cap = i128::try_from(limit.capacity_micro()).unwrap_or(i128::MAX);
+    pub fn tokens_at(&self, limit: &BucketLimit, now_us: u64) -> i128 {
+        let cap = capacity(limit);
         let have = i128::from(self.tokens_micro).min(cap);
         if have >= cap {
             return cap;
@@ -111,190 +106,159 @@ impl BucketState {
     }
 }
 
-/// What to do with one bucket in a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChargeKind {
-    /// Take `cost` tokens if the whole request is admitted (always, on a
-    /// bucket with a `max_debt`). Cost 0 only checks.
-    Consume,
-    /// Give `cost` tokens back (`is_negative_hits`), capped at the capacity.
-    Refund,
-}
+/// The token bucket algorithm (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenBucket;
 
-/// One descriptor's charge against one bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChargeSpec {
-    /// Limit to evaluate under.
-    pub limit: Limit,
-    /// Cost in tokens (0 = check only).
-    pub cost: u64,
-    /// Consume or refund.
-    pub kind: ChargeKind,
-    /// Shadow mode: evaluated, never denies the request.
-    pub shadow: bool,
-}
+impl Algorithm for TokenBucket {
+    type Limit = BucketLimit;
+    type State = BucketState;
+    /// The balance in micro-tokens.
+    type Level = i128;
+    const SCRIPT_ID: u8 = 0;
 
-impl ChargeSpec {
-    /// Micro-tokens this charge needs to be admitted: `max(cost, 1)` (a check-only
-    /// call is answered as a 1-token request would be, docs/design.md, "Costs"), and anything above
-    /// the capacity is clamped to capacity + 1 token (it can never be admitted).
-    #[must_use]
-    pub fn need_micro(&self) -> u128 {
-        let cap = self.limit.capacity_micro();
-        let need = u128::from(self.cost.max(1)) * u128::from(MICRO);
-        need.min(cap + u128::from(MICRO))
+    fn level(limit: &BucketLimit, stored: Option<&BucketState>, now_us: u64) -> i128 {
+        stored.map_or(capacity(limit), |s| s.tokens_at(limit, now_us))
     }
-}
 
-/// Result for one charge.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChargeResult {
-    /// The bucket had enough tokens for this charge (always true for refunds).
-    pub enough: bool,
-    /// Balance of the bucket in micro-tokens: after the request when it was
-    /// admitted, before it otherwise (a denied request's debt charges are
-    /// taken but not reported). Negative while in debt.
-    pub tokens_micro: i64,
-}
-
-/// Result for a whole request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RequestResult {
-    /// Every non-shadow consume charge had enough tokens, so all were charged.
-    pub admitted: bool,
-    /// One result per charge, in request order.
-    pub charges: Vec<ChargeResult>,
-}
-
-/// Evaluates and applies all charges of one request atomically (docs/design.md, "All-or-nothing requests"):
-///
-/// 1. Charges are simulated in order on working copies, so two charges on the
-///    same bucket add up. A shadow charge that lacks tokens is skipped (not
-///    charged) and does not deny.
-/// 2. If every non-shadow consume charge had enough tokens, the simulated states
-///    are written (`put`); otherwise nothing is written, refunds included,
-///    except the consumes on buckets with a `max_debt`.
-///
-/// A consume on a bucket with `max_debt: D > 0` (a *debt charge*) is always
-/// taken, whether it had enough tokens, whether the request is admitted:
-/// the balance goes down by the cost, clamped at `-D` (never raised by the
-/// clamp: a balance already below `-D` after a reload stays where it is).
-/// It lacks tokens, and denies, when the balance before it is below
-/// `max(cost, 1)`, as any consume. In a denied request the debt charges are
-/// applied on their own (in order, from the stored balance), so the other
-/// buckets stay uncharged.
-///
-/// `slots[i]` is the stored state of charge `i`'s bucket (`None` = full / never
-/// seen); charges on the same bucket must carry the same `bucket` index. `put`
-/// receives `(bucket index, new state)` for every bucket whose state changed.
-/// Cost-0 checks and refunds on a full bucket write nothing.
-pub fn apply_request(
-    charges: &[(usize, ChargeSpec)],
-    states: &[Option<BucketState>],
-    now_us: u64,
-    mut put: impl FnMut(usize, BucketState),
-) -> RequestResult {
-    let start = |bucket: usize, limit: &Limit| -> i128 {
-        states[bucket].map_or(capacity(limit), |s| s.tokens_at(limit, now_us))
-    };
-    // Per bucket: (balance after every charge, dirty), and (balance after
-    // the debt charges only, dirty) for a denied request.
-    let mut work: SmallVec<[Option<(i128, bool)>; 4]> = smallvec![None; states.len()];
-    let mut debt_only: SmallVec<[Option<(i128, bool)>; 4]> = smallvec![None; states.len()];
-    // Per bucket: the balance read before any charge.
-    let mut read: SmallVec<[i128; 4]> = smallvec![0; states.len()];
-    let mut results = Vec::with_capacity(charges.len());
-    let mut admitted = true;
-    for (bucket, spec) in charges {
-        let cap = capacity(&spec.limit);
-        let slot = work[*bucket].get_or_insert_with(|| {
-            read[*bucket] = start(*bucket, &spec.limit);
-            (read[*bucket], false)
-        });
-        // A later charge on the same bucket may carry another limit; cap again.
-        if slot.0 > cap {
-            slot.0 = cap;
-        }
-        match spec.kind {
-            ChargeKind::Refund => {
-                let add = i128::from(spec.cost) * i128::from(MICRO);
-                let new = slot.0.saturating_add(add).min(cap);
-                if new != slot.0 {
-                    slot.0 = new;
-                    slot.1 = true;
-                }
-                results.push(ChargeResult {
-                    enough: true,
-                    tokens_micro: 0,
-                });
-            }
-            ChargeKind::Consume => {
-                let need = i128::try_from(spec.need_micro()).unwrap_or(i128::MAX);
-                let enough = slot.0 >= need;
-                let debt = i128::try_from(spec.limit.debt_micro()).unwrap_or(0);
-                if debt > 0 {
-                    if spec.cost > 0 {
-                        slot.0 = charge_debt(slot.0, spec.cost, debt);
-                        slot.1 = true;
-                        let d = debt_only[*bucket]
-                            .get_or_insert_with(|| (start(*bucket, &spec.limit), false));
-                        d.0 = charge_debt(d.0.min(cap), spec.cost, debt);
-                        d.1 = true;
-                    }
-                } else if enough && spec.cost > 0 {
-                    slot.0 -= i128::from(spec.cost) * i128::from(MICRO);
-                    slot.1 = true;
-                }
-                if !enough && !spec.shadow {
-                    admitted = false;
-                }
-                results.push(ChargeResult {
-                    enough,
-                    tokens_micro: 0,
-                });
-            }
-        }
+    fn is_stale(stored: &BucketState, now_us: u64) -> bool {
+        stored.updated_us > now_us
     }
-    let written = if admitted { &work } else { &debt_only };
-    for (i, w) in written.iter().enumerate() {
-        // Every write stores now. A bucket stamped after now (a clock
-        // stepped back) that nothing else writes is written as it is,
-        // stamped now, admitted or not: otherwise every later call would
-        // read "no time elapsed" until the clock caught up (a freeze).
-        let t = match w {
-            Some((t, true)) => *t,
-            _ => match states[i] {
-                Some(s) if s.updated_us > now_us => read[i],
-                _ => continue,
-            },
+
+    fn rebase(limit: &BucketLimit, level: i128) -> i128 {
+        level.min(capacity(limit))
+    }
+
+    fn consume(limit: &BucketLimit, level: i128, cost: u64) -> Consumed<i128> {
+        let need = i128::try_from(need_micro(limit, cost)).unwrap_or(i128::MAX);
+        let enough = level >= need;
+        let debt = i128::try_from(limit.debt_micro()).unwrap_or(0);
+        let taken = if debt > 0 {
+            (cost > 0).then(|| charge_debt(level, cost, debt))
+        } else if enough && cost > 0 {
+            Some(level - i128::from(cost) * i128::from(MICRO))
+        } else {
+            None
         };
-        put(
-            i,
-            BucketState {
-                tokens_micro: to_i64(t),
-                updated_us: now_us,
-            },
-        );
-    }
-    if admitted {
-        // Report tokens after the whole request.
-        for ((bucket, _), r) in charges.iter().zip(results.iter_mut()) {
-            r.tokens_micro = to_i64(work[*bucket].map_or(0, |w| w.0));
-        }
-    } else {
-        // Report tokens as they were before the request.
-        for ((bucket, spec), r) in charges.iter().zip(results.iter_mut()) {
-            r.tokens_micro = to_i64(start(*bucket, &spec.limit).min(capacity(&spec.limit)));
+        Consumed {
+            level: taken.unwrap_or(level),
+            enough,
+            changed: taken.is_some(),
         }
     }
-    RequestResult {
-        admitted,
-        charges: results,
+
+    fn refund(limit: &BucketLimit, level: i128, cost: u64) -> i128 {
+        let add = i128::from(cost) * i128::from(MICRO);
+        level.saturating_add(add).min(capacity(limit))
     }
+
+    fn charges_when_denied(limit: &BucketLimit) -> bool {
+        limit.debt_micro() > 0
+    }
+
+    fn store(level: i128, now_us: u64) -> BucketState {
+        BucketState {
+            tokens_micro: to_i64(level),
+            updated_us: now_us,
+        }
+    }
+
+    fn report(level: i128) -> i64 {
+        to_i64(level)
+    }
+
+    fn level_of_report(remaining_micro: i64) -> i128 {
+        i128::from(remaining_micro)
+    }
+
+    fn expiry_us(limit: &BucketLimit, state: &BucketState) -> u128 {
+        time_to_full_us(limit, state.tokens_micro)
+    }
+
+    fn updated_us(state: &BucketState) -> u64 {
+        state.updated_us
+    }
+
+    fn capacity_micro(limit: &BucketLimit) -> u128 {
+        limit.capacity_micro()
+    }
+
+    fn unit_secs(limit: &BucketLimit) -> u64 {
+        limit.unit_secs.get()
+    }
+
+    fn admits_nothing(limit: &BucketLimit) -> bool {
+        limit.requests_per_unit == 0
+    }
+
+    fn reset_us(limit: &BucketLimit, remaining_micro: i64) -> u128 {
+        time_to_full_us(limit, remaining_micro)
+    }
+
+    fn wait_us(limit: &BucketLimit, remaining_micro: i64, need_micro: u128) -> u128 {
+        wait_until_fits_us(limit, remaining_micro, need_micro)
+    }
+
+    fn remaining_later(
+        limit: &BucketLimit,
+        remaining_micro: i64,
+        since_us: u64,
+        now_us: u64,
+    ) -> i128 {
+        BucketState {
+            tokens_micro: remaining_micro,
+            updated_us: since_us,
+        }
+        .tokens_at(limit, now_us)
+    }
+
+    /// Parameters `[R, U, C]`, the extra parameter `D` (0 when `R = 0`), and
+    /// the cost clamped to capacity + `max_debt` + 1 token for consumes and
+    /// to capacity + `u32::MAX` (the deepest debt) for refunds, which changes
+    /// no outcome (see [`ChargeSpec::need_micro`](super::ChargeSpec::need_micro);
+    /// a debt charge that large is clamped at `-max_debt` anyway) and keeps
+    /// every micro-token amount below 2^53 inside Lua (a capacity and a debt
+    /// bound are at most `u32::MAX` tokens each and a unit at least 1 s, by
+    /// their types).
+    fn script_charge(limit: &BucketLimit, cost: u64, kind: ChargeKind) -> ScriptCharge {
+        let cap_tokens = if limit.requests_per_unit == 0 {
+            0
+        } else {
+            u64::from(limit.burst)
+        };
+        let debt_tokens = if limit.requests_per_unit == 0 {
+            0
+        } else {
+            u64::from(limit.max_debt)
+        };
+        let cost = match kind {
+            ChargeKind::Consume => cost.min(cap_tokens + debt_tokens + 1),
+            // A balance is never below -u32::MAX tokens (the largest debt bound).
+            ChargeKind::Refund => cost.min(cap_tokens + u64::from(u32::MAX)),
+        };
+        ScriptCharge {
+            algorithm: Self::SCRIPT_ID,
+            // A unit is at most a year (31,536,000 s): it fits in 32 bits.
+            params: [
+                limit.requests_per_unit,
+                u32::try_from(limit.unit_secs.get()).unwrap_or(u32::MAX),
+                limit.burst,
+            ],
+            extra: debt_tokens,
+            cost,
+        }
+    }
+}
+
+/// Micro-tokens a consume of `cost` needs: `max(cost, 1)` tokens, clamped to
+/// capacity + 1 token.
+fn need_micro(limit: &BucketLimit, cost: u64) -> u128 {
+    let need = u128::from(cost.max(1)) * u128::from(MICRO);
+    need.min(limit.capacity_micro() + u128::from(MICRO))
 }
 
 /// The capacity of `limit` in micro-tokens, signed.
-fn capacity(limit: &Limit) -> i128 {
+fn capacity(limit: &BucketLimit) -> i128 {
     i128::try_from(limit.capacity_micro()).unwrap_or(i128::MAX)
 }
 
@@ -314,56 +278,13 @@ fn to_i64(v: i128) -> i64 {
 /// full under `limit` (0 when already full, and always 0 when `R = 0`:
 /// capacity 0 is always full).
 #[must_use]
-pub fn time_to_full_us(limit: &Limit, tokens_micro: i64) -> u128 {
+pub fn time_to_full_us(limit: &BucketLimit, tokens_micro: i64) -> u128 {
     let cap = capacity(limit);
     let deficit = cap - i128::from(tokens_micro).min(cap);
     if deficit <= 0 {
         return 0;
     }
     limit.wait_us(deficit.unsigned_abs()).unwrap_or(0)
-}
-
-/// Whole seconds, rounded up, for a wait in microseconds (docs/design.md, "Durations": Envoy reads
-/// only `seconds`, so 2.5 s must be sent as 3).
-#[must_use]
-pub fn ceil_secs(us: u128) -> u64 {
-    u64::try_from(us.div_ceil(1_000_000)).unwrap_or(u64::MAX)
-}
-
-/// Micro-tokens each charge needs in its bucket for the whole request to
-/// pass, in charge order: a consume needs its own cost (at least 1 token: a
-/// check needs one) plus the costs of the earlier consumes of the same
-/// request on the same key (shadow ones too: they take tokens). An earlier
-/// refund is not subtracted, so a wait computed from it is never too short.
-/// Refunds need 0.
-#[must_use]
-pub fn request_needs(charges: &[super::Charge]) -> Vec<u128> {
-    // Tokens taken so far per key: a list searched in order for a few
-    // charges (no hashing), a map for many.
-    const LINEAR_UP_TO: usize = 16;
-    let mut few: SmallVec<[(&str, u128); LINEAR_UP_TO]> = SmallVec::new();
-    let mut many: std::collections::HashMap<&str, u128> = std::collections::HashMap::new();
-    charges
-        .iter()
-        .map(|c| {
-            if c.spec.kind != ChargeKind::Consume {
-                return 0;
-            }
-            let key = c.key.as_str();
-            let taken_before = if charges.len() <= LINEAR_UP_TO {
-                let i = few.iter().position(|(k, _)| *k == key).unwrap_or_else(|| {
-                    few.push((key, 0));
-                    few.len() - 1
-                });
-                &mut few[i].1
-            } else {
-                many.entry(key).or_insert(0)
-            };
-            let need = *taken_before + u128::from(c.spec.cost.max(1)) * u128::from(MICRO);
-            *taken_before += u128::from(c.spec.cost) * u128::from(MICRO);
-            need
-        })
-        .collect()
 }
 
 /// Microseconds until a bucket holding `tokens_micro` (negative in debt)
@@ -373,7 +294,7 @@ pub fn request_needs(charges: &[super::Charge]) -> Vec<u128> {
 /// there). In debt this is the real time to repay: for 1000 per hour, a
 /// balance of -200 tokens needs 201 tokens for a check, 723.6 s.
 #[must_use]
-pub fn wait_until_fits_us(limit: &Limit, tokens_micro: i64, need_micro: u128) -> u128 {
+pub fn wait_until_fits_us(limit: &BucketLimit, tokens_micro: i64, need_micro: u128) -> u128 {
     let wait = if limit.requests_per_unit == 0 {
         u128::from(limit.unit_secs.get()) * 1_000_000
     } else if need_micro > limit.capacity_micro() {
@@ -388,28 +309,23 @@ pub fn wait_until_fits_us(limit: &Limit, tokens_micro: i64, need_micro: u128) ->
 
 #[cfg(test)]
 mod tests {
+    use super::super::{ChargeResult, ChargeSpec, MICRO_I64, RequestResult, ceil_secs};
     use super::*;
 
-    #[test]
-    fn request_needs_add_up_earlier_consumes_of_the_same_key() {
-        let c = |key: &str, cost: u64, kind: ChargeKind| super::super::Charge {
-            key: key.into(),
-            spec: ChargeSpec {
-                limit: lim(10, 1, 10),
-                cost,
-                kind,
-                shadow: false,
-            },
-        };
-        let charges = [
-            c("a", 3, ChargeKind::Consume),
-            c("b", 0, ChargeKind::Consume),
-            c("a", 0, ChargeKind::Consume),
-            c("a", 2, ChargeKind::Refund),
-            c("a", 4, ChargeKind::Consume),
-        ];
-        let m = u128::from(MICRO);
-        assert_eq!(request_needs(&charges), vec![3 * m, m, 4 * m, 0, 7 * m]);
+    /// The request driver over token bucket states only.
+    fn apply_request(
+        charges: &[(usize, ChargeSpec)],
+        states: &[Option<BucketState>],
+        now_us: u64,
+        mut put: impl FnMut(usize, BucketState),
+    ) -> RequestResult {
+        let states: Vec<_> = states
+            .iter()
+            .map(|s| s.map(super::super::State::from))
+            .collect();
+        super::super::apply_request(charges, &states, now_us, |i, s| {
+            put(i, *s.token_bucket().expect("a bucket"));
+        })
     }
 
     #[test]
@@ -423,8 +339,8 @@ mod tests {
         assert_eq!(wait_until_fits_us(&lim(0, 60, 0), 0, 1), 60_000_000);
     }
 
-    fn lim(r: u32, u: u64, c: u32) -> Limit {
-        Limit {
+    fn lim(r: u32, u: u64, c: u32) -> BucketLimit {
+        BucketLimit {
             requests_per_unit: r,
             unit_secs: NonZeroU64::new(u).expect("a unit of at least 1 s"),
             burst: c,
@@ -432,9 +348,9 @@ mod tests {
         }
     }
 
-    fn spec(l: Limit, cost: u64) -> ChargeSpec {
+    fn spec(l: BucketLimit, cost: u64) -> ChargeSpec {
         ChargeSpec {
-            limit: l,
+            limit: l.into(),
             cost,
             kind: ChargeKind::Consume,
             shadow: false,
@@ -486,7 +402,7 @@ mod tests {
         };
         assert_eq!(st.tokens_at(&l, u64::MAX), capacity(&l));
         let s = ChargeSpec {
-            limit: l,
+            limit: l.into(),
             cost: u64::MAX,
             kind: ChargeKind::Consume,
             shadow: false,
@@ -511,14 +427,14 @@ mod tests {
             r.charges[0],
             ChargeResult {
                 enough: true,
-                tokens_micro: 10 * MICRO_I64
+                remaining_micro: 10 * MICRO_I64
             }
         );
         assert_eq!(
             r.charges[1],
             ChargeResult {
                 enough: false,
-                tokens_micro: MICRO_I64
+                remaining_micro: MICRO_I64
             }
         );
     }
@@ -549,7 +465,7 @@ mod tests {
         let a = spec(lim(0, 60, 0), 0);
         let r = apply_request(&[(0, a)], &[None], 0, |_, _| panic!("no write"));
         assert!(!r.admitted);
-        assert_eq!(r.charges[0].tokens_micro, 0);
+        assert_eq!(r.charges[0].remaining_micro, 0);
     }
 
     /// A stored timestamp in the future (the clock stepped back) is taken
@@ -580,7 +496,7 @@ mod tests {
         wrote = None;
         // A refund (any write) stores now, not the future timestamp.
         let refund = ChargeSpec {
-            limit: l,
+            limit: l.into(),
             cost: 1,
             kind: ChargeKind::Refund,
             shadow: false,
@@ -611,7 +527,7 @@ mod tests {
             wrote = Some(s)
         });
         assert!(!r.admitted);
-        assert_eq!(r.charges[0].tokens_micro, 10 * m, "reported before");
+        assert_eq!(r.charges[0].remaining_micro, 10 * m, "reported before");
         assert_eq!(wrote.map(|s| s.tokens_micro), Some(-200 * m));
         // At -200 a check waits ceil(201 * 3.6 s) = 724 s.
         let wait = wait_until_fits_us(&l, -200 * m, u128::from(MICRO));
@@ -688,14 +604,14 @@ mod tests {
                 for s in steps {
                     now += s.gap_us;
                     let kind = if s.refund { ChargeKind::Refund } else { ChargeKind::Consume };
-                    let spec = ChargeSpec { limit, cost: s.cost, kind, shadow: false };
+                    let spec = ChargeSpec { limit: limit.into(), cost: s.cost, kind, shadow: false };
                     let mut wrote = None;
                     let res = apply_request(&[(0, spec)], &[state], now, |_, st| wrote = Some(st));
-                    prop_assert!(i128::from(res.charges[0].tokens_micro) <= i128::try_from(cap).unwrap_or(0));
+                    prop_assert!(i128::from(res.charges[0].remaining_micro) <= i128::try_from(cap).unwrap_or(0));
                     if !res.admitted {
                         prop_assert!(wrote.is_none());
                         // Honest wait: retrying after it (absent other traffic) is admitted.
-                        let tokens = u128::try_from(res.charges[0].tokens_micro).unwrap_or(0);
+                        let tokens = u128::try_from(res.charges[0].remaining_micro).unwrap_or(0);
                         let need = spec.need_micro();
                         if need <= cap && r > 0 {
                             let wait = limit.wait_us(need - tokens).unwrap_or(0);

@@ -1,0 +1,266 @@
+--[[ token_bucket.lua: the token bucket's part of the request script
+(lua/request.lua, which documents the functions every algorithm part returns
+and how src/storage/redis/script.rs assembles the script). It implements
+exactly the reference model `src/storage/algorithm/token_bucket.rs`
+(`TokenBucket`); the Rust tests compare script and model on random inputs.
+
+Units: tokens are micro-tokens (1 token = 1,000,000) and times are
+microseconds since the Unix epoch, all integers. Lua numbers are doubles, so
+every intermediate value is kept below 2^53 (see the refill formula below).
+
+Limit (the packed charge's parameters):
+  p1 = R     tokens added per unit (u32); 0 = capacity 0
+  p2 = U     unit length in seconds (1 .. 31,536,000)
+  p3 = C     capacity (burst) in tokens (u32)
+  x  = D     max_debt in tokens (0 when R = 0). On a bucket with D > 0 a
+             consume is always charged, admitted or not, clamped at -D
+             (never raised by the clamp): it stands when the request is
+             denied.
+  cost       clamped by the caller to at most capacity + max_debt + 1 for a
+             consume and capacity + 2^32 - 1 (the deepest debt) for a
+             refund, which changes no outcome.
+
+Level: the balance in micro-tokens at now (negative while in debt), capped
+at the capacity; a missing bucket is full. report(level) is the balance.
+
+Stored state, one string key per bucket (binary, big-endian):
+  7 bytes updated_us, then tokens_micro in as few bytes as needed (0..7); a
+  negative balance (debt) as a 0 byte, then its magnitude in 1..7 bytes (a
+  minimal positive encoding never starts with a 0 byte).
+Up to 12 bytes (tokens < 2^40 micro-tokens, about 1.1 million tokens) the value
+fits the same allocator class as a small embedded string, so a bucket costs at
+most 16 bytes more than a plain integer key of the same name.
+Every written key expires (PX) when its bucket would be full again (ceil, at
+least 1 ms); a bucket that is full again is deleted (a missing bucket is full).
+A stored timestamp after now (Redis's clock stepped back) is taken as now: it
+refills nothing and the next write stores now, so a clock step never freezes
+a bucket (docs/design.md, "Time").
+]]
+
+local MICRO = 1000000
+local TWO53 = 9007199254740992
+-- Library functions as locals: a local is one VM register, a global a table
+-- lookup per use.
+local fmod, ceil = math.fmod, math.ceil
+local spack, sunpack, sbyte = struct.pack, struct.unpack, string.byte
+
+-- Exact integer division of non-negative integers below 2^53.
+local function divmod(a, b)
+  local r = fmod(a, b)
+  return (a - r) / b, r
+end
+
+-- Packing with Redis's built-in `struct` library (one C call instead of a
+-- byte loop in Lua). Every value packed is an integer below 2^53, exact in
+-- the library's 64-bit integers.
+-- PACK[m]: 7 bytes of timestamp, then m bytes of tokens (one call reads or
+-- writes both).
+local PACK = { [0] = '>I7', '>I7I1', '>I7I2', '>I7I3', '>I7I4', '>I7I5', '>I7I6', '>I7I7', '>I7I8' }
+
+-- Bytes needed for a magnitude below 2^56 (0 for 0).
+local function width(v)
+  if v < 4294967296 then
+    if v < 65536 then
+      if v == 0 then
+        return 0
+      elseif v < 256 then
+        return 1
+      end
+      return 2
+    elseif v < 16777216 then
+      return 3
+    end
+    return 4
+  elseif v < 1099511627776 then
+    return 5
+  elseif v < 281474976710656 then
+    return 6
+  end
+  return 7
+end
+
+-- A balance in debt is written as its magnitude in one byte more than it
+-- needs, so it starts with a 0 byte, which a minimal encoding never does.
+local function encode(tokens, updated)
+  if tokens < 0 then
+    return spack(PACK[width(-tokens) + 1], updated, -tokens)
+  end
+  local m = width(tokens)
+  if m == 0 then
+    return spack('>I7', updated)
+  end
+  return spack(PACK[m], updated, tokens)
+end
+
+-- Micro-tokens at `now` (token_bucket.rs BucketState::tokens_at). The refill
+-- floor(elapsed * R / U) would exceed 2^53, so it is computed as
+-- q*R + r*a + floor(r*b/U) with q, r = divmod(elapsed, U) and
+-- a, b = divmod(R, U): r*a < R and r*b < U^2 < 2^53, and q*R is only used
+-- when it is below the deficit (else the bucket is full).
+local function tokens_at(have, updated, R, U, cap, now)
+  if have >= cap then
+    return cap
+  end
+  local elapsed = now - updated
+  if elapsed <= 0 then
+    return have
+  end
+  if U == 1 then
+    -- Per-second rules, the usual case: q = elapsed, r = 0 below.
+    local qr = elapsed * R
+    if qr >= cap - have then
+      return cap
+    end
+    return have + qr
+  end
+  local q, r = divmod(elapsed, U)
+  local qr = q * R
+  if qr >= cap - have then
+    return cap
+  end
+  local a, b = divmod(R, U)
+  local frac = divmod(r * b, U)
+  local t = have + qr + r * a + frac
+  if t > cap then
+    t = cap
+  end
+  return t
+end
+
+-- `balance` after a debt charge of `cost` tokens on a bucket whose debt
+-- bound is `debt` micro-tokens (token_bucket.rs charge_debt): down by the cost,
+-- clamped at -debt, never raised by the clamp.
+local function charge_debt(balance, cost, debt)
+  local floor = -debt
+  if floor > balance then
+    floor = balance
+  end
+  local after = balance - cost * MICRO
+  if after < floor then
+    return floor
+  end
+  return after
+end
+
+-- Milliseconds until a bucket holding `tokens` (of `cap`; negative in
+-- debt) is full (ceil, at least 1; the driver applies its bounds).
+local function ttl_ms(R, U, cap, tokens)
+  local p = (cap - tokens) * U
+  local ms
+  if p < TWO53 then
+    local us, rem = divmod(p, R)
+    if rem > 0 then
+      us = us + 1
+    end
+    local rr = fmod(us, 1000)
+    ms = (us - rr) / 1000
+    if rr > 0 then
+      ms = ms + 1
+    end
+  else
+    -- Years-long waits: doubles with an upward margin.
+    ms = ceil((cap - tokens) / R * U / 1000 * (1 + 1e-9)) + 1
+  end
+  if ms < 1 then
+    ms = 1
+  end
+  return ms
+end
+
+-- Each function below computes the capacity in micro-tokens itself (0
+-- when R = 0): inline, a call per use would cost more than the arithmetic.
+
+-- The balance at now of a bucket stored as `s` (false: missing, full), and
+-- whether it was stored after now.
+local function read(s, R, U, C, now)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
+  local len = s and #s or 0
+  if len >= 7 and len <= 15 then
+    local updated, tokens
+    if len == 7 then
+      updated, tokens = sunpack('>I7', s), 0
+    else
+      local m = len - 7
+      updated, tokens = sunpack(PACK[m], s)
+      -- The first of its m bytes is 0: a debt.
+      if sbyte(s, 8) == 0 then
+        tokens = -tokens
+      end
+    end
+    return tokens_at(tokens, updated, R, U, cap, now), updated > now
+  end
+  return cap, false
+end
+
+local function rebase(w, R, U, C)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
+  if w > cap then
+    return cap
+  end
+  return w
+end
+
+-- A consume of `cost` tokens (token_bucket.rs TokenBucket::consume): needs
+-- max(cost, 1) tokens, at most capacity + 1; a debt charge (D > 0, cost > 0)
+-- is always taken and stands when the request is denied.
+local function consume(w, cost, R, U, C, D)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
+  local need = cost
+  if need < 1 then
+    need = 1
+  end
+  need = need * MICRO
+  if need > cap + MICRO then
+    need = cap + MICRO
+  end
+  local ok = w >= need
+  if D > 0 then
+    if cost > 0 then
+      return charge_debt(w, cost, D * MICRO), ok, true, true
+    end
+  elseif ok and cost > 0 then
+    return w - cost * MICRO, ok, true, false
+  end
+  return w, ok, false, false
+end
+
+local function refund(w, cost, R, U, C)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
+  local new = w + cost * MICRO
+  if new > cap then
+    new = cap
+  end
+  return new, new ~= w
+end
+
+local function report(w)
+  return w
+end
+
+-- Under a rate of 0 (capacity 0) a bucket counts as full, as in the model.
+local function encode_state(w, now, R, U, C)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
+  if w >= cap or R == 0 then
+    return nil
+  end
+  return encode(w, now), ttl_ms(R, U, cap, w)
+end
+
+-- In the order of lua/request.lua's contract (an array: cheaper to build
+-- on every call than a table with named fields).
+return { read, rebase, consume, refund, report, encode_state }

@@ -1,0 +1,267 @@
+--[[ request.lua: evaluate and charge every limit of one ShouldRateLimit
+request, atomically, whatever algorithm each limit uses.
+
+Why a script: the design (docs/design.md, "All-or-nothing requests") requires all-or-nothing per request (if any non-shadow
+descriptor lacks tokens, no key is charged) under concurrency, and docs/design.md, "Redis script",
+requires one round trip per request. A Lua script runs atomically inside Redis
+and reads every key, decides, and writes in one call. This file is the
+request driver; each algorithm's arithmetic and state encoding is its part
+under lua/algorithms/. It implements exactly the reference model
+`src/storage/algorithm/mod.rs` (`apply_request`) with each algorithm's model
+(`src/storage/algorithm/<name>.rs`); the Rust tests compare the two on
+random inputs.
+
+Assembly: src/storage/redis/script.rs builds the script text at build time
+as `local ALGORITHMS = {`, then per algorithm
+`[id] = (function() <lua/algorithms/<name>.lua> end)(),`, then `}` and
+this file. So one EVALSHA serves any mix of algorithms, and this file names
+none. Each algorithm part returns an array of six functions, in this order,
+over its limit's three parameters p1, p2, p3 and its extra parameter x (see
+ARGV[3]), and over a *level*: the working value of one key during a request,
+opaque here:
+  read(s, p1, p2, p3, now) -> level, stale
+      the level at `now` of a key whose stored string is s (false:
+      missing); stale: stored with a time after now (rewritten, see below).
+  rebase(level, p1, p2, p3) -> level
+      a level reached under another limit, under this one (two charges on
+      one key may carry different limits).
+  consume(level, cost, p1, p2, p3, x) -> level, enough, changed, stands
+      enough: the key had what the charge needs; changed: the level must be
+      written if the request stands; stands: the charge is taken even when
+      the request is denied (a bucket's debt charge).
+  refund(level, cost, p1, p2, p3) -> level, changed
+  report(level) -> integer
+      what the key has left in micro-units (the reply's value).
+  encode(level, now, p1, p2, p3) -> value, ttl_ms
+      the string to store and its expiry in ms (at least 1); value nil:
+      the key is the same as missing and is deleted.
+All values are integers below 2^53 (Lua numbers are doubles).
+
+Units: amounts are micro-units (1 token = 1,000,000) and times are
+microseconds since the Unix epoch, all integers.
+
+KEYS[1..k]  distinct keys of the request (one per limit and client value).
+ARGV[1]     explicit now in microseconds, TESTS ONLY; the service always sends
+            "" and time comes from redis.call('TIME'), so service replicas with
+            skewed clocks can never mint tokens (docs/design.md, "Time").
+ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none): with an
+            explicit (paused) now, Redis still expires keys in real time, so
+            test runs keep keys alive for longer than their algorithm asks.
+ARGV[3]     every charge, in request order, packed as one binary string of
+            32 bytes per charge, big-endian unsigned: algorithm (1 byte),
+            key index (3), p1 (4), p2 (4), p3 (4), cost (8), flags (8).
+            (One packed argument instead of several decimal strings per
+            charge: the client builds no strings and the script runs no
+            `tonumber` per value.) The values:
+              algorithm  index into ALGORITHMS (0 = token bucket)
+              key index  1-based index into KEYS
+              p1..p3     the limit, as the algorithm defines them (the token
+                         bucket: R, U, C; lua/algorithms/token_bucket.lua)
+              cost       tokens, clamped by the caller so that no outcome
+                         changes and every amount stays below 2^53; 0 =
+                         check only
+              flags      bit 0: refund (is_negative_hits), bit 1: shadow mode,
+                         flags / 4 (floor): the algorithm's extra parameter x
+                         (below 2^32; the token bucket's max_debt D).
+
+Reply: one binary string, big-endian, 1 + 9 n bytes:
+  admitted   1 byte: 1 if every non-shadow consume charge had enough
+             (then all were charged), else 0 (then only the charges that
+             stand were written).
+  then per charge i, in request order:
+  enough_i   1 byte: 1 if charge i had enough (always 1 for a refund).
+  left_i     8 bytes, signed: what charge i's key has left, in micro-units
+             (report), after the request (admitted) or before it (not
+             admitted), under charge i's limit; negative while in debt.
+(One packed string instead of an array of 2n + 1 integers: the client parses
+it in a few instructions, where an array of integers costs a parser step per
+element.)
+Durations and remaining counts are computed by the caller from these.
+
+Writes: a key whose level changed is written (SET with PX, its algorithm's
+encode; DEL when it is the same as missing) when the request is admitted;
+when it is denied, only the keys of the charges that stand, with only those
+charges applied. A check (cost 0), a refund on a full bucket and a denied
+request write nothing and refresh no TTL. A key stored with a time after now
+(Redis's clock stepped back) that nothing else writes is written as read,
+stamped now, admitted or not: otherwise every later call would read "no
+time elapsed" until the clock caught up (docs/design.md, "Time").
+]]
+
+local MICRO = 1000000
+-- Longest expiry written, in ms (about 31,700 years): keeps now + PX inside
+-- Redis's 64-bit millisecond clock; such keys are never reset in practice.
+local MAX_TTL_MS = 1000000000000000
+-- ARGV[2]: shortest expiry for test runs (0 = none).
+local min_ttl = tonumber(ARGV[2]) or 0
+-- Library functions as locals: a local is one VM register, a global a table
+-- lookup per use.
+local rcall = redis.call
+local spack, sunpack = struct.pack, struct.unpack
+-- Positions of an algorithm's functions in its array (see the header).
+local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE = 1, 2, 3, 4, 5, 6
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = rcall('TIME')
+  now = tonumber(t[1]) * MICRO + tonumber(t[2])
+end
+
+-- Every key in one MGET (in slices, to stay inside Lua's stack for a
+-- request with very many descriptors). MGET reads a key of another type as
+-- missing, so a key it reports missing is read again with GET, which fails
+-- with WRONGTYPE on a foreign key instead of letting it be overwritten; a
+-- hot key exists, so that second read is paid by new keys only.
+local nk = #KEYS
+local vals
+if nk == 0 then
+  vals = {}
+elseif nk <= 512 then
+  vals = rcall('MGET', unpack(KEYS))
+else
+  vals = {}
+  for i = 1, nk, 512 do
+    local j = i + 511
+    if j > nk then
+      j = nk
+    end
+    local part = rcall('MGET', unpack(KEYS, i, j))
+    for x = 1, j - i + 1 do
+      vals[i + x - 1] = part[x]
+    end
+  end
+end
+
+-- Per key k (index into KEYS): the stored string RAW[k] (false: missing),
+-- the working level W[k] and whether it changed (DIRTY[k]), the algorithm
+-- and limit of its last charge (LA, L1, L2, L3), the level after only the
+-- charges that stand (DW[k], written when the request is denied), and for
+-- a key stored after now the level read before any charge (STALE[k]).
+local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- Per charge: its key and whether it had enough.
+local KEY, ENOUGH = {}, {}
+
+-- ARGV[3]: the charges (see the header), taken in order.
+local packed = ARGV[3]
+local n = #packed / 32
+local admitted = true
+local pos = 1
+for c = 1, n do
+  local a, k, p1, p2, p3, cost, flags
+  a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
+  local alg = ALGORITHMS[a]
+  KEY[c] = k
+  -- Exact: flags < 2^35 and the divisors are powers of two.
+  local low = flags % 4
+  local refund = low % 2 == 1
+  local shadow = low >= 2
+  local w = W[k]
+  if w == nil then
+    local s = vals[k]
+    if not s then
+      -- Missing, or another type: GET tells them apart (WRONGTYPE).
+      s = rcall('GET', KEYS[k])
+    end
+    RAW[k] = s
+    local stale
+    w, stale = alg[READ](s, p1, p2, p3, now)
+    if stale then
+      STALE[k] = w
+    end
+    DIRTY[k] = false
+  else
+    w = alg[REBASE](w, p1, p2, p3)
+  end
+  LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
+  if refund then
+    local changed
+    w, changed = alg[REFUND](w, cost, p1, p2, p3)
+    if changed then
+      DIRTY[k] = true
+    end
+    ENOUGH[c] = 1
+  else
+    local x = (flags - low) / 4
+    local ok, changed, stands
+    w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
+    if ok then
+      ENOUGH[c] = 1
+    else
+      ENOUGH[c] = 0
+      if not shadow then
+        admitted = false
+      end
+    end
+    if changed then
+      DIRTY[k] = true
+    end
+    if stands then
+      local d = DW[k]
+      if d == nil then
+        d = alg[READ](RAW[k], p1, p2, p3, now)
+      else
+        d = alg[REBASE](d, p1, p2, p3)
+      end
+      DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
+    end
+  end
+  W[k] = w
+end
+
+-- Writes `level` for key k, stamped now, under the limit of its last charge.
+local function put(k, level)
+  local value, ttl = LA[k][ENCODE](level, now, L1[k], L2[k], L3[k])
+  if value == nil then
+    rcall('DEL', KEYS[k])
+  else
+    if ttl < min_ttl then
+      ttl = min_ttl
+    end
+    if ttl > MAX_TTL_MS then
+      ttl = MAX_TTL_MS
+    end
+    rcall('SET', KEYS[k], value, 'PX', string.format('%d', ttl))
+  end
+end
+
+-- (`DIRTY` has every key of the request as a key.)
+local reply = { 0 }
+if admitted then
+  reply[1] = 1
+  for k, d in pairs(DIRTY) do
+    if d then
+      put(k, W[k])
+    elseif STALE[k] then
+      put(k, STALE[k])
+    end
+  end
+  for c = 1, n do
+    local k = KEY[c]
+    reply[2 * c] = ENOUGH[c]
+    reply[2 * c + 1] = LA[k][REPORT](W[k])
+  end
+else
+  for k in pairs(DIRTY) do
+    if DW[k] then
+      put(k, DW[k])
+    elseif STALE[k] then
+      put(k, STALE[k])
+    end
+  end
+  -- What each key had before the request, under each charge's own limit.
+  pos = 1
+  for c = 1, n do
+    local a, k, p1, p2, p3
+    a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
+    pos = pos + 32
+    local alg = ALGORITHMS[a]
+    reply[2 * c] = ENOUGH[c]
+    reply[2 * c + 1] = alg[REPORT]((alg[READ](RAW[k], p1, p2, p3, now)))
+  end
+end
+if n == 1 then
+  return spack('>BBi8', reply[1], reply[2], reply[3])
+end
+return spack('>B' .. string.rep('Bi8', n), unpack(reply))
