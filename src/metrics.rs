@@ -48,6 +48,8 @@ pub const XDS_CONNECTED: &str = "bucket_rls_xds_connected";
 pub const XDS_VERSION_INFO: &str = "bucket_rls_xds_version_info";
 /// `ShouldRateLimit` latency in seconds (histogram).
 pub const REQUEST_DURATION: &str = "bucket_rls_request_duration_seconds";
+/// Buckets the memory backend forgot early because its bucket cap was reached (no labels).
+pub const MEMORY_EVICTIONS: &str = "bucket_rls_memory_evictions_total";
 
 /// Registers descriptions for every metric (call once, after installing a recorder).
 pub fn describe() {
@@ -93,6 +95,10 @@ pub fn describe() {
     );
     describe_histogram!(REQUEST_DURATION, Unit::Seconds, "ShouldRateLimit latency");
     describe_counter!(XDS_RESPONSES, "xDS responses ACKed or NACKed");
+    describe_counter!(
+        MEMORY_EVICTIONS,
+        "Buckets forgotten early because the memory backend's bucket cap was reached"
+    );
     metrics::describe_gauge!(
         XDS_CONNECTED,
         "1 while the xDS stream to the management server is open"
@@ -255,6 +261,140 @@ pub fn render(hash: &str, loaded_at: std::time::SystemTime) -> String {
     out
 }
 
+/// The help text of each process series.
+const PROCESS_HELP: [(&str, &str); 6] = [
+    (
+        "process_cpu_seconds_total",
+        "Total user and system CPU time spent in seconds",
+    ),
+    (
+        "process_virtual_memory_bytes",
+        "Virtual memory size in bytes",
+    ),
+    (
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds",
+    ),
+    (
+        "process_resident_memory_bytes",
+        "Resident memory size in bytes",
+    ),
+    ("process_open_fds", "Number of open file descriptors"),
+    ("process_max_fds", "Maximum number of open file descriptors"),
+];
+
+/// Linux clock ticks per second of `/proc/self/stat` (`USER_HZ`, 100 on
+/// every Linux architecture's user ABI).
+const CLOCK_TICKS: f64 = 100.0;
+
+/// The standard process collector series from `/proc/self` (empty where
+/// `/proc` is not mounted): `process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
+/// `process_open_fds`, `process_max_fds`, `process_start_time_seconds`.
+#[must_use]
+pub fn process_metrics() -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let mut gauge = |name: &str, kind: &str, v: f64| {
+        let help = PROCESS_HELP
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or("", |(_, h)| h);
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    };
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // Fields after the command name in parentheses (which may hold spaces).
+        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let field = |n: usize| f.get(n - 3).and_then(|s| s.parse::<f64>().ok());
+        if let (Some(u), Some(s)) = (field(14), field(15)) {
+            gauge(
+                "process_cpu_seconds_total",
+                "counter",
+                (u + s) / CLOCK_TICKS,
+            );
+        }
+        if let Some(v) = field(23) {
+            gauge("process_virtual_memory_bytes", "gauge", v);
+        }
+        let btime = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        });
+        if let (Some(start), Some(btime)) = (field(22), btime) {
+            gauge(
+                "process_start_time_seconds",
+                "gauge",
+                btime + start / CLOCK_TICKS,
+            );
+        }
+    }
+    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
+        let rss_kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok());
+        if let Some(kb) = rss_kb {
+            gauge("process_resident_memory_bytes", "gauge", kb * 1024.0);
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+        gauge("process_open_fds", "gauge", dir.count() as f64);
+    }
+    if let Ok(limits) = std::fs::read_to_string("/proc/self/limits") {
+        let max = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .and_then(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok());
+        if let Some(m) = max {
+            gauge("process_max_fds", "gauge", m);
+        }
+    }
+    out
+}
+
+/// The native exposition of `/metrics` on the admin port: every metric
+/// ([`render`]), the xDS version in force when the config comes from xDS
+/// (`xds_version`), and the process series ([`process_metrics`]).
+#[must_use]
+pub fn render_native(
+    hash: &str,
+    loaded_at: std::time::SystemTime,
+    xds_version: Option<&str>,
+) -> String {
+    let mut out = render(hash, loaded_at);
+    if let Some(v) = xds_version {
+        out.push_str(&render_xds_version(v));
+    }
+    out.push_str(&process_metrics());
+    out
+}
+
+/// Registers the unlabelled series of a storage backend at zero, so an
+/// alert on `== 0` has a series to match from startup (labelled series
+/// appear with their first event): the Redis series for a Redis backend
+/// (`redis`), the memory eviction counter otherwise.
+pub fn register_backend_series(redis: bool) {
+    if redis {
+        metrics::gauge!(REDIS_CIRCUIT_OPEN).increment(0.0);
+        metrics::counter!(REDIS_SCRIPT_RELOAD).increment(0);
+        metrics::counter!(LOCAL_CACHE_HITS).increment(0);
+    } else {
+        metrics::counter!(MEMORY_EVICTIONS).increment(0);
+    }
+}
+
+/// Registers the xDS series at zero when an xDS source starts.
+pub fn register_xds_series() {
+    metrics::gauge!(XDS_CONNECTED).set(0.0);
+    metrics::counter!(XDS_RESPONSES, "result" => "ack").increment(0);
+    metrics::counter!(XDS_RESPONSES, "result" => "nack").increment(0);
+}
+
 /// Drains histogram samples into their buckets; the server calls this
 /// periodically so memory stays bounded between scrapes.
 pub fn upkeep() {
@@ -282,4 +422,22 @@ pub fn render_xds_version(version: &str) -> String {
          # TYPE {XDS_VERSION_INFO} gauge\n\
          {XDS_VERSION_INFO}{{version=\"{v}\"}} 1\n"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_metrics_name_the_standard_series() {
+        let p = process_metrics();
+        for name in [
+            "process_resident_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(p.contains(&format!("\n{name} ")), "{name}:\n{p}");
+        }
+    }
 }

@@ -65,13 +65,7 @@ pub fn build_storage(backend: Backend) -> Result<Arc<dyn Storage>, SetupError> {
             Arc::new(storage)
         }
     };
-    if is_redis {
-        metrics::gauge!(crate::metrics::REDIS_CIRCUIT_OPEN).increment(0.0);
-        metrics::counter!(crate::metrics::REDIS_SCRIPT_RELOAD).increment(0);
-        metrics::counter!(crate::metrics::LOCAL_CACHE_HITS).increment(0);
-    } else {
-        metrics::counter!(crate::storage::memory::EVICTIONS_METRIC).increment(0);
-    }
+    crate::metrics::register_backend_series(is_redis);
     Ok(storage)
 }
 

@@ -275,73 +275,7 @@ fn num_ms(ms: f64) -> String {
 #[must_use]
 pub fn render_metrics() -> String {
     let mut out = translate(&crate::metrics::install().render());
-    out.push_str(&process_metrics());
-    out
-}
-
-/// Linux clock ticks per second of `/proc/self/stat` (`USER_HZ`, 100 on
-/// every Linux architecture's user ABI).
-const CLOCK_TICKS: f64 = 100.0;
-
-/// The standard process collector series from `/proc/self` (empty where
-/// `/proc` is not mounted): `process_cpu_seconds_total`,
-/// `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
-/// `process_open_fds`, `process_max_fds`, `process_start_time_seconds`.
-#[must_use]
-pub fn process_metrics() -> String {
-    let mut out = String::new();
-    let mut gauge = |name: &str, kind: &str, v: f64| {
-        let _ = writeln!(out, "# TYPE {name} {kind}\n{name} {}", num(v));
-    };
-    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
-        // Fields after the command name in parentheses (which may hold spaces).
-        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let field = |n: usize| f.get(n - 3).and_then(|s| s.parse::<f64>().ok());
-        if let (Some(u), Some(s)) = (field(14), field(15)) {
-            gauge(
-                "process_cpu_seconds_total",
-                "counter",
-                (u + s) / CLOCK_TICKS,
-            );
-        }
-        if let Some(v) = field(23) {
-            gauge("process_virtual_memory_bytes", "gauge", v);
-        }
-        let btime = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("btime "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        });
-        if let (Some(start), Some(btime)) = (field(22), btime) {
-            gauge(
-                "process_start_time_seconds",
-                "gauge",
-                btime + start / CLOCK_TICKS,
-            );
-        }
-    }
-    if let Ok(status) = std::fs::read_to_string("/proc/self/status") {
-        let rss_kb = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok());
-        if let Some(kb) = rss_kb {
-            gauge("process_resident_memory_bytes", "gauge", kb * 1024.0);
-        }
-    }
-    if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-        gauge("process_open_fds", "gauge", dir.count() as f64);
-    }
-    if let Ok(limits) = std::fs::read_to_string("/proc/self/limits") {
-        let max = limits
-            .lines()
-            .find(|l| l.starts_with("Max open files"))
-            .and_then(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok());
-        if let Some(m) = max {
-            gauge("process_max_fds", "gauge", m);
-        }
-    }
+    out.push_str(&crate::metrics::process_metrics());
     out
 }
 
@@ -406,18 +340,5 @@ bucket_rls_request_duration_seconds_count 9
         let native = "bucket_rls_over_limit_total{rule=\"d.k_a\\\"b\\\\c\"} 1\n";
         let go = translate(native);
         assert!(go.contains("key1=\"k_a\\\"b\\\\c\""), "{go}");
-    }
-
-    #[test]
-    fn process_metrics_name_the_standard_series() {
-        let p = process_metrics();
-        for name in [
-            "process_resident_memory_bytes",
-            "process_cpu_seconds_total",
-            "process_open_fds",
-            "process_start_time_seconds",
-        ] {
-            assert!(p.contains(&format!("\n{name} ")), "{name}:\n{p}");
-        }
     }
 }

@@ -165,16 +165,10 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
         )],
         {
             let config = limiter.config();
-            let mut out = crate::metrics::render(&config.hash, config.loaded_at);
             let source = limiter.config_handle().source_status();
-            if source.kind == "xds" {
-                out.push_str(&crate::metrics::render_xds_version(
-                    source.version.as_deref().unwrap_or(""),
-                ));
-            }
-            // The standard process series (resident memory, CPU, open files).
-            out.push_str(&crate::go::metrics::process_metrics());
-            out
+            let xds_version =
+                (source.kind == "xds").then(|| source.version.as_deref().unwrap_or(""));
+            crate::metrics::render_native(&config.hash, config.loaded_at, xds_version)
         },
     )
         .into_response()

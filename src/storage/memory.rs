@@ -34,9 +34,6 @@ const MIN_SWEEP_LEN: usize = 1024;
 /// Default most buckets held by one process.
 pub const DEFAULT_MAX_BUCKETS: usize = 2_000_000;
 
-/// Buckets forgotten early because the cap was reached (no labels).
-pub const EVICTIONS_METRIC: &str = "bucket_rls_memory_evictions_total";
-
 #[derive(Debug, Default)]
 struct Shard {
     /// key -> (state, microsecond time at which it is the same as never seen)
@@ -78,7 +75,8 @@ impl Shard {
                 true
             }
         });
-        metrics::counter!(EVICTIONS_METRIC).increment((before - self.map.len()) as u64);
+        metrics::counter!(crate::metrics::MEMORY_EVICTIONS)
+            .increment((before - self.map.len()) as u64);
         self.next_sweep_len = (self.map.len() * 2).max(MIN_SWEEP_LEN);
     }
 

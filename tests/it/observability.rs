@@ -72,7 +72,7 @@ fn exported() -> BTreeSet<String> {
         m::CONFIG_INFO,
         m::CONFIG_LOAD_TIMESTAMP,
         m::BUILD_INFO,
-        bucket_rls::storage::memory::EVICTIONS_METRIC,
+        bucket_rls::metrics::MEMORY_EVICTIONS,
     ]
     .iter()
     .map(|s| (*s).to_owned())

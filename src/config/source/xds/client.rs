@@ -89,9 +89,7 @@ pub fn spawn(
         s.location = shown(&settings.server);
         s.connected = Some(false);
     });
-    metrics::gauge!(XDS_CONNECTED).set(0.0);
-    metrics::counter!(XDS_RESPONSES, "result" => "ack").increment(0);
-    metrics::counter!(XDS_RESPONSES, "result" => "nack").increment(0);
+    crate::metrics::register_xds_series();
     let node = node(&settings);
     let source = Source {
         settings,
