@@ -1,9 +1,11 @@
 //! bucket-rls: an implementation of Envoy's external rate limit service
 //! (`envoy.service.ratelimit.v3.RateLimitService`) with exact token buckets.
 //!
-//! Crate map (one line per module; each module's own docs say more). The
-//! request path runs edge → core → storage; no module below the edges names
-//! a protobuf or tonic type.
+//! Crate map (every module; each module's own docs say more). The request
+//! path runs edge → core → storage; no module below the edges names a
+//! protobuf or tonic type. docs/architecture.md has the layout and recipes
+//! for adding a protocol, a config source, a storage backend or an
+//! algorithm.
 //!
 //! - Edges
 //!   - [`grpc`]: the gRPC port: `ShouldRateLimit` on `h2` directly with the
@@ -17,20 +19,25 @@
 //!   - [`limiter`]: the decision core: request and decision types, plan,
 //!     verdict, RateLimit headers, storage failure policy.
 //!   - [`matcher`]: compiled descriptor tree and matching.
-//!   - [`config`]: YAML config: schema, compile, files, the
-//!     [`config::ConfigHandle`] in force (and its one writer,
-//!     `ConfigHandle::apply`), and the config sources side by side
-//!     (`config::source`: the file watcher and xDS).
+//!   - [`config`]: the config: schema, compilation, files, the
+//!     [`config::ConfigHandle`] in force (the one way a config is applied)
+//!     and the sources that keep it current (file watcher, xDS).
 //! - Storage
-//!   - [`storage`]: the storage seam, the token bucket model, memory and
-//!     Redis (single node, Sentinel, Cluster) backends.
+//!   - [`storage`]: the storage seam, the algorithms (the token bucket
+//!     model), memory and Redis (single node, Sentinel, Cluster) backends.
 //! - Process
 //!   - [`app`]: serving: the storage and limiter built from settings, bind
-//!     outside, serve inside, drain on shutdown; process signals.
-//!   - [`settings`]: process settings (request path, storage backend) and
-//!     setup errors.
-//!   - [`conn_limit`]: connection caps for the two listening ports.
-//!   - [`metrics`]: metric names, the recorder, rendering.
+//!     outside, serve inside (ports, background tasks), drain on shutdown;
+//!     process signals.
+//!   - [`settings`]: process settings (request path, storage backend, config
+//!     source) and setup errors.
+//!   - [`conn_limit`]: connection caps for the listening ports.
+//!   - [`metrics`]: every metric name, the recorder, the zero series and the
+//!     native exposition.
+//!   - `otel` (private): OTLP tracing, the server span of a call and the
+//!     client span of a Redis script call.
+//!   - `tls` (private): PEM loading for every TLS side and the gRPC port's
+//!     reloading server certificate.
 //!   - `loadgen`: `bucket-rls loadgen`: gRPC load generator with latency
 //!     histograms (cargo feature `loadgen`, on by default).
 
