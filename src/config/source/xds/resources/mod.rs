@@ -70,18 +70,7 @@ pub fn compile_resources(resources: &[Any], load: LoadOptions) -> Result<Config,
             )),
         }
     }
-    let mut files = Vec::with_capacity(configs.len());
-    for (i, c) in &configs {
-        let label = label(*i, c);
-        match map_config(c) {
-            Ok(raw) => files.push((label, raw)),
-            Err(e) => errors.extend(
-                e.into_iter()
-                    .map(|(path, message)| err(&label, &path, message)),
-            ),
-        }
-    }
-    compile_mapped(files, errors, load)
+    compile_mapped(configs.iter().map(|(i, c)| (*i, c)), errors, load)
 }
 
 /// Compiles decoded resources (a YAML dump read by [`parse_dump`]) as
@@ -93,9 +82,18 @@ pub fn compile_configs(
     configs: &[RateLimitConfig],
     load: LoadOptions,
 ) -> Result<Config, ConfigErrors> {
-    let mut errors = Vec::new();
+    compile_mapped(configs.iter().enumerate(), Vec::new(), load)
+}
+
+/// Maps each `(index, resource)` onto a schema tree (its problems added to
+/// `errors`) and compiles the set, sorted by label, with its hash.
+fn compile_mapped<'a>(
+    configs: impl ExactSizeIterator<Item = (usize, &'a RateLimitConfig)>,
+    mut errors: Vec<ConfigError>,
+    load: LoadOptions,
+) -> Result<Config, ConfigErrors> {
     let mut files = Vec::with_capacity(configs.len());
-    for (i, c) in configs.iter().enumerate() {
+    for (i, c) in configs {
         let label = label(i, c);
         match map_config(c) {
             Ok(raw) => files.push((label, raw)),
@@ -105,14 +103,6 @@ pub fn compile_configs(
             ),
         }
     }
-    compile_mapped(files, errors, load)
-}
-
-fn compile_mapped(
-    mut files: Vec<(String, RawFile)>,
-    mut errors: Vec<ConfigError>,
-    load: LoadOptions,
-) -> Result<Config, ConfigErrors> {
     files.sort_by(|a, b| a.0.cmp(&b.0));
     let hash = hash_mapped(&files);
     match compile_raw_files(files, hash, load) {
