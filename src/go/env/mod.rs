@@ -136,13 +136,18 @@ pub struct Mapped {
 }
 
 impl Mapped {
-    /// The flags for a log line: passwords replaced by `***`.
+    /// The `serve` command the environment became, for a log line: one line
+    /// that can be pasted into a shell (`bucket-rls serve --flag value ...`,
+    /// each word quoted where the shell would split or expand it, an empty
+    /// value as `''`), with passwords and tokens replaced by `***`.
     #[must_use]
     pub fn shown(&self) -> String {
-        let mut out = Vec::with_capacity(self.args.len());
+        let mut out = Vec::with_capacity(self.args.len() + 2);
+        out.push("bucket-rls".to_owned());
+        out.push("serve".to_owned());
         let mut prev = "";
         for a in &self.args {
-            out.push(match prev.strip_prefix("--").unwrap_or_default() {
+            let word = match prev.strip_prefix("--").unwrap_or_default() {
                 flag::REDIS_MASTER_PASSWORD => "***".to_owned(),
                 flag::REDIS_URL | flag::REDIS_SENTINEL | flag::REDIS_CLUSTER => a
                     .split(',')
@@ -159,9 +164,9 @@ impl Mapped {
                     })
                     .collect::<Vec<_>>()
                     .join(","),
-                _ if a.is_empty() => "\"\"".to_owned(),
                 _ => a.clone(),
-            });
+            };
+            out.push(shell_word(&word));
             prev = a;
         }
         out.join(" ")
@@ -193,6 +198,20 @@ impl Mapped {
         let flag = format!("--{name}");
         self.args.push(flag.clone());
         self.sources.push((flag, from.to_owned()));
+    }
+}
+
+/// `word` as one POSIX shell word: as it is when it holds only characters
+/// the shell leaves alone, else in single quotes (a `'` inside as `'\''`).
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:,=@+%".contains(&b));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 
@@ -389,7 +408,7 @@ pub fn map_env(env: &Env) -> Result<Mapped, GoEnvError> {
 
     for name in env.keys() {
         let n = name.as_str();
-        if MAPPED.contains(&n) || n == "GRPC_UDS" {
+        if MAPPED.contains(&n) || n == "GRPC_UDS" || names::is_grpc_library(n) {
             continue;
         }
         if IGNORED.contains(&n)

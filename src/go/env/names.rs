@@ -114,6 +114,43 @@ pub const MAPPED: &[&str] = &[
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
+/// Variables of the gRPC libraries themselves (gRPC core's and grpc-go's
+/// environment: roots, tracing, resolver, xDS bootstrap, experiments),
+/// inherited from a base image or a sidecar: they share the `GRPC_` prefix
+/// with the Go service's settings but are none of them, so they are neither
+/// mapped nor reported as unknown. Names ending in `_` are prefixes.
+pub const GRPC_LIBRARY: &[&str] = &[
+    "GRPC_ABORT_ON_LEAKS",
+    "GRPC_ARES_",
+    "GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+    "GRPC_DNS_",
+    "GRPC_ENABLE_FORK_SUPPORT",
+    "GRPC_EXPERIMENTAL_",
+    "GRPC_EXPERIMENTS",
+    "GRPC_GO_",
+    "GRPC_NOT_USE_SYSTEM_SSL_ROOTS",
+    "GRPC_POLL_STRATEGY",
+    "GRPC_SSL_CIPHER_SUITES",
+    "GRPC_STACKTRACE_MINLOGLEVEL",
+    "GRPC_SYSTEM_SSL_ROOTS_DIR",
+    "GRPC_TRACE",
+    "GRPC_VERBOSITY",
+    "GRPC_XDS_",
+];
+
+/// Whether `name` is a gRPC library variable ([`GRPC_LIBRARY`]).
+#[must_use]
+pub fn is_grpc_library(name: &str) -> bool {
+    GRPC_LIBRARY.iter().any(|g| {
+        if g.ends_with('_') {
+            name.starts_with(g)
+        } else {
+            name == *g
+        }
+    })
+}
+
 /// Name prefixes of the Go service's variables: a variable with one of
 /// them that is not known here is reported as unknown. Other variables
 /// (`PATH`, `HOSTNAME`, `KUBERNETES_*`) are not the service's and are not

@@ -159,11 +159,11 @@ fn the_startup_log_hides_xds_header_values_and_endpoint_passwords() {
         assert!(!shown.contains(secret), "{shown}");
     }
     assert!(
-        shown.contains("--config-xds-headers authorization:***,x-api-key:***"),
+        shown.contains("--config-xds-headers 'authorization:***,x-api-key:***'"),
         "{shown}"
     );
     assert!(
-        shown.contains("--otlp-endpoint http://user:***@127.0.0.1:4318"),
+        shown.contains("--otlp-endpoint 'http://user:***@127.0.0.1:4318'"),
         "{shown}"
     );
 }
@@ -485,7 +485,13 @@ fn tuning_and_xds_variables_are_ignored_and_unknown_ones_named() {
         ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
         ("MEMCACHE_HOST_PORT", "memcached:11211"),
         ("REDIS_NO_SUCH_THING", "1"),
+        ("GRPC_NO_SUCH_THING", "1"),
         ("PATH", "/bin"),
+        // gRPC libraries' own variables, inherited from an image.
+        ("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "/etc/ssl/roots.pem"),
+        ("GRPC_TRACE", "all"),
+        ("GRPC_GO_LOG_SEVERITY_LEVEL", "info"),
+        ("GRPC_XDS_BOOTSTRAP", "/etc/bootstrap.json"),
     ]))
     .expect("maps");
     assert_eq!(
@@ -496,5 +502,24 @@ fn tuning_and_xds_variables_are_ignored_and_unknown_ones_named() {
             "REDIS_POOL_SIZE"
         ]
     );
-    assert_eq!(m.unknown, ["REDIS_NO_SUCH_THING"]);
+    assert_eq!(m.unknown, ["GRPC_NO_SUCH_THING", "REDIS_NO_SUCH_THING"]);
+}
+
+#[test]
+fn the_startup_line_is_a_command_that_can_be_pasted() {
+    let (_, m) = serve_args(&env(&[
+        ("REDIS_URL", "127.0.0.1:6379"),
+        ("TRACING_ENABLED", "false"),
+        ("LOG_LEVEL", "debug"),
+    ]))
+    .expect("maps");
+    let shown = m.shown();
+    assert!(shown.starts_with("bucket-rls serve "), "{shown}");
+    // Tracing off is an empty endpoint: a quoted empty word, not two spaces.
+    assert!(shown.contains("--otlp-endpoint '' "), "{shown}");
+    assert!(!shown.contains("  "), "{shown}");
+    assert_eq!(super::shell_word("a b"), "'a b'");
+    assert_eq!(super::shell_word("it's"), "'it'\\''s'");
+    assert_eq!(super::shell_word("redis://h:6379/0"), "redis://h:6379/0");
+    assert_eq!(super::shell_word("***"), "'***'");
 }
