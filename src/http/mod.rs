@@ -102,16 +102,22 @@ pub fn go_metrics_router(path: &str) -> Router {
     )
 }
 
+/// The endpoints of the Go debug port, as `GET /` lists them.
+const DEBUG_ENDPOINTS: &str = "/rlconfig: the config in force, one rule per line\n";
+
 /// The router of the Go debug port: `GET /rlconfig` answers the config in
-/// force as plain text ([`crate::go::rlconfig::rlconfig_text`]).
+/// force as plain text ([`crate::go::rlconfig::rlconfig_text`]); `GET /`
+/// lists the endpoints, and an unknown path answers 404 with the same list.
 pub fn debug_router(limiter: Arc<Limiter>) -> Router {
     Router::new()
+        .route("/", get(|| async { DEBUG_ENDPOINTS }))
         .route(
             "/rlconfig",
             get(|State(limiter): State<Arc<Limiter>>| async move {
                 crate::go::rlconfig::rlconfig_text(&limiter.config())
             }),
         )
+        .fallback(|| async { (StatusCode::NOT_FOUND, DEBUG_ENDPOINTS) })
         .with_state(limiter)
 }
 

@@ -490,6 +490,17 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
         admin.body
     );
 
+    // The debug port lists its endpoints at / (and for an unknown path).
+    let index = http_get(ports.debug, "/", &[]).await.expect("GET /");
+    assert_eq!(
+        (index.status, index.body.as_str()),
+        (200, "/rlconfig: the config in force, one rule per line\n")
+    );
+    let missing = http_get(ports.debug, "/nope", &[])
+        .await
+        .expect("GET /nope");
+    assert_eq!((missing.status, missing.body), (404, index.body));
+
     // The plain-text /rlconfig on the debug port.
     let d = http_get(ports.debug, "/rlconfig", &[])
         .await
