@@ -28,4 +28,12 @@ fi
 export ENVOY_BIN="${ENVOY_BIN:-$PWD/.venv/bin/envoy}"
 export PATH="$PWD/.venv/bin:$PATH"
 
-cargo test --locked --all-targets "$@"
+# The whole output goes to the terminal as it comes; the last line is the
+# count of every test binary's results (benchmarks run in test mode print
+# their own lines before it).
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --locked --all-targets "$@" 2>&1 | tee "$log" || status=$?
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"
