@@ -215,7 +215,7 @@ pub fn translate(native: &str) -> String {
     let mut last = "";
     for ((go, (domain, key1, key2)), v) in &rules {
         if *go != last {
-            let _ = writeln!(out, "# TYPE {go} counter");
+            head(&mut out, go, "Per-rule hits, under the Go service's name");
             last = go;
         }
         let _ = writeln!(
@@ -227,22 +227,37 @@ pub fn translate(native: &str) -> String {
             num(*v)
         );
     }
-    for (name, v) in [
-        ("ratelimit_service_config_load_success", loads_ok),
-        ("ratelimit_service_config_load_error", loads_err),
+    for (name, help, v) in [
+        (
+            "ratelimit_service_config_load_success",
+            "Config loads that succeeded",
+            loads_ok,
+        ),
+        (
+            "ratelimit_service_config_load_error",
+            "Config loads that failed",
+            loads_err,
+        ),
     ] {
-        let _ = writeln!(out, "# TYPE {name} counter\n{name} {}", num(v));
+        head(&mut out, name, help);
+        let _ = writeln!(out, "{name} {}", num(v));
     }
     let m = "grpc_method=\"ShouldRateLimit\"";
+    head(
+        &mut out,
+        "ratelimit_service_total_requests",
+        "ShouldRateLimit calls answered",
+    );
     let _ = writeln!(
         out,
-        "# TYPE ratelimit_service_total_requests counter\nratelimit_service_total_requests{{{m}}} {}",
+        "ratelimit_service_total_requests{{{m}}} {}",
         num(count)
     );
     if !errors.is_empty() {
-        let _ = writeln!(
-            out,
-            "# TYPE ratelimit_service_should_rate_limit_error counter"
+        head(
+            &mut out,
+            "ratelimit_service_should_rate_limit_error",
+            "ShouldRateLimit calls answered with an error, by kind",
         );
         for (kind, v) in &errors {
             let _ = writeln!(
@@ -253,7 +268,10 @@ pub fn translate(native: &str) -> String {
         }
     }
     if !buckets.is_empty() {
-        let _ = writeln!(out, "# TYPE {RESPONSE_TIME} histogram");
+        let _ = writeln!(
+            out,
+            "# HELP {RESPONSE_TIME} ShouldRateLimit latency in milliseconds, as the Go service's timer (the name says seconds)\n# TYPE {RESPONSE_TIME} histogram"
+        );
         for (le, v) in &buckets {
             let _ = writeln!(out, "{RESPONSE_TIME}_bucket{{{m},le=\"{le}\"}} {}", num(*v));
         }
@@ -261,6 +279,15 @@ pub fn translate(native: &str) -> String {
         let _ = writeln!(out, "{RESPONSE_TIME}_count{{{m}}} {}", num(count));
     }
     out
+}
+
+/// The `HELP` and `TYPE` lines of a Go counter. The Go service's counter
+/// names do not end in `_total`, which the text format reserves for
+/// counters, so they are typed `untyped` (Prometheus treats both alike in
+/// queries): the exposition passes `promtool check metrics` with the names
+/// unchanged.
+fn head(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} untyped");
 }
 
 /// A bucket bound in milliseconds, without float noise (`0.25`, not

@@ -165,3 +165,94 @@ fn dashboard_is_grafana_json_with_one_datasource_variable() {
         }
     }
 }
+
+/// `GET path` through `router`, as text.
+async fn scrape(router: axum::Router, path: &str) -> String {
+    use tower::ServiceExt as _;
+    let resp = router
+        .oneshot(
+            axum::http::Request::get(path)
+                .body(axum::body::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 200, "GET {path}");
+    let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20)
+        .await
+        .expect("body");
+    String::from_utf8(bytes.to_vec()).expect("UTF-8")
+}
+
+/// `promtool check metrics` on `text` (its stdin): exit status and output.
+fn promtool_check_metrics(text: &str) -> (bool, String) {
+    use std::io::Write as _;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run promtool (install the Debian package prometheus): {e}")
+        });
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success() && said.trim().is_empty(), said)
+}
+
+#[tokio::test]
+async fn every_metrics_endpoint_passes_promtool_check_metrics() {
+    use bucket_rls::grpc::ShouldRateLimit as _;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    let storage = std::sync::Arc::new(bucket_rls::storage::memory::MemoryStorage::new(
+        std::sync::Arc::new(bucket_rls::storage::clock::ManualClock::new(1_000_000)),
+    ));
+    let l = crate::common::limiter(
+        "domain: lint\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+        storage,
+        "",
+    );
+    // Traffic, so that the per-rule series, the histogram and the error
+    // counters exist: an admitted call, a denied one, an unknown domain.
+    for domain in ["lint", "lint", "nowhere"] {
+        let req = RateLimitRequest {
+            domain: domain.into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user".into(),
+                    value: "ann".into(),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        l.should_rate_limit(&req).await.expect("decided");
+    }
+    for (port, text) in [
+        (
+            "admin /metrics",
+            scrape(bucket_rls::http::router(l.clone()), "/metrics").await,
+        ),
+        (
+            "Go-named /metrics",
+            scrape(bucket_rls::http::go_metrics_router("/metrics"), "/metrics").await,
+        ),
+    ] {
+        assert!(text.contains("process_resident_memory_bytes"), "{port}");
+        let (clean, said) = promtool_check_metrics(&text);
+        assert!(clean, "{port}: promtool check metrics:\n{said}\n{text}");
+    }
+}
