@@ -73,6 +73,7 @@ fn exported() -> BTreeSet<String> {
         m::CONFIG_LOAD_TIMESTAMP,
         m::BUILD_INFO,
         bucket_rls::metrics::MEMORY_EVICTIONS,
+        m::GLOBAL_SHADOW_MODE,
     ]
     .iter()
     .map(|s| (*s).to_owned())
@@ -95,7 +96,7 @@ fn every_alert_rule_has_a_unit_test() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .collect();
-    assert_eq!(alerts.len(), 7);
+    assert_eq!(alerts.len(), 8);
     for a in alerts {
         assert!(
             tests.contains(&format!("alertname: {a}")),
