@@ -272,7 +272,13 @@ pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
                 let _ = write!(line, " (modes {} -> {})", show(&fo), show(&fn_));
             }
             if o.max_debt != n.max_debt {
-                let _ = write!(line, " (max_debt {} -> {})", o.max_debt, n.max_debt);
+                let _ = write!(
+                    line,
+                    " (max_debt {} -> {}: {})",
+                    o.max_debt,
+                    n.max_debt,
+                    debt_effect(o.max_debt, n.max_debt)
+                );
             }
             if o.name != n.name {
                 let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_owned());
@@ -291,6 +297,21 @@ pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
         });
     }
     changes
+}
+
+/// What a change of the debt bound from `old` to `new` tokens does to the
+/// buckets, in the model's terms: a charge is clamped at the bound and the
+/// clamp never raises a balance, so a bucket already deeper than a lowered
+/// bound keeps its debt and repays it by refill.
+fn debt_effect(old: u32, new: u32) -> String {
+    match (old, new) {
+        (0, n) => format!("denied requests are charged from now on, down to -{n} tokens"),
+        (_, 0) => "only admitted requests are charged from now on; a bucket in debt keeps it and repays it at the rule's rate".to_owned(),
+        (o, n) if n > o => format!("charges may take a bucket down to -{n} tokens"),
+        (_, n) => format!(
+            "a bucket deeper than -{n} tokens keeps its debt and repays it at the rule's rate; no charge takes it deeper"
+        ),
+    }
 }
 
 /// The last line of a report: `3 rules changed: 1 added, 2 tightened`, or
@@ -403,7 +424,24 @@ descriptors:
         assert_eq!(c[0].kind, ChangeKind::Changed);
         assert_eq!(
             c[0].line,
-            "d.k: changed: 10/minute burst 10 -> 10/minute burst 10 (max_debt 0 -> 100)"
+            "d.k: changed: 10/minute burst 10 -> 10/minute burst 10 (max_debt 0 -> 100: denied requests are charged from now on, down to -100 tokens)"
+        );
+        // Lowered: what happens to buckets deeper than the new bound.
+        let shallow = rules(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, max_debt: 20}\n",
+        );
+        assert_eq!(
+            diff(&b, &shallow)[0].line,
+            "d.k: changed: 10/minute burst 10 -> 10/minute burst 10 (max_debt 100 -> 20: a bucket deeper than -20 tokens keeps its debt and repays it at the rule's rate; no charge takes it deeper)"
+        );
+        assert_eq!(
+            diff(&shallow, &b)[0].line,
+            "d.k: changed: 10/minute burst 10 -> 10/minute burst 10 (max_debt 20 -> 100: charges may take a bucket down to -100 tokens)"
+        );
+        assert!(
+            diff(&b, &a)[0]
+                .line
+                .ends_with("(max_debt 100 -> 0: only admitted requests are charged from now on; a bucket in debt keeps it and repays it at the rule's rate)")
         );
         let faster = rules(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 20, max_debt: 100}\n",

@@ -510,6 +510,17 @@ mod tests {
         assert_eq!(written.tokens_at(&l, 2_000_000), 10 * i128::from(MICRO));
     }
 
+    #[test]
+    fn a_bucket_deeper_than_a_lowered_debt_bound_keeps_its_debt() {
+        let m = i128::from(MICRO);
+        // Bound lowered to 10 tokens while the bucket is 80 deep: a charge
+        // neither forgives the debt nor takes the bucket deeper.
+        assert_eq!(charge_debt(-80 * m, 1, 10 * m), -80 * m);
+        // Within the bound, charges go down to it and stop there.
+        assert_eq!(charge_debt(-5 * m, 3, 10 * m), -8 * m);
+        assert_eq!(charge_debt(-9 * m, 3, 10 * m), -10 * m);
+    }
+
     /// With a debt bound the charge is always taken, clamped at `-D`, and
     /// the status comes from the balance before it.
     #[test]
