@@ -84,6 +84,48 @@ fn source_of(file: &str, line: Option<u32>) -> String {
     }
 }
 
+/// The key of `known` nearest to `name` when it is a near miss: at most two
+/// single-character edits (insert, delete, replace, or swap of neighbours)
+/// and fewer than half of `name`'s characters, ties to the first in `known`.
+fn nearest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+    /// Optimal string alignment distance (Damerau-Levenshtein without
+    /// overlapping edits), on bytes: config keys are ASCII.
+    fn distance(a: &[u8], b: &[u8]) -> usize {
+        let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+        for (i, row) in d.iter_mut().enumerate() {
+            row[0] = i;
+        }
+        for (j, cell) in d[0].iter_mut().enumerate() {
+            *cell = j;
+        }
+        for i in 1..=a.len() {
+            for j in 1..=b.len() {
+                let cost = usize::from(a[i - 1] != b[j - 1]);
+                let mut v = (d[i - 1][j] + 1)
+                    .min(d[i][j - 1] + 1)
+                    .min(d[i - 1][j - 1] + cost);
+                if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                    v = v.min(d[i - 2][j - 2] + 1);
+                }
+                d[i][j] = v;
+            }
+        }
+        d[a.len()][b.len()]
+    }
+    // Keys are short; a long unknown name is no near miss and not worth
+    // the quadratic table.
+    if name.len() > 64 {
+        return None;
+    }
+    let lower = name.to_ascii_lowercase();
+    known
+        .iter()
+        .map(|k| (distance(lower.as_bytes(), k.as_bytes()), *k))
+        .filter(|(d, _)| *d <= 2 && *d * 2 < name.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
 struct Ctx<'a> {
     file: &'a str,
     errors: Vec<ConfigError>,
@@ -111,6 +153,12 @@ impl Ctx<'_> {
             .map(|(l, _)| *l)
             {
                 format!("unknown key '{}' here: it belongs in {level}", k.name)
+            } else if let Some(near) = nearest(&k.name, here) {
+                format!(
+                    "unknown key '{}': did you mean '{near}'? (expected one of: {})",
+                    k.name,
+                    here.join(", ")
+                )
             } else {
                 format!(
                     "unknown key '{}' (expected one of: {})",

@@ -85,9 +85,35 @@ fn misspelt_key_in_rate_limit() {
         &[
             "edge.yaml:9:",
             "descriptors[0].descriptors[0].rate_limit",
-            "unknown key 'unlimied'",
+            "unknown key 'unlimied': did you mean 'unlimited'?",
         ],
     );
+}
+
+#[test]
+fn near_misses_of_a_known_key_suggest_it() {
+    for (typo, want) in [
+        ("brust", "burst"),
+        ("requestsperunit", "requests_per_unit"),
+        ("Unit", "unit"),
+        ("max_dept", "max_debt"),
+    ] {
+        let yaml = format!(
+            "domain: edge\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      {typo}: 5\n"
+        );
+        one_error(
+            "edge.yaml",
+            &yaml,
+            &[&format!("unknown key '{typo}': did you mean '{want}'?")],
+        );
+    }
+    // Far from every known key: no suggestion, the list only.
+    let e = one_error(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      colour: red\n",
+        &["unknown key 'colour' (expected one of: "],
+    );
+    assert!(!e.contains("did you mean"), "{e}");
 }
 
 #[test]
