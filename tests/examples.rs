@@ -563,3 +563,46 @@ fn envoy_gateway_example_swaps_the_image_and_the_image_has_bin_ratelimit() {
             .expect("Dockerfile");
     assert!(dockerfile.contains("RUN ln -s /usr/local/bin/bucket-rls /bin/ratelimit"));
 }
+
+/// `scripts/rls-call.py`, the gRPC client the README gives where grpcurl
+/// cannot be installed: through the port's reflection it calls
+/// ShouldRateLimit and prints the answer as protobuf JSON.
+#[tokio::test]
+async fn python_client_calls_should_rate_limit_through_reflection() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/test.sh once (it installs scripts/requirements.txt)",
+        python.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .expect("write config");
+    let rls = common::procs::BucketRls::start(&config, &[]).await;
+    let call = || {
+        let out = Command::new(&python)
+            .arg(root.join("scripts/rls-call.py"))
+            .arg("--target")
+            .arg(rls.grpc.to_string())
+            .arg(r#"{"domain":"edge","descriptors":[{"entries":[{"key":"user","value":"ann"}]}]}"#)
+            .output()
+            .expect("run scripts/rls-call.py");
+        assert!(
+            out.status.success(),
+            "rls-call.py failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).expect("protobuf JSON")
+    };
+    let first = call();
+    assert_eq!(first["overallCode"], "OK", "{first}");
+    assert_eq!(first["statuses"][0]["currentLimit"]["unit"], "HOUR");
+    let second = call();
+    assert_eq!(second["overallCode"], "OVER_LIMIT", "{second}");
+    assert_eq!(second["statuses"][0]["code"], "OVER_LIMIT");
+}
