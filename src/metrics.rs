@@ -48,6 +48,12 @@ pub const XDS_CONNECTED: &str = "bucket_rls_xds_connected";
 pub const XDS_VERSION_INFO: &str = "bucket_rls_xds_version_info";
 /// `ShouldRateLimit` latency in seconds (histogram).
 pub const REQUEST_DURATION: &str = "bucket_rls_request_duration_seconds";
+/// Requests per rule by outcome (labels `rule`, `outcome`: `ok`,
+/// `over_limit`, `shadow_over_limit`): one per descriptor that matched a
+/// limited rule and asked for tokens, whatever its cost (a refused 0-cost
+/// check is one `over_limit`; a debt charge taken while over is
+/// `over_limit`). The hit counters count tokens; this counts requests.
+pub const RULE_REQUESTS: &str = "bucket_rls_rule_requests_total";
 /// Buckets the memory backend forgot early because its bucket cap was reached (no labels).
 pub const MEMORY_EVICTIONS: &str = "bucket_rls_memory_evictions_total";
 
@@ -62,6 +68,10 @@ pub fn describe() {
         "Admitted hits that left the bucket nearly empty"
     );
     describe_counter!(SHADOW_MODE, "Hits a shadow-mode rule would have denied");
+    describe_counter!(
+        RULE_REQUESTS,
+        "Requests per rule by outcome (ok, over_limit, shadow_over_limit), whatever their cost"
+    );
     describe_counter!(
         GLOBAL_SHADOW_MODE,
         "Requests answered OK by --shadow-mode that the rules would have denied"
@@ -129,6 +139,12 @@ pub enum RuleCounter {
     HitsExceedCapacity = 4,
     /// [`SHADOW_MODE`].
     ShadowMode = 5,
+    /// [`RULE_REQUESTS`] with `outcome="ok"`.
+    RequestOk = 6,
+    /// [`RULE_REQUESTS`] with `outcome="over_limit"`.
+    RequestOverLimit = 7,
+    /// [`RULE_REQUESTS`] with `outcome="shadow_over_limit"`.
+    RequestShadowOverLimit = 8,
 }
 
 impl RuleCounter {
@@ -142,6 +158,21 @@ impl RuleCounter {
             Self::OverLimit => OVER_LIMIT,
             Self::HitsExceedCapacity => HITS_EXCEED_CAPACITY,
             Self::ShadowMode => SHADOW_MODE,
+            Self::RequestOk | Self::RequestOverLimit | Self::RequestShadowOverLimit => {
+                RULE_REQUESTS
+            }
+        }
+    }
+
+    /// The `outcome` label of a [`RULE_REQUESTS`] counter; `None` for the
+    /// hit counters.
+    #[must_use]
+    pub const fn outcome(self) -> Option<&'static str> {
+        match self {
+            Self::RequestOk => Some("ok"),
+            Self::RequestOverLimit => Some("over_limit"),
+            Self::RequestShadowOverLimit => Some("shadow_over_limit"),
+            _ => None,
         }
     }
 }
@@ -153,7 +184,7 @@ impl RuleCounter {
 /// use: install it ([`install`]) before the first request.
 pub struct RuleCounters {
     label: String,
-    counters: [std::sync::OnceLock<metrics::Counter>; 6],
+    counters: [std::sync::OnceLock<metrics::Counter>; 9],
 }
 
 impl RuleCounters {
@@ -175,7 +206,12 @@ impl RuleCounters {
     /// Adds `by` hits to counter `which` of this label.
     pub fn increment(&self, which: RuleCounter, by: u64) {
         self.counters[which as usize]
-            .get_or_init(|| metrics::counter!(which.name(), "rule" => self.label.clone()))
+            .get_or_init(|| match which.outcome() {
+                Some(outcome) => {
+                    metrics::counter!(which.name(), "rule" => self.label.clone(), "outcome" => outcome)
+                }
+                None => metrics::counter!(which.name(), "rule" => self.label.clone()),
+            })
             .increment(by);
     }
 }

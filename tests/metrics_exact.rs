@@ -118,6 +118,58 @@ async fn shadow_mode_counts_exactly() {
     assert_eq!(value(m::TOTAL_HITS, "sm.user_bob"), 4.0);
     assert_eq!(value(m::TOTAL_HITS, "sm.route_r1"), 4.0);
     assert_eq!(value(m::WITHIN_LIMIT, "sm.user_bob"), 2.0);
+    // Requests by outcome: the shadow rule refused two (let through), the
+    // enforced rule one.
+    let requests = |rule: &str, outcome: &str| {
+        metric(
+            &scrape(),
+            m::RULE_REQUESTS,
+            &[("rule", rule), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(requests("sm.user_bob", "ok"), Some(2.0));
+    assert_eq!(requests("sm.user_bob", "shadow_over_limit"), Some(2.0));
+    assert_eq!(requests("sm.user_bob", "over_limit"), None);
+    assert_eq!(requests("sm.route_r1", "ok"), Some(3.0));
+    assert_eq!(requests("sm.route_r1", "over_limit"), Some(1.0));
+}
+
+/// A token budget: the hit counters count tokens, the request counter
+/// counts requests. A 0-cost check, a 120,000-token charge taken into debt,
+/// a refused check and a 5,000-token charge: three refusals and 125,000
+/// tokens taken, one admitted check.
+#[tokio::test]
+async fn token_budgets_count_requests_and_tokens_apart() {
+    let l = limiter(
+        "domain: budget\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 200000}\n",
+        paused_memory(),
+        "budget:",
+    );
+    for (cost, want) in [
+        (0, Code::Ok),
+        (120_000, Code::OverLimit),
+        (0, Code::OverLimit),
+        (5_000, Code::OverLimit),
+    ] {
+        let r = l
+            .should_rate_limit(&req("budget", vec![desc_hits(&[("user", "ann")], cost)], 1))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, want as i32, "cost {cost}");
+    }
+    let text = scrape();
+    let requests = |outcome| {
+        metric(
+            &text,
+            m::RULE_REQUESTS,
+            &[("rule", "budget.user"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(requests("ok"), Some(1.0));
+    assert_eq!(requests("over_limit"), Some(3.0));
+    let hits = |name| metric(&text, name, &[("rule", "budget.user")]);
+    assert_eq!(hits(m::OVER_LIMIT), Some(125_000.0));
+    assert_eq!(hits(m::TOTAL_HITS), Some(125_000.0));
 }
 
 /// A `tracing` writer that keeps everything written, for counting log lines.

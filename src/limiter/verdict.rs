@@ -283,6 +283,14 @@ pub(super) fn respond(
         let counted = cost.min(u64::from(u32::MAX));
         if spec.kind == ChargeKind::Consume {
             counters.increment(RuleCounter::Hits, counted);
+            counters.increment(
+                match (r.enough, shadow || settings.global_shadow_mode) {
+                    (true, _) => RuleCounter::RequestOk,
+                    (false, false) => RuleCounter::RequestOverLimit,
+                    (false, true) => RuleCounter::RequestShadowOverLimit,
+                },
+                1,
+            );
         }
         let status = if spec.kind == ChargeKind::Refund || r.enough {
             if spec.kind == ChargeKind::Consume && charged {

@@ -74,6 +74,7 @@ fn exported() -> BTreeSet<String> {
         m::BUILD_INFO,
         bucket_rls::metrics::MEMORY_EVICTIONS,
         m::GLOBAL_SHADOW_MODE,
+        m::RULE_REQUESTS,
     ]
     .iter()
     .map(|s| (*s).to_owned())
