@@ -482,18 +482,7 @@ impl QuotaStream {
                     budget,
                 } => {
                     track.rule_label = Some(rule_label);
-                    let held = match track.held {
-                        Some(Action::TokenBucket {
-                            max_tokens,
-                            tokens_per_fill,
-                            ..
-                        }) => Some(Held {
-                            tokens_per_fill,
-                            max_tokens,
-                        }),
-                        Some(Action::DenyAll) => Some(Held::default()),
-                        _ => None,
-                    };
+                    let held = track.held.and_then(held_of);
                     pending.push((answers.len(), reports.len(), budget));
                     reports.push(QuotaReport {
                         subscribers: subscribers_key(&self.limiter.settings.key_prefix, &key),
@@ -518,6 +507,7 @@ impl QuotaStream {
             }
         }
         drop(config);
+        let mut changed_held = Vec::new();
         if !reports.is_empty() {
             let views = self
                 .limiter
@@ -597,7 +587,29 @@ impl QuotaStream {
                     action,
                     ttl: ASSIGNMENT_TTL,
                 };
+                let now_held = held_of(action);
+                let changed = now_held.is_some() && now_held != report.held;
+                if changed {
+                    changed_held.push(QuotaReport {
+                        held: now_held,
+                        charge: ChargeSpec {
+                            cost: 0,
+                            ..report.charge
+                        },
+                        ..report.clone()
+                    });
+                }
             }
+        }
+        if !changed_held.is_empty() {
+            // A changed assignment is recorded before it is sent, so the
+            // others' next shares are cut from what is left (one more call,
+            // only when an assignment changes).
+            self.limiter
+                .storage
+                .report(&changed_held)
+                .await
+                .map_err(QuotaError::Storage)?;
         }
         Ok(answers)
     }
@@ -719,6 +731,22 @@ fn resolve(limiter: &Limiter, config: &Config, domain: &str, id: &BucketId) -> R
         key,
         limit,
         budget,
+    }
+}
+
+/// What an action holds of a rule's budget (`None`: a blanket allow).
+fn held_of(action: Action) -> Option<Held> {
+    match action {
+        Action::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            ..
+        } => Some(Held {
+            tokens_per_fill,
+            max_tokens,
+        }),
+        Action::DenyAll => Some(Held::default()),
+        Action::AllowAll => None,
     }
 }
 
