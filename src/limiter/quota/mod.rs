@@ -525,29 +525,40 @@ impl QuotaStream {
                         "fewer quota views than reports",
                     )));
                 };
-                let mut subs: Vec<Subscriber> = Vec::with_capacity(view.subscribers.len() + 1);
-                let mut me = None;
+                // In subscriber id order, the same on every replica, so
+                // that the rounding of the shares (largest remainders, ties
+                // to the first) hands the same units to the same subscribers.
+                let mut ids: Vec<(&str, Subscriber)> =
+                    Vec::with_capacity(view.subscribers.len() + 1);
                 for s in &view.subscribers {
-                    if s.id == self.subscriber {
-                        me = Some(subs.len());
-                    }
-                    subs.push(Subscriber {
-                        #[allow(clippy::cast_precision_loss)]
-                        demand: s.demand_milli as f64 / 1000.0,
-                        current: s.held.map(|h| Share {
-                            tokens_per_fill: u64::from(h.tokens_per_fill),
-                            max_tokens: u64::from(h.max_tokens),
-                        }),
-                    });
+                    ids.push((
+                        s.id.as_str(),
+                        Subscriber {
+                            #[allow(clippy::cast_precision_loss)]
+                            demand: s.demand_milli as f64 / 1000.0,
+                            current: s.held.map(|h| Share {
+                                tokens_per_fill: u64::from(h.tokens_per_fill),
+                                max_tokens: u64::from(h.max_tokens),
+                            }),
+                        },
+                    ));
                 }
-                let me = me.unwrap_or_else(|| {
+                if !ids.iter().any(|(id, _)| *id == self.subscriber) {
                     #[allow(clippy::cast_precision_loss)]
-                    subs.push(Subscriber {
-                        demand: report.demand_milli as f64 / 1000.0,
-                        current: None,
-                    });
-                    subs.len() - 1
-                });
+                    ids.push((
+                        self.subscriber.as_str(),
+                        Subscriber {
+                            demand: report.demand_milli as f64 / 1000.0,
+                            current: None,
+                        },
+                    ));
+                }
+                ids.sort_by(|a, b| a.0.cmp(b.0));
+                let me = ids
+                    .iter()
+                    .position(|(id, _)| *id == self.subscriber)
+                    .unwrap_or(0);
+                let subs: Vec<Subscriber> = ids.into_iter().map(|(_, s)| s).collect();
                 let got = share::assign(&budget, &subs, me);
                 let action = to_action(got, &budget);
                 let id = &answers[answer_at].bucket;

@@ -9,8 +9,8 @@
 //! fill interval `F` is `floor(r * F)` tokens and `C` tokens held, and each
 //! subscriber gets a part of both by its weight
 //! `w_i = PHI / n + (1 - PHI) * d_i / sum(d)` (`d_i` its demand; all equal
-//! when nobody asks for anything). Parts are rounded down, so they never
-//! sum above the budget.
+//! when nobody asks for anything). Parts are whole tokens, rounded by the
+//! largest-remainder rule, so they sum to the budget and never above it.
 
 /// Share of the budget every subscriber keeps whatever its demand, split
 /// evenly: an idle Envoy keeps a floor, so a new burst on it is not starved
@@ -118,28 +118,67 @@ pub fn weights(demands: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// The target part of each subscriber: `floor(budget * w_i)` of both
-/// fields. The parts sum to at most the budget.
+/// The target part of each subscriber, both fields divided by the weights
+/// with the largest-remainder rule: every part is `floor(budget * w_i)`, and
+/// the units those floors leave are handed one each to the largest
+/// fractional parts (ties to the first subscriber). So the parts sum to
+/// exactly the budget and no unit is lost to rounding: 5 tokens among 10
+/// equal subscribers are 1 each for five of them, not 0 for all.
 #[must_use]
 pub fn targets(budget: &Budget, demands: &[f64]) -> Vec<Share> {
-    weights(demands)
+    let w = weights(demands);
+    let tokens = apportion(budget.tokens_per_fill, &w);
+    let held = apportion(budget.max_tokens, &w);
+    tokens
         .into_iter()
-        .map(|w| Share {
-            tokens_per_fill: part(budget.tokens_per_fill, w),
-            max_tokens: part(budget.max_tokens, w),
+        .zip(held)
+        .map(|(tokens_per_fill, max_tokens)| Share {
+            tokens_per_fill,
+            max_tokens,
         })
         .collect()
 }
 
-/// `floor(total * w)`, never above `total`.
+/// `total` divided by the weights `w` (summing to 1) into whole parts that
+/// sum to `total` (when `w` is not empty): the floors, then one more unit to
+/// each of the largest remainders, ties to the first.
 #[allow(
     clippy::cast_precision_loss,
     clippy::cast_possible_truncation,
     clippy::cast_sign_loss
 )]
-fn part(total: u64, w: f64) -> u64 {
-    let x = (total as f64 * w.clamp(0.0, 1.0)).floor();
-    (x as u64).min(total)
+fn apportion(total: u64, w: &[f64]) -> Vec<u64> {
+    if w.is_empty() {
+        return Vec::new();
+    }
+    let exact: Vec<f64> = w
+        .iter()
+        .map(|&x| total as f64 * x.clamp(0.0, 1.0))
+        .collect();
+    let mut parts: Vec<u64> = exact
+        .iter()
+        .map(|&x| (x.floor() as u64).min(total))
+        .collect();
+    let given: u64 = parts.iter().sum();
+    let mut left = total.saturating_sub(given);
+    if left > 0 {
+        let mut order: Vec<usize> = (0..w.len()).collect();
+        // Largest remainder first; the sort is stable, so ties keep the
+        // subscribers' order.
+        order.sort_by(|&a, &b| {
+            let ra = exact[a] - exact[a].floor();
+            let rb = exact[b] - exact[b].floor();
+            rb.total_cmp(&ra)
+        });
+        for i in order.into_iter().cycle() {
+            if left == 0 {
+                break;
+            }
+            parts[i] += 1;
+            left -= 1;
+        }
+    }
+    parts
 }
 
 /// Whether `current` is within [`HYSTERESIS`] of `target`, both fields.
@@ -195,15 +234,25 @@ pub fn assign(budget: &Budget, subs: &[Subscriber], me: usize) -> Share {
         .fold(Share::default(), |a, (_, s)| {
             a.plus(s.current.unwrap_or_default())
         });
+    let tokens_per_fill = want.tokens_per_fill.min(
+        budget
+            .tokens_per_fill
+            .saturating_sub(others.tokens_per_fill),
+    );
+    let max_tokens = want
+        .max_tokens
+        .min(budget.max_tokens.saturating_sub(others.max_tokens));
     Share {
-        tokens_per_fill: want.tokens_per_fill.min(
-            budget
-                .tokens_per_fill
-                .saturating_sub(others.tokens_per_fill),
-        ),
-        max_tokens: want
-            .max_tokens
-            .min(budget.max_tokens.saturating_sub(others.max_tokens)),
+        tokens_per_fill,
+        // A bucket that holds nothing admits nothing, whatever it refills:
+        // a subscriber with a part of the rate holds at least one token
+        // (so the tokens held may exceed the burst by at most one per such
+        // subscriber, docs/design.md "Over-admission bound").
+        max_tokens: if tokens_per_fill > 0 {
+            max_tokens.max(1)
+        } else {
+            max_tokens
+        },
     }
 }
 
@@ -226,6 +275,51 @@ pub fn smoothed(previous: Option<f64>, sample: f64) -> f64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_burst_smaller_than_the_subscriber_count_still_admits_the_rate() {
+        // 20/s with burst 1 between two equal Envoys: each gets half the
+        // rate and holds one token (a bucket holding nothing admits
+        // nothing), never a deny-all.
+        let b = Budget::new(20, 1, 1).expect("budget");
+        let subs = [
+            Subscriber {
+                demand: 5.0,
+                current: None,
+            },
+            Subscriber {
+                demand: 5.0,
+                current: None,
+            },
+        ];
+        let first = assign(&b, &subs, 0);
+        assert_eq!((first.tokens_per_fill, first.max_tokens), (10, 1));
+        let held = [
+            Subscriber {
+                current: Some(first),
+                ..subs[0]
+            },
+            subs[1],
+        ];
+        let second = assign(&b, &held, 1);
+        assert_eq!((second.tokens_per_fill, second.max_tokens), (10, 1));
+    }
+
+    #[test]
+    fn rounding_loses_no_token_of_a_small_rate() {
+        // 5 per minute among 10 equal Envoys: floors would give every one
+        // 0 (all denied); the largest remainders give five of them 1.
+        let b = Budget::new(5, 60, 5).expect("budget");
+        let t = targets(&b, &[1.0; 10]);
+        assert_eq!(
+            t.iter().map(|s| s.tokens_per_fill).sum::<u64>(),
+            b.tokens_per_fill
+        );
+        assert_eq!(t.iter().map(|s| s.max_tokens).sum::<u64>(), 5);
+        assert_eq!(t.iter().filter(|s| s.max_tokens == 1).count(), 5);
+        assert_eq!(apportion(7, &[0.5, 0.25, 0.25]), vec![3, 2, 2]);
+        assert_eq!(apportion(0, &[0.5, 0.5]), vec![0, 0]);
+    }
 
     #[test]
     fn fill_interval_is_whole_seconds_with_at_least_100_tokens() {
