@@ -1,0 +1,471 @@
+//! End to end through real Envoy 1.40 quota filters
+//! (`envoy.filters.http.rate_limit_quota`, the bootstrap of
+//! `examples/envoy/rlqs/envoy.yaml` on loopback), bucket-rls as its own
+//! process (memory or Redis, one or two replicas) and an upstream inside the
+//! test.
+//!
+//! Two groups:
+//! - `envoy_client_*`: what Envoy's client does, against a scripted quota
+//!   server ([`FakeQuota`]): its report cadence, what it admits before the
+//!   first assignment, one token per request, the fill ratio kept on a
+//!   changed assignment, the expired-assignment fallback. bucket-rls's design
+//!   rests on these; if a new Envoy changes them, these fail first.
+//! - the rest: several Envoys sharing one rule through bucket-rls. Rule
+//!   `api_per_tenant` of `examples/envoy/rlqs/config/quota.yaml`: r = 20
+//!   requests/s, burst C = 20, for the bucket `{name: api, tenant: acme}`.
+//!
+//! Bound checked over a window of T seconds that starts after every Envoy
+//! has its first assignment: admitted <= C + r·T + C (the Envoys hold at most
+//! C tokens at any time and refill at most r per second together; a change
+//! of shares can mint at most C more, and the window sees about one while
+//! demand settles). No starvation: admitted >= 0.8·r·T when the offered load
+//! is at least 2r.
+//!
+//! Every test starts its own processes and takes 5 to 45 s (Envoy reports
+//! every 5 s: the scenarios must span a few reports); the file fits in about
+//! 90 s on two cores with the default two test threads.
+
+mod common;
+
+use common::eventually::eventually;
+use common::free_port;
+use common::http::get as http_get;
+use common::procs::{BucketRls, Envoy};
+use common::redis::RedisServer;
+use common::rlqs::{
+    Answers, FakeQuota, bucket_settings, drive, example, quota_envoy, reports_received,
+    start_rls_on, token_bucket, upstream,
+};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+/// The rule's rate (requests per second) and burst.
+const R: f64 = 20.0;
+const C: f64 = 20.0;
+/// The bucket every test request falls in.
+const TENANT: (&str, &str) = ("x-tenant", "acme");
+/// Envoy 1.40's report period, whatever `reporting_interval` says.
+const REPORT_PERIOD: Duration = Duration::from_secs(5);
+
+/// Arguments every bucket-rls of this file gets.
+const RLS_ARGS: &[&str] = &[];
+
+/// A config directory with the example's quota.yaml.
+fn config_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(example("config/quota.yaml"), dir.path().join("quota.yaml"))
+        .expect("copy quota.yaml");
+    dir
+}
+
+/// One request with the tenant header; its status.
+async fn one(envoy: &Envoy) -> u16 {
+    http_get(envoy.listener, "/", &[TENANT])
+        .await
+        .expect("request through Envoy")
+        .status
+}
+
+/// `n` requests in a row; their statuses.
+async fn statuses(envoy: &Envoy, n: usize) -> Vec<u16> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(one(envoy).await);
+    }
+    v
+}
+
+/// Panics unless every answer was 200 or 429.
+fn assert_only_200_or_429(a: &Answers, what: &str) {
+    let others = a.others();
+    assert!(
+        others.is_empty(),
+        "{what}: {} answers were neither 200 nor 429, first {:?}",
+        others.len(),
+        others.first()
+    );
+}
+
+/// The bound and starvation checks over a window of `t` seconds in which
+/// the Envoys were together offered at least 2r.
+fn assert_shared_limit(a: &Answers, t: f64, what: &str) {
+    assert_only_200_or_429(a, what);
+    let admitted = a.admitted(None) as f64;
+    let max = C + R * t + C;
+    let min = 0.8 * R * t;
+    eprintln!(
+        "{what}: admitted {admitted} (bound {max}, floor {min}), denied {}",
+        a.denied(None)
+    );
+    assert!(
+        admitted <= max,
+        "{what}: {admitted} admitted in {t} s, more than C + r·T + C = {max}: the Envoys do not share the limit"
+    );
+    assert!(
+        admitted >= min,
+        "{what}: {admitted} admitted in {t} s, less than 0.8·r·T = {min}: starved"
+    );
+}
+
+/// Opens the tenant's bucket on each Envoy (one request each: it passes,
+/// by `no_assignment_behavior` ALLOW_ALL) and waits until `rls` has received
+/// that many reports and a little longer for the assignments to land.
+async fn open_buckets(envoys: &[&Envoy], rls: &[&BucketRls]) {
+    for e in envoys {
+        assert_eq!(one(e).await, 200, "the first request passes (ALLOW_ALL)");
+    }
+    let want = envoys.len() as f64;
+    eventually(
+        Duration::from_secs(5),
+        "every Envoy's first report",
+        || async {
+            let mut sum = 0.0;
+            for r in rls {
+                sum += reports_received(r.http).await;
+            }
+            (sum >= want).then_some(())
+        },
+    )
+    .await;
+    // The assignment is sent in answer to the report; give it time to land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+// ---------------------------------------------------------------------------
+// What Envoy 1.40's client does (scripted server).
+// ---------------------------------------------------------------------------
+
+/// Envoy reports every 5 s although `reporting_interval` says 1 s; the
+/// first report of a bucket leaves right after its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_client_reports_every_5s_whatever_reporting_interval_says() {
+    let fake = FakeQuota::start().await;
+    let up = upstream().await;
+    let mut b = quota_envoy(&[fake.addr], up);
+    for s in bucket_settings(&mut b) {
+        s["reporting_interval"] = "1s".into();
+    }
+    let envoy = Envoy::start(&b).await;
+    let first = Instant::now();
+    assert_eq!(one(&envoy).await, 200);
+    // Keep the bucket busy for 12 s: two or three periodic reports.
+    let load = drive(&[(envoy.listener, 4.0)], Duration::from_secs(12), &[TENANT]).await;
+    assert_eq!(load.admitted(None), 48, "no assignment: everything passes");
+    let reports = fake.reports();
+    let times: Vec<Duration> = reports
+        .iter()
+        .map(|(t, _)| t.duration_since(first))
+        .collect();
+    eprintln!("report times after the first request: {times:?}");
+    assert!(times.len() >= 3, "{times:?}");
+    assert!(
+        times[0] < Duration::from_millis(500),
+        "the first report waits for no period: {times:?}"
+    );
+    for w in times[1..].windows(2) {
+        let gap = w[1] - w[0];
+        assert!(
+            gap > Duration::from_millis(4500) && gap < Duration::from_millis(5500),
+            "reports {gap:?} apart, not 5 s, with reporting_interval 1s: {times:?}"
+        );
+    }
+    // Every report names the domain and the bucket built from the request.
+    for (_, r) in &reports {
+        assert_eq!(r.domain, "quota");
+        let id = r.bucket_quota_usages[0]
+            .bucket_id
+            .as_ref()
+            .expect("bucket id");
+        assert_eq!(id.bucket.get("name").map(String::as_str), Some("api"));
+        assert_eq!(id.bucket.get("tenant").map(String::as_str), Some("acme"));
+    }
+}
+
+/// Before the first assignment every request passes (ALLOW_ALL); an
+/// assignment starts full; each request costs exactly one token; a changed
+/// assignment keeps the bucket's fill ratio (rounded down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_client_allows_before_assignment_then_one_token_per_request() {
+    let fake = FakeQuota::start().await;
+    let up = upstream().await;
+    let envoy = Envoy::start(&quota_envoy(&[fake.addr], up)).await;
+    assert_eq!(
+        statuses(&envoy, 10).await,
+        [200; 10],
+        "ALLOW_ALL until assigned"
+    );
+    eventually(Duration::from_secs(5), "the first report", || async {
+        (!fake.reports().is_empty()).then_some(())
+    })
+    .await;
+    // Refill 1 token per 60 s: nothing refills during the test.
+    let ttl = Duration::from_secs(60);
+    fake.push(&token_bucket(5, 1, 60), ttl).await;
+    // Applying it takes Envoy's main thread a moment; nothing to poll
+    // without spending tokens.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = statuses(&envoy, 8).await;
+    assert_eq!(
+        s,
+        [200, 200, 200, 200, 200, 429, 429, 429],
+        "a new assignment starts full"
+    );
+
+    // Changed assignment: max 10 from an empty bucket stays empty (ratio 0).
+    fake.push(&token_bucket(10, 1, 60), ttl).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        one(&envoy).await,
+        429,
+        "a changed assignment keeps the fill ratio (0)"
+    );
+}
+
+/// A changed assignment keeps the fill ratio: 6 of 10 moved to max 20
+/// admits 12.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_client_keeps_the_fill_ratio_on_a_changed_assignment() {
+    let fake = FakeQuota::start().await;
+    let up = upstream().await;
+    let envoy = Envoy::start(&quota_envoy(&[fake.addr], up)).await;
+    let ttl = Duration::from_secs(60);
+    fake.answer_with(Some((token_bucket(10, 1, 60), ttl)));
+    assert_eq!(one(&envoy).await, 200, "ALLOW_ALL until assigned");
+    eventually(Duration::from_secs(5), "the first report", || async {
+        (!fake.reports().is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(statuses(&envoy, 4).await, [200; 4], "4 of 10 spent");
+    fake.answer_with(None);
+    fake.push(&token_bucket(20, 2, 60), ttl).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = statuses(&envoy, 14).await;
+    let admitted = s.iter().filter(|&&c| c == 200).count();
+    assert_eq!(admitted, 12, "6/10 full moved to max 20 admits 12: {s:?}");
+}
+
+/// When an assignment's time to live runs out and no new one comes, Envoy
+/// applies `expired_assignment_behavior`'s fallback, a token bucket of its
+/// own (the example's is 10, 10 per second; 5 refilled once a minute here,
+/// to count it exactly), and keeps serving: a token bucket there is safe,
+/// unlike in `no_assignment_behavior`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_client_applies_the_expired_assignment_fallback() {
+    let fake = FakeQuota::start().await;
+    let up = upstream().await;
+    let mut b = quota_envoy(&[fake.addr], up);
+    for s in bucket_settings(&mut b) {
+        s["expired_assignment_behavior"]["fallback_rate_limit"]["token_bucket"] =
+            serde_json::json!({"max_tokens": 5, "tokens_per_fill": 1, "fill_interval": "60s"});
+    }
+    let mut envoy = Envoy::start(&b).await;
+    // A 2 s assignment that denies everything, given once.
+    fake.answer_with(Some((token_bucket(0, 0, 60), Duration::from_secs(2))));
+    assert_eq!(one(&envoy).await, 200, "ALLOW_ALL until assigned");
+    eventually(Duration::from_secs(5), "the first report", || async {
+        (!fake.reports().is_empty()).then_some(())
+    })
+    .await;
+    fake.answer_with(None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(one(&envoy).await, 429, "the assignment denies");
+    // After the TTL: the fallback, 5 tokens (the one that shows it spends
+    // one).
+    let (_, took) = eventually(
+        Duration::from_secs(5),
+        "the fallback after expiry",
+        || async { (one(&envoy).await == 200).then_some(()) },
+    )
+    .await;
+    eprintln!("fallback in force {took:?} after the first denial");
+    assert_eq!(statuses(&envoy, 6).await, [200, 200, 200, 200, 429, 429]);
+    envoy.proc.assert_running();
+}
+
+// ---------------------------------------------------------------------------
+// Envoys sharing one rule through bucket-rls.
+// ---------------------------------------------------------------------------
+
+/// Two Envoys, one bucket-rls on the memory backend: together they stay
+/// within the rule and are not starved; when all demand moves to one Envoy,
+/// its share follows within three reporting intervals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_share_one_limit_and_follow_a_demand_shift() {
+    let dir = config_dir();
+    let rls = BucketRls::start(dir.path(), RLS_ARGS).await;
+    let up = upstream().await;
+    let a = Envoy::start(&quota_envoy(&[rls.grpc], up)).await;
+    let b = Envoy::start(&quota_envoy(&[rls.grpc], up)).await;
+    open_buckets(&[&a, &b], &[&rls]).await;
+
+    // Both offered 2r for 15 s.
+    let t = 15.0;
+    let load = drive(
+        &[(a.listener, 2.0 * R), (b.listener, 2.0 * R)],
+        Duration::from_secs_f64(t),
+        &[TENANT],
+    )
+    .await;
+    eprintln!(
+        "both busy: a admitted {}/s {:?}, b {:?}",
+        load.admitted(Some(0)),
+        load.admitted_per_second(Some(0), 15),
+        load.admitted_per_second(Some(1), 15)
+    );
+    assert_shared_limit(&load, t, "two Envoys, memory");
+    assert!(
+        load.denied(Some(0)) > 0 && load.denied(Some(1)) > 0,
+        "each Envoy enforces a share"
+    );
+
+    // All demand on b (2r) for 20 s: within three reports b admits close
+    // to the whole rate.
+    let t2 = 20u64;
+    let load = drive(
+        &[(a.listener, 0.0), (b.listener, 2.0 * R)],
+        Duration::from_secs(t2),
+        &[TENANT],
+    )
+    .await;
+    let per_second = load.admitted_per_second(Some(1), t2);
+    eprintln!("demand on b only: b admitted per second {per_second:?}");
+    assert_shared_limit(&load, t2 as f64, "demand shifted to one Envoy");
+    let reached = per_second
+        .iter()
+        .position(|&n| n as f64 >= 0.75 * R)
+        .unwrap_or_else(|| panic!("b never reached 0.75·r per second: {per_second:?}"));
+    let within = 3 * REPORT_PERIOD.as_secs() + 1;
+    assert!(
+        reached as u64 <= within,
+        "b reached 0.75·r after {reached} s, not within three reporting intervals ({within} s): {per_second:?}"
+    );
+}
+
+/// Three Envoys on two bucket-rls replicas sharing one Redis (two Envoys on
+/// the first replica, one on the second): the replicas agree on the shares,
+/// so together the Envoys stay within the one rule and are not starved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_envoys_on_two_replicas_with_redis_share_one_limit() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = config_dir();
+    let args: Vec<&str> = RLS_ARGS
+        .iter()
+        .copied()
+        .chain(["--redis-url", url.as_str()])
+        .collect();
+    let r1 = BucketRls::start(dir.path(), &args).await;
+    let r2 = BucketRls::start(dir.path(), &args).await;
+    let up = upstream().await;
+    let e1 = Envoy::start(&quota_envoy(&[r1.grpc], up)).await;
+    let e2 = Envoy::start(&quota_envoy(&[r2.grpc], up)).await;
+    let e3 = Envoy::start(&quota_envoy(&[r1.grpc], up)).await;
+    open_buckets(&[&e1, &e2, &e3], &[&r1, &r2]).await;
+    // Offered 3r in all (r per Envoy) for 15 s.
+    let t = 15.0;
+    let load = drive(
+        &[(e1.listener, R), (e2.listener, R), (e3.listener, R)],
+        Duration::from_secs_f64(t),
+        &[TENANT],
+    )
+    .await;
+    for i in 0..3 {
+        eprintln!(
+            "envoy {i}: admitted {} denied {}",
+            load.admitted(Some(i)),
+            load.denied(Some(i))
+        );
+    }
+    assert_shared_limit(&load, t, "three Envoys, two replicas, Redis");
+    assert!(reports_received(r1.http).await >= 2.0);
+    assert!(reports_received(r2.http).await >= 1.0);
+}
+
+/// The service is killed while an Envoy is busy: the Envoy keeps enforcing
+/// its last assignment (it lives for a few reporting intervals) and keeps
+/// serving; when the service is back on the same port, the Envoy reconnects
+/// on its next 5 s tick and is limited again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_killed_and_back() {
+    let dir = config_dir();
+    let grpc = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let mut rls = start_rls_on(dir.path(), grpc, http, RLS_ARGS).await;
+    let up = upstream().await;
+    let mut envoy = Envoy::start(&quota_envoy(&[grpc], up)).await;
+    open_buckets(&[&envoy], &[&rls]).await;
+    let busy = [(envoy.listener, 2.0 * R)];
+
+    let before = drive(&busy, Duration::from_secs(4), &[TENANT]).await;
+    assert_shared_limit(&before, 4.0, "before the kill");
+
+    rls.proc.kill();
+    let down = drive(&busy, Duration::from_secs(4), &[TENANT]).await;
+    assert_only_200_or_429(&down, "service down");
+    assert!(
+        (down.admitted(None) as f64) <= C + 4.0 * R + C,
+        "the last assignment still holds while the service is down: {} admitted",
+        down.admitted(None)
+    );
+    envoy.proc.assert_running();
+
+    let back = Instant::now();
+    let rls = start_rls_on(dir.path(), grpc, http, RLS_ARGS).await;
+    // Keep the bucket busy while waiting: Envoy reopens the stream on its
+    // next report.
+    let trickle = [(envoy.listener, 5.0)];
+    let waiting = drive(&trickle, Duration::from_secs(8), &[TENANT]);
+    let reconnected = eventually(
+        REPORT_PERIOD + Duration::from_secs(3),
+        "a report on the restarted service",
+        || async { (reports_received(rls.http).await >= 1.0).then_some(()) },
+    );
+    let (_, (_, took)) = tokio::join!(waiting, reconnected);
+    eprintln!(
+        "Envoy reported to the restarted service {took:?} after it was healthy ({:?} after its start)",
+        back.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = drive(&busy, Duration::from_secs(5), &[TENANT]).await;
+    assert_shared_limit(&after, 5.0, "after the service came back");
+    envoy.proc.assert_running();
+}
+
+/// The service receives one report message per Envoy per 5 s, whatever the
+/// request rate: 5 requests/s and 100 requests/s for 10 s each cost it the
+/// same number of messages (`bucket_rls_rlqs_reports_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_messages_do_not_grow_with_the_request_rate() {
+    let dir = config_dir();
+    let rls = BucketRls::start(dir.path(), RLS_ARGS).await;
+    let up = upstream().await;
+    let envoy = Envoy::start(&quota_envoy(&[rls.grpc], up)).await;
+    open_buckets(&[&envoy], &[&rls]).await;
+    let c0 = reports_received(rls.http).await;
+    let slow = drive(&[(envoy.listener, 5.0)], Duration::from_secs(10), &[TENANT]).await;
+    let c1 = reports_received(rls.http).await;
+    let fast = drive(
+        &[(envoy.listener, 100.0)],
+        Duration::from_secs(10),
+        &[TENANT],
+    )
+    .await;
+    let c2 = reports_received(rls.http).await;
+    assert_only_200_or_429(&slow, "slow");
+    assert_only_200_or_429(&fast, "fast");
+    let (n_slow, n_fast) = (c1 - c0, c2 - c1);
+    eprintln!(
+        "reports: {n_slow} for {} requests, {n_fast} for {} requests",
+        slow.0.len(),
+        fast.0.len()
+    );
+    assert!(
+        (1.0..=3.0).contains(&n_slow) && (1.0..=3.0).contains(&n_fast),
+        "one report per 5 s: {n_slow} in 10 s at 5/s, {n_fast} in 10 s at 100/s"
+    );
+    assert!(
+        n_fast <= n_slow + 1.0,
+        "{n_fast} reports at 100/s against {n_slow} at 5/s"
+    );
+}
