@@ -283,6 +283,38 @@ async fn envoy_client_applies_the_expired_assignment_fallback() {
     envoy.proc.assert_running();
 }
 
+/// An assignment with time to live 0 (what a service sends when it shuts
+/// down) ends the current one at once: the fallback applies, and it keeps
+/// the bucket's fill ratio as a changed assignment does (10 of 20 left, a
+/// fallback of 4 admits 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_client_takes_a_ttl_0_assignment_as_expired() {
+    let fake = FakeQuota::start().await;
+    let up = upstream().await;
+    let mut b = quota_envoy(&[fake.addr], up);
+    for s in bucket_settings(&mut b) {
+        s["expired_assignment_behavior"]["fallback_rate_limit"]["token_bucket"] =
+            serde_json::json!({"max_tokens": 4, "tokens_per_fill": 1, "fill_interval": "60s"});
+    }
+    let envoy = Envoy::start(&b).await;
+    fake.answer_with(Some((token_bucket(20, 1, 60), Duration::from_secs(60))));
+    assert_eq!(one(&envoy).await, 200, "ALLOW_ALL until assigned");
+    eventually(Duration::from_secs(5), "the first report", || async {
+        (!fake.reports().is_empty()).then_some(())
+    })
+    .await;
+    fake.answer_with(None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(statuses(&envoy, 10).await, [200; 10], "20 tokens assigned");
+    fake.push(&token_bucket(20, 1, 60), Duration::ZERO).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        statuses(&envoy, 4).await,
+        [200, 200, 429, 429],
+        "TTL 0: the fallback (4 tokens) at once, half full as the bucket was"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Envoys sharing one rule through bucket-rls.
 // ---------------------------------------------------------------------------
@@ -430,6 +462,38 @@ async fn service_killed_and_back() {
     let after = drive(&busy, Duration::from_secs(5), &[TENANT]).await;
     assert_shared_limit(&after, 5.0, "after the service came back");
     envoy.proc.assert_running();
+}
+
+/// On SIGTERM the service ends its assignments (time to live 0) before it
+/// closes: the Envoy switches to its `expired_assignment_behavior` fallback
+/// at once instead of enforcing a share nobody keeps for up to 15 s. The
+/// fallback here is 3 tokens refilled once a minute, so it is told apart from
+/// the share (20 tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_sends_envoy_to_its_fallback_at_once() {
+    let dir = config_dir();
+    let mut rls = BucketRls::start(dir.path(), RLS_ARGS).await;
+    let up = upstream().await;
+    let mut b = quota_envoy(&[rls.grpc], up);
+    for s in bucket_settings(&mut b) {
+        s["expired_assignment_behavior"]["fallback_rate_limit"]["token_bucket"] =
+            serde_json::json!({"max_tokens": 3, "tokens_per_fill": 1, "fill_interval": "60s"});
+    }
+    let envoy = Envoy::start(&b).await;
+    open_buckets(&[&envoy], &[&rls]).await;
+    let s = statuses(&envoy, 6).await;
+    assert_eq!(s, [200; 6], "the share (burst 20) admits 6 in a row");
+    // Refilled (20 a second) before the switch: the fallback keeps the
+    // bucket's fill ratio, so it starts full too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    rls.proc.terminate(Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let s = statuses(&envoy, 6).await;
+    assert_eq!(
+        s,
+        [200, 200, 200, 429, 429, 429],
+        "after SIGTERM the Envoy applies its fallback (3 tokens) at once"
+    );
 }
 
 /// The service receives one report message per Envoy per 5 s, whatever the
