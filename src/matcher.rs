@@ -218,6 +218,59 @@ pub fn find<'a>(root: &'a Level, entries: &[(&str, &str)]) -> Option<Matched<'a>
     node?.rule.map(|rule| Matched { rule, shared })
 }
 
+/// A match of an unordered entry set ([`find_unordered`]): the rule, and
+/// the entries in the order the walk took them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnorderedMatch<'a> {
+    /// The rule and the per-entry sharing, in [`UnorderedMatch::order`].
+    pub matched: Matched<'a>,
+    /// Indices into the entries given, in the order the walk used them.
+    pub order: Vec<usize>,
+}
+
+/// Finds the rule for an *unordered* set of entries `(key, value)` (an
+/// Envoy quota `BucketId`, a map): the tree guides the order. At each level
+/// the walk looks at the entries not used yet whose key that level knows
+/// and whose value one of its children takes (exact value, then wildcards
+/// in config order, then key-only, as [`find`] does); when several do, it
+/// takes the one whose key sorts first (byte order). It never backtracks.
+/// The rule applies when every entry was used and the node reached has a
+/// rule (the depth matches). Keys are expected to be distinct (a map).
+/// Linear in the depth times the number of entries.
+#[must_use]
+pub fn find_unordered<'a>(root: &'a Level, entries: &[(&str, &str)]) -> Option<UnorderedMatch<'a>> {
+    if entries.is_empty() {
+        return None;
+    }
+    let mut used = vec![false; entries.len()];
+    let mut order = Vec::with_capacity(entries.len());
+    let mut shared = Vec::with_capacity(entries.len());
+    let mut level = root;
+    let mut node = None;
+    for _ in 0..entries.len() {
+        let mut best: Option<(usize, &Node, Option<&str>)> = None;
+        for (i, (k, v)) in entries.iter().enumerate() {
+            if used[i] || best.is_some_and(|(b, _, _)| entries[b].0 <= *k) {
+                continue;
+            }
+            if let Some((n, s)) = level.child(k, v) {
+                best = Some((i, n, s));
+            }
+        }
+        let (i, n, s) = best?;
+        used[i] = true;
+        order.push(i);
+        shared.push(s);
+        level = &n.children;
+        node = Some(n);
+    }
+    let rule = node?.rule?;
+    Some(UnorderedMatch {
+        matched: Matched { rule, shared },
+        order,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,7 +390,84 @@ mod tests {
         proptest::collection::vec(node, 0..6).prop_map(dedup)
     }
 
+    /// Reference of the unordered walk: at each level, of the unused
+    /// entries the level takes, the one with the smallest key.
+    fn ref_find_unordered(nodes: &[RefNode], entries: &[(String, String)]) -> Option<usize> {
+        let mut remaining: Vec<(String, String)> = entries.to_vec();
+        remaining.sort();
+        let mut level = nodes;
+        let mut rule = None;
+        while !remaining.is_empty() {
+            let pos = remaining.iter().position(|e| {
+                let probe = [e.clone()];
+                ref_pick(level, &probe[0]).is_some()
+            })?;
+            let e = remaining.remove(pos);
+            let n = ref_pick(level, &e)?;
+            rule = n.rule;
+            level = &n.children;
+        }
+        rule
+    }
+
+    fn ref_pick<'a>(nodes: &'a [RefNode], (k, v): &(String, String)) -> Option<&'a RefNode> {
+        nodes
+            .iter()
+            .find(|n| n.key == *k && n.value.as_deref() == Some(v.as_str()))
+            .or_else(|| {
+                nodes.iter().find(|n| {
+                    n.key == *k
+                        && n.value.as_ref().is_some_and(|p| {
+                            p.contains('*')
+                                && glob_ref(
+                                    &p.chars().collect::<Vec<_>>(),
+                                    &v.chars().collect::<Vec<_>>(),
+                                )
+                        })
+                })
+            })
+            .or_else(|| nodes.iter().find(|n| n.key == *k && n.value.is_none()))
+    }
+
+    #[test]
+    fn unordered_follows_the_tree() {
+        let mut root = Level::default();
+        let tenant = root.insert("tenant", Selector::Exact("acme".into()));
+        tenant.rule = Some(0);
+        let route = tenant.children.insert("route", Selector::KeyOnly);
+        route.rule = Some(1);
+        // Given in any order, the tree decides: tenant first, then route.
+        let m = find_unordered(&root, &[("route", "/a"), ("tenant", "acme")]).expect("match");
+        assert_eq!(m.matched.rule, 1);
+        assert_eq!(m.order, vec![1, 0]);
+        assert_eq!(
+            find_unordered(&root, &[("tenant", "acme")]).map(|m| m.matched.rule),
+            Some(0)
+        );
+        // An entry the walk cannot use: no rule.
+        assert!(find_unordered(&root, &[("tenant", "acme"), ("x", "y")]).is_none());
+        assert!(find_unordered(&root, &[]).is_none());
+    }
+
     proptest! {
+        #[test]
+        fn unordered_matches_reference(tree in arb_tree(),
+                             reqs in proptest::collection::vec(proptest::collection::btree_map("[abc]", "[xy]{0,3}", 0..4), 1..20)) {
+            let mut root = Level::default();
+            build(&mut root, &tree);
+            for req in reqs {
+                let owned: Vec<(String, String)> = req.into_iter().collect();
+                let entries: Vec<(&str, &str)> = owned.iter().rev().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let got = find_unordered(&root, &entries);
+                prop_assert_eq!(got.as_ref().map(|m| m.matched.rule), ref_find_unordered(&tree, &owned));
+                if let Some(m) = got {
+                    // The order found, given to the ordered walk, finds the same rule.
+                    let ordered: Vec<(&str, &str)> = m.order.iter().map(|&i| entries[i]).collect();
+                    prop_assert_eq!(find(&root, &ordered).map(|x| x.rule), Some(m.matched.rule));
+                }
+            }
+        }
+
         #[test]
         fn matches_reference(tree in arb_tree(),
                              reqs in proptest::collection::vec(proptest::collection::vec(("[ab]", "[xy]{0,3}"), 0..4), 1..20)) {

@@ -51,6 +51,20 @@ pub const REQUEST_DURATION: &str = "bucket_rls_request_duration_seconds";
 /// Buckets the memory backend forgot early because its bucket cap was reached (no labels).
 pub const MEMORY_EVICTIONS: &str = "bucket_rls_memory_evictions_total";
 
+/// Gauge: open quota (RLQS) streams.
+pub const RLQS_STREAMS: &str = "bucket_rls_rlqs_streams";
+/// Gauge: buckets the open quota streams hold.
+pub const RLQS_BUCKETS: &str = "bucket_rls_rlqs_buckets";
+/// Counter: quota usage report messages received (messages, not the
+/// bucket entries inside them).
+pub const RLQS_REPORTS: &str = "bucket_rls_rlqs_reports_total";
+/// Counter: quota assignments sent (`QuotaAssignmentAction`s, TTL-0 ones
+/// on shutdown included).
+pub const RLQS_ASSIGNMENTS: &str = "bucket_rls_rlqs_assignments_total";
+/// Gauge: live subscribers of a rule's bucket at its last report. Label
+/// `rule` (the rule path).
+pub const RLQS_SUBSCRIBERS: &str = "bucket_rls_rlqs_subscribers";
+
 /// Registers descriptions for every metric (call once, after installing a recorder).
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_histogram};
@@ -74,6 +88,14 @@ pub fn describe() {
     describe_counter!(SERVICE_ERROR, "Requests answered with an error");
     describe_counter!(STORAGE_ERRORS, "Storage failures by kind");
     describe_counter!(CONFIG_LOAD, "Config loads by result");
+    metrics::describe_gauge!(RLQS_STREAMS, "Open quota (RLQS) streams");
+    metrics::describe_gauge!(RLQS_BUCKETS, "Buckets held by the open quota streams");
+    describe_counter!(RLQS_REPORTS, "Quota usage report messages received");
+    describe_counter!(RLQS_ASSIGNMENTS, "Quota assignments sent");
+    metrics::describe_gauge!(
+        RLQS_SUBSCRIBERS,
+        "Live subscribers of a rule's bucket at its last report"
+    );
     metrics::describe_gauge!(BUILD_INFO, "The running build (value always 1)");
     metrics::describe_gauge!(
         CONFIG_LAST_RELOAD_SUCCESSFUL,

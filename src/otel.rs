@@ -227,6 +227,54 @@ where
     result
 }
 
+/// Runs `call` (one quota usage report of a `StreamRateLimitQuotas`
+/// stream) inside a server span, child of the trace context in `metadata`
+/// (the stream's headers), with the domain and the number of buckets
+/// reported; a failed call marks the span failed with its message. Without
+/// a tracer, just runs `call`.
+pub async fn quota_report<T, E: std::fmt::Display, F>(
+    metadata: &http::HeaderMap,
+    domain: &str,
+    buckets: usize,
+    call: F,
+) -> Result<T, E>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let Some(tracer) = tracer() else {
+        return call.await;
+    };
+    let parent =
+        opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Metadata(metadata));
+    let span = tracer
+        .span_builder(
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas report",
+        )
+        .with_kind(SpanKind::Server)
+        .with_attributes([
+            KeyValue::new("rpc.system", "grpc"),
+            KeyValue::new(
+                "rpc.service",
+                "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+            ),
+            KeyValue::new("rpc.method", "StreamRateLimitQuotas"),
+            KeyValue::new("ratelimit.domain", clip(domain, MAX_DOMAIN_ATTR_BYTES)),
+            KeyValue::new(
+                "ratelimit.buckets",
+                i64::try_from(buckets).unwrap_or(i64::MAX),
+            ),
+        ])
+        .start_with_context(tracer, &parent);
+    let cx = parent.with_span(span);
+    let result = call.with_context(cx.clone()).await;
+    let span = cx.span();
+    if let Err(e) = &result {
+        span.set_status(Status::error(clip(&e.to_string(), 256)));
+    }
+    span.end();
+    result
+}
+
 /// A client span around one Redis script call, child of the current
 /// `ShouldRateLimit` span; `None` without a tracer.
 pub struct RedisSpan(opentelemetry_sdk::trace::Span);

@@ -110,6 +110,9 @@ pub struct ServiceSettings {
     /// service's environment). With 1, a rule of burst 1000 may go 1000
     /// tokens below zero. See docs/design.md, "Debt".
     pub max_debt_bursts: u32,
+    /// Envoy's quota service (RLQS): a bucket id that matches no rule is
+    /// sent `DENY_ALL` instead of `ALLOW_ALL` (`--rlqs-unmatched deny`).
+    pub rlqs_deny_unmatched: bool,
 }
 
 impl Default for ServiceSettings {
@@ -128,6 +131,7 @@ impl Default for ServiceSettings {
             response_dynamic_metadata: false,
             ignore_unmatched_overrides: false,
             max_debt_bursts: 0,
+            rlqs_deny_unmatched: false,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Shutdown: health turns NOT_SERVING, an optional delay while every port
-//! keeps serving (so load balancers see the change first), then the ports
-//! stop accepting and in-flight requests get a grace period.
+//! keeps serving (so load balancers see the change first), then every
+//! quota (RLQS) stream sends TTL-0 assignments and closes, the ports stop
+//! accepting and in-flight requests get a grace period.
 
 use super::HEALTH_SERVICE_NAMES;
 use std::future::Future;
@@ -9,10 +10,12 @@ use std::time::Duration;
 use tokio::sync::{broadcast, oneshot};
 
 /// Waits for `shutdown`, marks `health` draining and every gRPC health name
-/// NOT_SERVING, waits `delay`, then tells the ports to stop (`stop`) and
-/// returns the moment the drain started through `draining`.
+/// NOT_SERVING, waits `delay`, then closes the quota streams of `limiter`
+/// (TTL-0 assignments first), tells the ports to stop (`stop`) and returns
+/// the moment the drain started through `draining`.
 pub(super) fn spawn(
     shutdown: impl Future<Output = ()> + Send + 'static,
+    limiter: Arc<crate::limiter::Limiter>,
     health: Option<Arc<crate::go::health::Health>>,
     reporter: tonic_health::server::HealthReporter,
     delay: Duration,
@@ -40,6 +43,7 @@ pub(super) fn spawn(
             tokio::time::sleep(delay).await;
         }
         tracing::info!("shutting down: draining in-flight requests");
+        limiter.quotas().close_all();
         let _ = stop.send(());
         let _ = draining.send(());
     });

@@ -140,7 +140,7 @@ async fn serve(
     let grpc = ports::grpc(
         listeners.grpc,
         limiter.clone(),
-        crate::grpc::fallback_routes(health_service, reflection),
+        crate::grpc::fallback_routes(health_service, limiter.clone(), reflection),
         tls,
         stop_tx.subscribe(),
     );
@@ -173,6 +173,7 @@ async fn serve(
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
     drain::spawn(
         shutdown,
+        limiter.clone(),
         health,
         reporter,
         shutdown_delay,

@@ -8,6 +8,8 @@
 //!   handler; it knows no limiter.
 //! - `fallback`: other paths handed to tonic's routes.
 //! - [`reflection`]: the descriptors reflection serves.
+//! - [`rlqs`]: Envoy's quota service (`StreamRateLimitQuotas`), a tonic
+//!   service among the fallback routes.
 //!
 //! [`ShouldRateLimit`] runs a proto request through exactly what the port
 //! runs (encode, [`codec::decode`], decide, [`codec::encode`]), so the
@@ -22,6 +24,7 @@ pub mod codec;
 mod fallback;
 mod h2;
 pub mod reflection;
+pub mod rlqs;
 
 use crate::limiter::Limiter;
 use bytes::Bytes;
@@ -120,10 +123,11 @@ where
     h2::serve(incoming, Rls(limiter), fallback, limits, shutdown).await
 }
 
-/// The tonic services of the port besides `ShouldRateLimit`: `health`, and
-/// server reflection (v1 and v1alpha) when `reflection` is on.
+/// The tonic services of the port besides `ShouldRateLimit`: `health`,
+/// Envoy's quota service ([`rlqs`], answered by `limiter`), and server
+/// reflection (v1 and v1alpha) when `reflection` is on.
 #[must_use]
-pub fn fallback_routes<H>(health: H, reflection: bool) -> Routes
+pub fn fallback_routes<H>(health: H, limiter: Arc<Limiter>, reflection: bool) -> Routes
 where
     H: tonic::codegen::Service<
             http::Request<tonic::body::Body>,
@@ -136,7 +140,7 @@ where
         + 'static,
     H::Future: Send + 'static,
 {
-    let mut routes = Routes::new(health);
+    let mut routes = Routes::new(health).add_service(rlqs::Rlqs::server(limiter));
     if reflection {
         // The descriptors are built in code and checked by tests: a failure
         // is a bug, logged, and the port serves without reflection.

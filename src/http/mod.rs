@@ -18,6 +18,11 @@
 //!   reload error, the storage backend name and the config source (`file`
 //!   or `xds`; for xDS whether it is connected, the version in force and the
 //!   last push's outcome and error).
+//! - `GET /rlqs`: JSON: the quota (RLQS) streams open on this replica,
+//!   `{"streams": [{subscriber, domain, buckets: {"key=value,...": {rule,
+//!   demand, assignment, subscribers: [{id, demand, tokens_per_fill,
+//!   max_tokens}], balance}}}]}`; demands in requests a second, the
+//!   balance in tokens.
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
 //!   protobuf JSON ([`json`]): 200 with the `RateLimitResponse` when the
 //!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
@@ -78,6 +83,7 @@ pub fn router_with(
         .route("/livez", get(livez))
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
+        .route("/rlqs", get(rlqs))
         .route("/json", post(json))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
@@ -172,6 +178,16 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
         },
     )
         .into_response()
+}
+
+/// `GET /rlqs`: the open quota streams of this replica, each with its
+/// buckets (rule, demand, the assignment sent last, and every live
+/// subscriber of the rule's bucket with its demand and assignment).
+async fn rlqs(State(limiter): State<Arc<Limiter>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "streams": limiter.quotas().view() }),
+    )
 }
 
 async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> Response {

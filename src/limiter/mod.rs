@@ -18,6 +18,7 @@ pub mod headers;
 pub mod labels;
 pub mod metadata;
 mod plan;
+pub mod quota;
 pub mod request;
 pub mod verdict;
 
@@ -78,6 +79,8 @@ pub struct Limiter {
     value_labels: labels::ValueLabels,
     /// The [`m::REQUEST_DURATION`] histogram, looked up on the first request.
     request_duration: std::sync::OnceLock<metrics::Histogram>,
+    /// Envoy's quota service streams ([`quota`]).
+    quotas: quota::Quotas,
 }
 
 impl Limiter {
@@ -103,11 +106,19 @@ impl Limiter {
         Self {
             config,
             storage,
-            settings,
             unknown_domains: Mutex::new(HashMap::new()),
             failure_log: failure::FailureLog::default(),
             value_labels: labels::ValueLabels::default(),
             request_duration: std::sync::OnceLock::new(),
+            quotas: quota::Quotas::new(
+                if settings.rlqs_deny_unmatched {
+                    quota::Unmatched::Deny
+                } else {
+                    quota::Unmatched::Allow
+                },
+                Arc::new(crate::storage::clock::MonotonicClock::default()),
+            ),
+            settings,
         }
     }
 

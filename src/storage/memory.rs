@@ -20,6 +20,7 @@
 
 use super::algorithm::{self, Limit, State};
 use super::clock::{Clock, MonotonicClock};
+use super::quota::{QuotaReport, QuotaView, SubscriberRecord};
 use super::{Charge, RequestResult, Storage, StorageError, group_by_key};
 use async_trait::async_trait;
 use parking_lot::{Mutex, MutexGuard};
@@ -96,7 +97,13 @@ pub struct MemoryStorage {
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     max_per_shard: usize,
+    /// RLQS subscriber records ([`super::quota`]): records key -> (expiry
+    /// in microseconds, subscriber id -> (demand, held, last seen)).
+    quotas: Arc<Mutex<QuotaMap>>,
 }
+
+type QuotaMap = HashMap<String, (u64, std::collections::BTreeMap<String, QuotaRecord>)>;
+type QuotaRecord = (u64, Option<super::quota::Held>, u64);
 
 impl Default for MemoryStorage {
     fn default() -> Self {
@@ -122,6 +129,7 @@ impl MemoryStorage {
             hasher: RandomState::new(),
             clock,
             max_per_shard: max_buckets.div_ceil(SHARDS).max(1),
+            quotas: Arc::default(),
         }
     }
 
@@ -141,9 +149,11 @@ impl MemoryStorage {
         self.len() == 0
     }
 
-    /// Drops every bucket that is full again by now and returns how many remain.
+    /// Drops every bucket that is full again by now (and the quota
+    /// subscriber records that expired) and returns how many buckets remain.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_us();
+        self.quotas.lock().retain(|_, (expires, _)| *expires > now);
         self.shards
             .iter()
             .map(|s| {
@@ -223,6 +233,40 @@ impl Storage for MemoryStorage {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    async fn report(&self, reports: &[QuotaReport]) -> Result<Vec<QuotaView>, StorageError> {
+        let mut out = Vec::with_capacity(reports.len());
+        for r in reports {
+            let charged = self.apply_sync(&[Charge {
+                key: r.bucket.clone(),
+                spec: r.charge,
+            }]);
+            let balance_micro = charged.charges.first().map_or(0, |c| c.remaining_micro);
+            let now = self.clock.now_us();
+            let live_us = r.live_ms.saturating_mul(1000);
+            let mut quotas = self.quotas.lock();
+            let (expires, subs) = quotas.entry(r.subscribers.clone()).or_default();
+            *expires = now.saturating_add(live_us);
+            subs.insert(r.subscriber.clone(), (r.demand_milli, r.held, now));
+            subs.retain(|_, (_, _, seen)| now.saturating_sub(*seen) < live_us);
+            out.push(QuotaView {
+                balance_micro,
+                subscribers: subs
+                    .iter()
+                    .map(|(id, &(demand_milli, held, _))| SubscriberRecord {
+                        id: id.clone(),
+                        demand_milli,
+                        held,
+                    })
+                    .collect(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn supports_quota(&self) -> bool {
+        true
     }
 
     fn sweep(&self) {

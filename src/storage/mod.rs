@@ -6,6 +6,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod key;
 pub mod memory;
+pub mod quota;
 pub mod redis;
 
 pub use algorithm::{
@@ -216,6 +217,10 @@ impl std::fmt::Display for BackendKind {
     }
 }
 
+/// Why a backend without [`Storage::report`] refuses a quota stream.
+pub const QUOTA_UNSUPPORTED: &str =
+    "RLQS needs the memory backend, single-node Redis or Sentinel (not Redis Cluster)";
+
 /// A place where buckets live.
 #[async_trait]
 pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
@@ -251,6 +256,35 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
         let _ = probe;
         self.ping().await
+    }
+
+    /// Records the bucket entries of one quota usage report (Envoy's RLQS,
+    /// [`quota`]), each atomically: charges the allowed count to the
+    /// bucket with debt, upserts the subscriber's record, drops records not
+    /// refreshed for `live_ms`, and returns the balance and the live
+    /// subscribers per entry, in order. One call per report message (one
+    /// script call on Redis).
+    ///
+    /// # Errors
+    /// [`StorageError`] when the backend cannot answer; by default (Redis
+    /// Cluster) a [`BackendKind::Argument`] error: see
+    /// [`Storage::supports_quota`].
+    async fn report(
+        &self,
+        reports: &[quota::QuotaReport],
+    ) -> Result<Vec<quota::QuotaView>, StorageError> {
+        let _ = reports;
+        Err(StorageError::backend(
+            BackendKind::Argument,
+            QUOTA_UNSUPPORTED,
+        ))
+    }
+
+    /// Whether [`Storage::report`] works on this backend (memory, a single
+    /// Redis node, Sentinel); the quota service refuses a stream at once
+    /// otherwise. Default: no.
+    fn supports_quota(&self) -> bool {
+        false
     }
 
     /// Short backend name for logs and `/rlconfig` (`memory`, `redis`).

@@ -47,6 +47,7 @@ pub mod cluster;
 pub(crate) mod errors;
 pub(crate) mod hold;
 pub(crate) mod local_cache;
+pub mod quota_script;
 pub mod script;
 pub mod sentinel;
 mod single;
@@ -59,7 +60,7 @@ use self::breaker::CircuitBreaker;
 use self::local_cache::LocalCache;
 use self::script::{BucketScript, ScriptCall};
 use super::clock::Clock;
-use super::{Charge, RequestResult, StorageError};
+use super::{BackendKind, Charge, RequestResult, StorageError};
 use ::redis::{RedisError, Value};
 use std::future::Future;
 use std::sync::{Arc, Once};
@@ -268,6 +269,7 @@ impl<T> RedisBuilder<T> {
     fn pipeline(&self, secret: Option<String>) -> Pipeline {
         Pipeline {
             script: BucketScript::new(),
+            quota_script: quota_script::QuotaScript::default(),
             timeout: self.options.timeout,
             cache: (self.options.local_cache_size > 0)
                 .then(|| LocalCache::new(self.options.local_cache_size)),
@@ -335,6 +337,8 @@ pub(crate) trait ConnSource: Sync {
 #[derive(Debug)]
 pub(crate) struct Pipeline {
     pub(crate) script: BucketScript,
+    /// The quota (RLQS) script.
+    pub(crate) quota_script: quota_script::QuotaScript,
     pub(crate) timeout: Duration,
     cache: Option<LocalCache>,
     test_clock: Option<Arc<dyn Clock>>,
@@ -417,6 +421,70 @@ impl Pipeline {
             span.end(result.as_ref().err().map(|e| e as &dyn std::fmt::Display));
         }
         result
+    }
+
+    /// One quota report ([`crate::storage::Storage::report`]) over
+    /// `source`: one quota script call behind the circuit breaker, bounded
+    /// by the timeout, classified and recorded as a request's call is.
+    ///
+    /// # Errors
+    /// [`StorageError::CircuitOpen`] without a call while `breaker` is open;
+    /// [`StorageError::Timeout`] (never replayed) or the classified error.
+    pub(crate) async fn report<S: ConnSource>(
+        &self,
+        source: &S,
+        breaker: &CircuitBreaker,
+        reports: &[crate::storage::quota::QuotaReport],
+    ) -> Result<Vec<crate::storage::quota::QuotaView>, StorageError>
+    where
+        S::Conn: ::redis::aio::ConnectionLike,
+    {
+        let test_now = self
+            .explicit_now_us()
+            .map(|now| (now, script::TEST_MIN_TTL_MS));
+        let args = quota_script::QuotaArgs::new(reports, test_now);
+        if !breaker.allow() {
+            return Err(StorageError::CircuitOpen);
+        }
+        let started = Instant::now();
+        let mut tag = None;
+        let attempt = async {
+            let (t, mut conn) = source.connection().await?;
+            tag = Some(t);
+            Ok(self.quota_script.eval(&mut conn, &args).await)
+        };
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
+            Err(_) if tag.is_none() => Err(source.no_connection(self.timeout)),
+            Err(_) => Err(StorageError::Timeout(self.timeout)),
+            Ok(Err(not_connected)) => return Err(not_connected),
+            Ok(Ok(Err(e))) => Err(source.classify(self, &e)),
+            Ok(Ok(Ok(v))) => args.parse_reply(&v),
+        };
+        match &result {
+            Ok(_) => breaker.success(),
+            Err(e) if e.is_transient() => breaker.failure_of_call_started(started),
+            Err(_) => {}
+        }
+        // The topology reacts to the outcome as to a request's.
+        let (outcome, views) = match result {
+            Ok(v) => (
+                Ok(RequestResult {
+                    admitted: true,
+                    charges: Vec::new(),
+                }),
+                Some(v),
+            ),
+            Err(e) => (Err(e), None),
+        };
+        source.after(tag, &outcome, breaker);
+        match (outcome, views) {
+            (_, Some(v)) => Ok(v),
+            (Err(e), None) => Err(e),
+            (Ok(_), None) => Err(StorageError::backend(
+                BackendKind::Internal,
+                "no quota views",
+            )),
+        }
     }
 
     /// [`errors::classify`] with this backend's timeout and password.

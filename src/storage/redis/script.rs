@@ -27,6 +27,8 @@ macro_rules! algorithm_part {
     };
 }
 
+pub(crate) use algorithm_part;
+
 /// The script source, assembled at build time: the table of algorithms,
 /// each algorithm's part, then the request driver (`lua/request.lua`), so a
 /// request is one `EVALSHA` whatever mix of algorithms it carries.
@@ -273,7 +275,7 @@ pub const CHARGE_BYTES: usize = 32;
 /// most a few thousand descriptors.
 const MAX_KEY_NO: usize = (1 << 24) - 1;
 
-fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec) {
+pub(crate) fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec) {
     let sc = spec.limit.script_charge(spec.cost, spec.kind);
     let mut flags = match spec.kind {
         ChargeKind::Consume => 0,

@@ -271,6 +271,18 @@ impl Storage for RedisStorage {
         inner.pipeline.apply(inner, &inner.breaker, charges).await
     }
 
+    async fn report(
+        &self,
+        reports: &[crate::storage::quota::QuotaReport],
+    ) -> Result<Vec<crate::storage::quota::QuotaView>, StorageError> {
+        let inner = &*self.inner;
+        inner.pipeline.report(inner, &inner.breaker, reports).await
+    }
+
+    fn supports_quota(&self) -> bool {
+        true
+    }
+
     async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
         self.apply(std::slice::from_ref(probe)).await.map(|_| ())
     }

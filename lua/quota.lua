@@ -1,0 +1,121 @@
+--[[ quota.lua: record one usage report of Envoy's quota service (RLQS)
+for every bucket it lists, atomically per call (one call per report
+message). The Rust model is the memory backend's `Storage::report`
+(src/storage/memory.rs); src/storage/quota.rs documents the semantics.
+
+Assembly: src/storage/redis/quota_script.rs builds the script text at build
+time as `local ALGORITHMS = {`, each algorithm's part (lua/algorithms/, the
+same parts the request script uses, see lua/request.lua for the functions
+each returns), `}`, then this file. So the charge below is computed by the
+same arithmetic as a ShouldRateLimit charge on the same bucket.
+
+Units: amounts in micro-units (1 token = 1,000,000), times in microseconds
+since the Unix epoch, all integers below 2^53.
+
+KEYS        per report entry i, two keys: KEYS[2i-1] the rule's bucket (the
+            key ShouldRateLimit charges), KEYS[2i] its subscriber records (a
+            hash: `<prefix>q<bucket key after the prefix>`).
+ARGV[1]     explicit now in microseconds, TESTS ONLY ("" = Redis TIME).
+ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none).
+ARGV[3]     the reporting subscriber's id (a hash field).
+ARGV[4]     the entries, 56 bytes each, big-endian unsigned:
+              32 bytes: the charge, packed exactly as one charge of
+                        lua/request.lua's ARGV[3] (its key index is unused):
+                        the allowed count as a consume on a bucket with a
+                        debt bound, so it is taken even past the balance,
+                        clamped at the debt bound; cost 0 charges nothing.
+              8 bytes:  the subscriber's demand, thousandths of a request
+                        a second.
+              4 bytes:  tokens per fill of the assignment it holds
+                        (4294967295: none).
+              4 bytes:  max tokens of that assignment (4294967295: none).
+              8 bytes:  live_ms: a record older than this is dropped, and
+                        the hash expires this long after the last report.
+
+Each record (hash field = subscriber id) is 24 bytes, big-endian:
+demand (8), tokens per fill (4), max tokens (4), last report now (8).
+
+Reply: an array, per entry: the bucket's balance after the charge
+(integer, micro-tokens, negative in debt), then an array of the live
+records as field, value, field, value, ... (the reporter's included).
+]]
+
+local MICRO = 1000000
+local MAX_TTL_MS = 1000000000000000
+local min_ttl = tonumber(ARGV[2]) or 0
+local rcall = redis.call
+local spack, sunpack = struct.pack, struct.unpack
+local READ, CONSUME, REPORT, ENCODE = 1, 3, 5, 6
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = rcall('TIME')
+  now = tonumber(t[1]) * MICRO + tonumber(t[2])
+end
+
+local function put(key, alg, level, p1, p2, p3)
+  local value, ttl = alg[ENCODE](level, now, p1, p2, p3)
+  if value == nil then
+    rcall('DEL', key)
+  else
+    if ttl < min_ttl then
+      ttl = min_ttl
+    end
+    if ttl > MAX_TTL_MS then
+      ttl = MAX_TTL_MS
+    end
+    rcall('SET', key, value, 'PX', string.format('%d', ttl))
+  end
+end
+
+local subscriber = ARGV[3]
+local packed = ARGV[4]
+local n = #packed / 56
+local reply = {}
+local pos = 1
+for i = 1, n do
+  local a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms
+  a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms, pos =
+    sunpack('>I1I3I4I4I4I8I8I8I4I4I8', packed, pos)
+  local bucket, records = KEYS[2 * i - 1], KEYS[2 * i]
+  local alg = ALGORITHMS[a]
+  -- The charge: GET (fails with WRONGTYPE on a foreign key), consume.
+  local low = flags % 4
+  local x = (flags - low) / 4
+  local level, stale = alg[READ](rcall('GET', bucket), p1, p2, p3, now)
+  local after, ok, changed, stands = alg[CONSUME](level, cost, p1, p2, p3, x)
+  if (ok and changed) or ((not ok) and stands) then
+    level = after
+    put(bucket, alg, level, p1, p2, p3)
+  elseif stale then
+    put(bucket, alg, level, p1, p2, p3)
+  end
+  reply[2 * i - 1] = alg[REPORT](level)
+  -- The subscriber records.
+  rcall('HSET', records, subscriber, spack('>I8I4I4I8', demand, tpf, maxt, now))
+  local all = rcall('HGETALL', records)
+  local live = {}
+  local live_us = live_ms * 1000
+  for j = 1, #all, 2 do
+    local seen = 0
+    if #all[j + 1] == 24 then
+      local _d, _t, _m
+      _d, _t, _m, seen = sunpack('>I8I4I4I8', all[j + 1])
+    end
+    if now - seen >= live_us then
+      rcall('HDEL', records, all[j])
+    else
+      live[#live + 1] = all[j]
+      live[#live + 1] = all[j + 1]
+    end
+  end
+  local ttl = live_ms
+  if ttl < min_ttl then
+    ttl = min_ttl
+  end
+  rcall('PEXPIRE', records, string.format('%d', ttl))
+  reply[2 * i] = live
+end
+return reply

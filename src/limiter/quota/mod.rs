@@ -1,0 +1,764 @@
+//! The quota operation (Envoy's Rate Limit Quota Service, RLQS), the
+//! second operation of the core beside [`Limiter::decide`]: no protocol
+//! types. The gRPC edge (`grpc/rlqs.rs`) maps a stream onto a
+//! [`QuotaStream`] and each usage report onto one [`QuotaStream::report`]
+//! call (docs/design.md, "Quota sharing").
+//!
+//! One report:
+//! 1. every bucket id (an unordered set of entries) is checked against the
+//!    [`Bounds`] and matched against the stream's domain with
+//!    [`matcher::find_unordered`]: no rule gives the blanket rule
+//!    ([`Action::AllowAll`], or [`Action::DenyAll`] with
+//!    `--rlqs-unmatched deny`); an `unlimited` or shadow rule allows all; a
+//!    rate of 0 denies all;
+//! 2. the subscriber's demand for the bucket is measured on the service's
+//!    own clock (allowed plus denied since its last report, at least 1 s,
+//!    smoothed) and a bucket idle for [`ABANDON_AFTER`] is abandoned;
+//! 3. the limited buckets go to storage in one [`Storage::report`] call:
+//!    the allowed counts are charged to the rule's bucket (the one
+//!    `ShouldRateLimit` charges for the same descriptor) and the live
+//!    subscribers come back;
+//! 4. each limited bucket's assignment is this subscriber's [`share`] of
+//!    the rule.
+
+pub mod share;
+#[cfg(test)]
+mod tests;
+
+use super::Limiter;
+use crate::config::{Config, Policy};
+use crate::matcher;
+use crate::metrics as m;
+use crate::storage::clock::{Clock, MonotonicClock};
+use crate::storage::key::{self, KeyValue};
+use crate::storage::quota::{Held, QuotaReport, subscribers_key};
+use crate::storage::{BucketLimit, ChargeKind, ChargeSpec, Limit, MICRO, StorageError};
+use parking_lot::Mutex;
+use share::{Budget, Share, Subscriber};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How often Envoy 1.40 reports, whatever its config says.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(5);
+/// Time to live of every assignment: three reporting intervals, so a
+/// service that stops answering lets Envoy fall back to its
+/// `expired_assignment_behavior` soon after.
+pub const ASSIGNMENT_TTL: Duration = Duration::from_secs(15);
+/// A bucket reported with no requests for this long is abandoned; a
+/// subscriber not heard of for this long is dropped from storage.
+pub const ABANDON_AFTER: Duration = Duration::from_secs(15);
+/// The debt an RLQS charge may take a bucket to, in seconds of the rule's
+/// rate, beyond one burst.
+pub const DEBT_SECS: u64 = 5;
+
+/// The bounds of one stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Buckets one stream may hold (1,000).
+    pub max_buckets: usize,
+    /// Entries of one bucket id (32).
+    pub max_entries: usize,
+    /// Bytes of one entry's key or value (256).
+    pub max_text_bytes: usize,
+}
+
+impl Bounds {
+    /// The bounds the service runs with.
+    pub const DEFAULT: Self = Self {
+        max_buckets: 1_000,
+        max_entries: 32,
+        max_text_bytes: 256,
+    };
+}
+
+/// One bucket id: its entries sorted by key (the canonical form of the
+/// unordered set Envoy sends).
+pub type BucketId = Vec<(String, String)>;
+
+/// One bucket of a usage report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage<'a> {
+    /// The bucket id's entries, in any order (keys distinct).
+    pub bucket: &'a [(&'a str, &'a str)],
+    /// Requests Envoy allowed since its last report of the bucket.
+    pub allowed: u64,
+    /// Requests Envoy denied since then.
+    pub denied: u64,
+}
+
+/// What Envoy is told to do with a bucket's requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// A token bucket enforced by Envoy.
+    TokenBucket {
+        /// Tokens held at most (a new assignment starts full).
+        max_tokens: u32,
+        /// Tokens added every `fill_interval_secs`.
+        tokens_per_fill: u32,
+        /// Whole seconds between fills.
+        fill_interval_secs: u64,
+    },
+    /// Admit everything.
+    AllowAll,
+    /// Deny everything.
+    DenyAll,
+}
+
+/// The answer for one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Apply `action` for `ttl`.
+    Assign {
+        /// What to do.
+        action: Action,
+        /// How long it holds (0: expire now).
+        ttl: Duration,
+    },
+    /// Forget the bucket (idle for [`ABANDON_AFTER`]).
+    Abandon,
+}
+
+/// One bucket's answer, for the bucket id as reported.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketAnswer {
+    /// The bucket id (sorted by key).
+    pub bucket: BucketId,
+    /// What to send.
+    pub answer: Answer,
+}
+
+/// Why a stream or a report got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    /// The stream sent something malformed (gRPC `INVALID_ARGUMENT`): the
+    /// message names it.
+    #[error("{0}")]
+    Invalid(String),
+    /// The storage backend keeps no quota subscribers (Redis Cluster):
+    /// gRPC `FAILED_PRECONDITION`.
+    #[error("{0}")]
+    Unsupported(&'static str),
+    /// The config source has not delivered a config yet (gRPC `UNAVAILABLE`).
+    #[error("no rate limit configuration loaded")]
+    NoConfig,
+    /// Storage failed (gRPC `UNAVAILABLE`).
+    #[error("rate limit storage unavailable: {0}")]
+    Storage(#[source] StorageError),
+}
+
+/// What `--rlqs-unmatched` says about a bucket id that matches no rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Unmatched {
+    /// `BlanketRule` `ALLOW_ALL` (the default).
+    #[default]
+    Allow,
+    /// `BlanketRule` `DENY_ALL`.
+    Deny,
+}
+
+/// Process-wide quota state, held by the [`Limiter`]: the replica's id, the
+/// open streams (for the admin view and the drain) and the shutdown signal.
+#[derive(Debug)]
+pub struct Quotas {
+    replica: u64,
+    next_stream: AtomicU64,
+    streams: Mutex<BTreeMap<u64, Arc<Mutex<StreamView>>>>,
+    closing: tokio::sync::watch::Sender<bool>,
+    clock: Arc<dyn Clock>,
+    unmatched: Unmatched,
+    bounds: Bounds,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self::new(Unmatched::Allow, Arc::new(MonotonicClock::default()))
+    }
+}
+
+impl Quotas {
+    /// Quota state answering unmatched buckets by `unmatched`, timing
+    /// reports on `clock` (the service's own clock).
+    #[must_use]
+    pub fn new(unmatched: Unmatched, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            replica: {
+                use std::hash::{BuildHasher as _, Hasher as _};
+                std::hash::RandomState::new().build_hasher().finish()
+            },
+            next_stream: AtomicU64::new(1),
+            streams: Mutex::new(BTreeMap::new()),
+            closing: tokio::sync::watch::channel(false).0,
+            clock,
+            unmatched,
+            bounds: Bounds::DEFAULT,
+        }
+    }
+
+    /// Tells every open stream to send TTL-0 assignments and close (the
+    /// drain on shutdown).
+    pub fn close_all(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Resolves once [`Quotas::close_all`] was called.
+    #[must_use]
+    pub fn closing(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    /// Every open stream's buckets, for the admin view (`GET /rlqs`).
+    #[must_use]
+    pub fn view(&self) -> Vec<StreamView> {
+        self.streams
+            .lock()
+            .values()
+            .map(|s| s.lock().clone())
+            .collect()
+    }
+}
+
+/// One stream as the admin view shows it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StreamView {
+    /// The subscriber id (replica and stream).
+    pub subscriber: String,
+    /// The domain bound by the first message.
+    pub domain: String,
+    /// The buckets reported, by bucket id (`key=value,...`).
+    pub buckets: BTreeMap<String, BucketView>,
+}
+
+/// One bucket of a stream as the admin view shows it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct BucketView {
+    /// The rule's path (`None`: no rule, the blanket rule applies).
+    pub rule: Option<String>,
+    /// This subscriber's smoothed demand, requests a second.
+    pub demand: f64,
+    /// The assignment sent last.
+    pub assignment: Option<Action>,
+    /// Every live subscriber of the rule's bucket (this one included), with
+    /// its demand (requests a second) and the assignment it holds.
+    pub subscribers: Vec<SubscriberView>,
+    /// The rule bucket's balance at the last report, tokens.
+    pub balance: Option<f64>,
+}
+
+/// One subscriber of a bucket as the admin view shows it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SubscriberView {
+    /// Its id.
+    pub id: String,
+    /// Its smoothed demand, requests a second.
+    pub demand: f64,
+    /// Tokens per fill of the assignment it holds.
+    pub tokens_per_fill: Option<u32>,
+    /// Max tokens of the assignment it holds.
+    pub max_tokens: Option<u32>,
+}
+
+/// Per stream and bucket: the demand tracking and the assignment held.
+#[derive(Clone, Debug)]
+struct Track {
+    bound_us: u64,
+    last_report_us: Option<u64>,
+    last_active_us: u64,
+    demand: f64,
+    held: Option<Action>,
+    rule_label: Option<String>,
+}
+
+/// How one bucket resolved against the config.
+enum Resolved {
+    Blanket(Action, Option<String>),
+    Limited {
+        rule_label: String,
+        key: String,
+        limit: BucketLimit,
+        budget: Budget,
+    },
+}
+
+/// One Envoy's stream: its domain, its buckets and their demand. Made by
+/// [`Limiter::quota_stream`]; dropped when the stream ends.
+#[derive(Debug)]
+pub struct QuotaStream {
+    limiter: Arc<Limiter>,
+    id: u64,
+    subscriber: String,
+    domain: String,
+    tracks: HashMap<BucketId, Track>,
+    view: Arc<Mutex<StreamView>>,
+}
+
+impl Limiter {
+    /// Times quota reports on `clock` instead of the monotonic clock (tests
+    /// move time with a `ManualClock`).
+    #[must_use]
+    pub fn with_quota_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.quotas.clock = clock;
+        self
+    }
+
+    /// The quota state of the process.
+    #[must_use]
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
+    }
+
+    /// Binds a quota stream to `domain` (the first message's).
+    ///
+    /// # Errors
+    /// [`QuotaError::Invalid`] for an empty or too long domain;
+    /// [`QuotaError::Unsupported`] when storage keeps no quota subscribers.
+    pub fn quota_stream(self: &Arc<Self>, domain: &str) -> Result<QuotaStream, QuotaError> {
+        let q = &self.quotas;
+        if domain.is_empty() {
+            return Err(QuotaError::Invalid(
+                "the first usage report names no domain".into(),
+            ));
+        }
+        if domain.len() > q.bounds.max_text_bytes {
+            return Err(QuotaError::Invalid(format!(
+                "domain longer than {} bytes",
+                q.bounds.max_text_bytes
+            )));
+        }
+        if !self.storage.supports_quota() {
+            return Err(QuotaError::Unsupported(crate::storage::QUOTA_UNSUPPORTED));
+        }
+        let id = q.next_stream.fetch_add(1, Ordering::Relaxed);
+        let subscriber = format!("{:016x}-{id}", q.replica);
+        let view = Arc::new(Mutex::new(StreamView {
+            subscriber: subscriber.clone(),
+            domain: domain.to_owned(),
+            buckets: BTreeMap::new(),
+        }));
+        q.streams.lock().insert(id, view.clone());
+        metrics::gauge!(m::RLQS_STREAMS).increment(1.0);
+        Ok(QuotaStream {
+            limiter: self.clone(),
+            id,
+            subscriber,
+            domain: domain.to_owned(),
+            tracks: HashMap::new(),
+            view,
+        })
+    }
+}
+
+impl Drop for QuotaStream {
+    fn drop(&mut self) {
+        self.limiter.quotas.streams.lock().remove(&self.id);
+        metrics::gauge!(m::RLQS_STREAMS).decrement(1.0);
+        #[allow(clippy::cast_precision_loss)]
+        metrics::gauge!(m::RLQS_BUCKETS).decrement(self.tracks.len() as f64);
+    }
+}
+
+impl QuotaStream {
+    /// The domain the stream is bound to.
+    #[must_use]
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// This stream's subscriber id (replica id and stream number).
+    #[must_use]
+    pub fn subscriber(&self) -> &str {
+        &self.subscriber
+    }
+
+    /// Buckets the stream holds.
+    #[must_use]
+    pub fn buckets(&self) -> usize {
+        self.tracks.len()
+    }
+
+    /// Answers one usage report: one answer per distinct bucket reported, in
+    /// report order (a bucket reported twice in one message counts once,
+    /// with the counts added).
+    ///
+    /// # Errors
+    /// [`QuotaError::Invalid`] naming the problem (an empty bucket id, an
+    /// empty key, too many entries, a key or value too long, more buckets
+    /// than the stream may hold): the stream should end;
+    /// [`QuotaError::NoConfig`] before the first config;
+    /// [`QuotaError::Storage`] when storage fails.
+    pub async fn report(&mut self, usages: &[Usage<'_>]) -> Result<Vec<BucketAnswer>, QuotaError> {
+        let bounds = self.limiter.quotas.bounds;
+        let mut merged: Vec<(BucketId, u64, u64)> = Vec::with_capacity(usages.len());
+        for u in usages {
+            let id = canonical(u.bucket, &bounds)?;
+            if let Some(e) = merged.iter_mut().find(|e| e.0 == id) {
+                e.1 = e.1.saturating_add(u.allowed);
+                e.2 = e.2.saturating_add(u.denied);
+            } else {
+                merged.push((id, u.allowed, u.denied));
+            }
+        }
+        let new = merged
+            .iter()
+            .filter(|(id, ..)| !self.tracks.contains_key(id))
+            .count();
+        if self.tracks.len() + new > bounds.max_buckets {
+            return Err(QuotaError::Invalid(format!(
+                "more than {} buckets on one stream",
+                bounds.max_buckets
+            )));
+        }
+        if self.limiter.config.is_awaiting_first_config() {
+            return Err(QuotaError::NoConfig);
+        }
+        let now = self.limiter.quotas.clock.now_us();
+        let config = self.limiter.config();
+        let mut answers = Vec::with_capacity(merged.len());
+        // Per answer index: the storage entry's index and the bucket's budget.
+        let mut pending: Vec<(usize, usize, Budget)> = Vec::new();
+        let mut reports = Vec::new();
+        for (id, allowed, denied) in merged {
+            if !self.tracks.contains_key(&id) {
+                metrics::gauge!(m::RLQS_BUCKETS).increment(1.0);
+            }
+            let track = self.tracks.entry(id.clone()).or_insert(Track {
+                bound_us: now,
+                last_report_us: None,
+                last_active_us: now,
+                demand: 0.0,
+                held: None,
+                rule_label: None,
+            });
+            let since = track.last_report_us.unwrap_or(track.bound_us);
+            #[allow(clippy::cast_precision_loss)]
+            let secs = (now.saturating_sub(since) as f64 / 1e6).max(1.0);
+            #[allow(clippy::cast_precision_loss)]
+            let sample = allowed.saturating_add(denied) as f64 / secs;
+            track.demand = share::smoothed(track.last_report_us.map(|_| track.demand), sample);
+            track.last_report_us = Some(now);
+            if allowed.saturating_add(denied) > 0 {
+                track.last_active_us = now;
+            }
+            let abandon_us = u64::try_from(ABANDON_AFTER.as_micros()).unwrap_or(u64::MAX);
+            if now.saturating_sub(track.last_active_us) >= abandon_us {
+                self.tracks.remove(&id);
+                metrics::gauge!(m::RLQS_BUCKETS).decrement(1.0);
+                self.view.lock().buckets.remove(&id_label(&id));
+                answers.push(BucketAnswer {
+                    bucket: id,
+                    answer: Answer::Abandon,
+                });
+                continue;
+            }
+            match resolve(&self.limiter, &config, &self.domain, &id) {
+                Resolved::Blanket(action, rule_label) => {
+                    track.held = Some(action);
+                    track.rule_label.clone_from(&rule_label);
+                    let demand = track.demand;
+                    self.view.lock().buckets.insert(
+                        id_label(&id),
+                        BucketView {
+                            rule: rule_label,
+                            demand,
+                            assignment: Some(action),
+                            subscribers: Vec::new(),
+                            balance: None,
+                        },
+                    );
+                    answers.push(BucketAnswer {
+                        bucket: id,
+                        answer: Answer::Assign {
+                            action,
+                            ttl: ASSIGNMENT_TTL,
+                        },
+                    });
+                }
+                Resolved::Limited {
+                    rule_label,
+                    key,
+                    limit,
+                    budget,
+                } => {
+                    track.rule_label = Some(rule_label);
+                    let held = track.held.and_then(held_of);
+                    pending.push((answers.len(), reports.len(), budget));
+                    reports.push(QuotaReport {
+                        subscribers: subscribers_key(&self.limiter.settings.key_prefix, &key),
+                        bucket: key,
+                        charge: ChargeSpec {
+                            limit: Limit::TokenBucket(limit),
+                            cost: allowed,
+                            kind: ChargeKind::Consume,
+                            shadow: false,
+                        },
+                        subscriber: self.subscriber.clone(),
+                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                        demand_milli: (track.demand * 1000.0).round() as u64,
+                        held,
+                        live_ms: u64::try_from(ABANDON_AFTER.as_millis()).unwrap_or(u64::MAX),
+                    });
+                    answers.push(BucketAnswer {
+                        bucket: id,
+                        answer: Answer::Abandon,
+                    });
+                }
+            }
+        }
+        drop(config);
+        let mut changed_held = Vec::new();
+        if !reports.is_empty() {
+            let views = self
+                .limiter
+                .storage
+                .report(&reports)
+                .await
+                .map_err(QuotaError::Storage)?;
+            for (answer_at, report_at, budget) in pending {
+                let (Some(view), Some(report)) = (views.get(report_at), reports.get(report_at))
+                else {
+                    return Err(QuotaError::Storage(StorageError::backend(
+                        crate::storage::BackendKind::Reply,
+                        "fewer quota views than reports",
+                    )));
+                };
+                let mut subs: Vec<Subscriber> = Vec::with_capacity(view.subscribers.len() + 1);
+                let mut me = None;
+                for s in &view.subscribers {
+                    if s.id == self.subscriber {
+                        me = Some(subs.len());
+                    }
+                    subs.push(Subscriber {
+                        #[allow(clippy::cast_precision_loss)]
+                        demand: s.demand_milli as f64 / 1000.0,
+                        current: s.held.map(|h| Share {
+                            tokens_per_fill: u64::from(h.tokens_per_fill),
+                            max_tokens: u64::from(h.max_tokens),
+                        }),
+                    });
+                }
+                let me = me.unwrap_or_else(|| {
+                    #[allow(clippy::cast_precision_loss)]
+                    subs.push(Subscriber {
+                        demand: report.demand_milli as f64 / 1000.0,
+                        current: None,
+                    });
+                    subs.len() - 1
+                });
+                let got = share::assign(&budget, &subs, me);
+                let action = to_action(got, &budget);
+                let id = &answers[answer_at].bucket;
+                let track = self.tracks.get_mut(id);
+                let (rule, demand) = match track {
+                    Some(t) => {
+                        t.held = Some(action);
+                        (t.rule_label.clone(), t.demand)
+                    }
+                    None => (None, 0.0),
+                };
+                if let Some(r) = &rule {
+                    #[allow(clippy::cast_precision_loss)]
+                    metrics::gauge!(m::RLQS_SUBSCRIBERS, "rule" => r.clone())
+                        .set(subs.len() as f64);
+                }
+                self.view.lock().buckets.insert(
+                    id_label(id),
+                    BucketView {
+                        rule,
+                        demand,
+                        assignment: Some(action),
+                        subscribers: view
+                            .subscribers
+                            .iter()
+                            .map(|s| SubscriberView {
+                                id: s.id.clone(),
+                                #[allow(clippy::cast_precision_loss)]
+                                demand: s.demand_milli as f64 / 1000.0,
+                                tokens_per_fill: s.held.map(|h| h.tokens_per_fill),
+                                max_tokens: s.held.map(|h| h.max_tokens),
+                            })
+                            .collect(),
+                        #[allow(clippy::cast_precision_loss)]
+                        balance: Some(view.balance_micro as f64 / MICRO as f64),
+                    },
+                );
+                answers[answer_at].answer = Answer::Assign {
+                    action,
+                    ttl: ASSIGNMENT_TTL,
+                };
+                let now_held = held_of(action);
+                let changed = now_held.is_some() && now_held != report.held;
+                if changed {
+                    changed_held.push(QuotaReport {
+                        held: now_held,
+                        charge: ChargeSpec {
+                            cost: 0,
+                            ..report.charge
+                        },
+                        ..report.clone()
+                    });
+                }
+            }
+        }
+        if !changed_held.is_empty() {
+            // A changed assignment is recorded before it is sent, so the
+            // others' next shares are cut from what is left (one more call,
+            // only when an assignment changes).
+            self.limiter
+                .storage
+                .report(&changed_held)
+                .await
+                .map_err(QuotaError::Storage)?;
+        }
+        Ok(answers)
+    }
+
+    /// The answers that end the stream on shutdown: every bucket's
+    /// assignment again with a time to live of 0, so Envoy applies its
+    /// `expired_assignment_behavior` at once.
+    #[must_use]
+    pub fn expire_all(&self) -> Vec<BucketAnswer> {
+        let mut out: Vec<BucketAnswer> = self
+            .tracks
+            .iter()
+            .filter_map(|(id, t)| {
+                t.held.map(|action| BucketAnswer {
+                    bucket: id.clone(),
+                    answer: Answer::Assign {
+                        action,
+                        ttl: Duration::ZERO,
+                    },
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+        out
+    }
+}
+
+/// The bucket id's entries, checked against `bounds` and sorted by key.
+fn canonical(entries: &[(&str, &str)], bounds: &Bounds) -> Result<BucketId, QuotaError> {
+    if entries.is_empty() {
+        return Err(QuotaError::Invalid("a bucket id has no entries".into()));
+    }
+    if entries.len() > bounds.max_entries {
+        return Err(QuotaError::Invalid(format!(
+            "a bucket id has {} entries, more than {}",
+            entries.len(),
+            bounds.max_entries
+        )));
+    }
+    let mut id: BucketId = Vec::with_capacity(entries.len());
+    for (k, v) in entries {
+        if k.is_empty() {
+            return Err(QuotaError::Invalid("a bucket id has an empty key".into()));
+        }
+        if k.len() > bounds.max_text_bytes || v.len() > bounds.max_text_bytes {
+            return Err(QuotaError::Invalid(format!(
+                "a bucket id key or value is longer than {} bytes",
+                bounds.max_text_bytes
+            )));
+        }
+        id.push(((*k).to_owned(), (*v).to_owned()));
+    }
+    id.sort();
+    if id.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(QuotaError::Invalid("a bucket id repeats a key".into()));
+    }
+    Ok(id)
+}
+
+/// `key=value,key=value` (sorted): a bucket's name in the admin view.
+fn id_label(id: &BucketId) -> String {
+    id.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The bucket id's rule in `domain`, and what that makes of it.
+fn resolve(limiter: &Limiter, config: &Config, domain: &str, id: &BucketId) -> Resolved {
+    let unmatched = match limiter.quotas.unmatched {
+        Unmatched::Allow => Action::AllowAll,
+        Unmatched::Deny => Action::DenyAll,
+    };
+    let Some(d) = config.domains.get(domain) else {
+        return Resolved::Blanket(unmatched, None);
+    };
+    let entries: Vec<(&str, &str)> = id.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let Some(found) = matcher::find_unordered(&d.root, &entries) else {
+        return Resolved::Blanket(unmatched, None);
+    };
+    let rule = &d.rules[found.matched.rule];
+    let label = Some(rule.path.clone());
+    let Policy::Limited {
+        requests_per_unit,
+        unit,
+        burst,
+        ..
+    } = rule.policy
+    else {
+        return Resolved::Blanket(Action::AllowAll, label);
+    };
+    if rule.shadow_mode || limiter.settings.global_shadow_mode {
+        return Resolved::Blanket(Action::AllowAll, label);
+    }
+    let Some(budget) = Budget::new(requests_per_unit, unit.secs(), burst) else {
+        return Resolved::Blanket(Action::DenyAll, label);
+    };
+    let ordered: Vec<(&str, KeyValue<'_>)> = found
+        .order
+        .iter()
+        .zip(&found.matched.shared)
+        .map(|(&i, s)| {
+            let (k, v) = entries[i];
+            (k, s.map_or(KeyValue::Value(v), KeyValue::Shared))
+        })
+        .collect();
+    let key = key::encode(&limiter.settings.key_prefix, &d.name, &ordered);
+    let rate_debt = u64::from(requests_per_unit)
+        .saturating_mul(DEBT_SECS)
+        .div_ceil(unit.secs().max(1));
+    let limit = BucketLimit {
+        requests_per_unit,
+        unit_secs: unit.secs_nonzero(),
+        burst,
+        max_debt: u32::try_from(u64::from(burst).saturating_add(rate_debt)).unwrap_or(u32::MAX),
+    };
+    Resolved::Limited {
+        rule_label: rule.path.clone(),
+        key,
+        limit,
+        budget,
+    }
+}
+
+/// What an action holds of a rule's budget (`None`: a blanket allow).
+fn held_of(action: Action) -> Option<Held> {
+    match action {
+        Action::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            ..
+        } => Some(Held {
+            tokens_per_fill,
+            max_tokens,
+        }),
+        Action::DenyAll => Some(Held::default()),
+        Action::AllowAll => None,
+    }
+}
+
+/// A share as Envoy's action: a token bucket with the rule's fill
+/// interval, or deny-all for a share that holds no token.
+fn to_action(s: Share, budget: &Budget) -> Action {
+    if s.max_tokens == 0 {
+        return Action::DenyAll;
+    }
+    Action::TokenBucket {
+        max_tokens: u32::try_from(s.max_tokens).unwrap_or(u32::MAX),
+        tokens_per_fill: u32::try_from(s.tokens_per_fill).unwrap_or(u32::MAX),
+        fill_interval_secs: budget.fill_secs,
+    }
+}

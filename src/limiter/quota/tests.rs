@@ -1,0 +1,223 @@
+use super::*;
+use crate::config::compile::compile_texts;
+use crate::settings::ServiceSettings;
+use crate::storage::clock::ManualClock;
+use crate::storage::memory::MemoryStorage;
+use crate::storage::{Charge, Storage};
+
+const YAML: &str = "
+domain: edge
+descriptors:
+  - key: tenant
+    value: acme
+    rate_limit: { unit: second, requests_per_unit: 100 }
+    descriptors:
+      - key: route
+        rate_limit: { unit: minute, requests_per_unit: 6000 }
+  - key: free
+    rate_limit: { unlimited: true }
+  - key: blocked
+    rate_limit: { unit: second, requests_per_unit: 0 }
+";
+
+fn setup(settings: ServiceSettings) -> (Arc<Limiter>, ManualClock, Arc<MemoryStorage>) {
+    let config = compile_texts(&[("t.yaml".into(), YAML.as_bytes().to_vec())]).expect("config");
+    let clock = ManualClock::new(1_000_000_000);
+    let storage = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
+    let limiter =
+        Limiter::new(config, storage.clone(), settings).with_quota_clock(Arc::new(clock.clone()));
+    (Arc::new(limiter), clock, storage)
+}
+
+fn usage<'a>(bucket: &'a [(&'a str, &'a str)], allowed: u64, denied: u64) -> Usage<'a> {
+    Usage {
+        bucket,
+        allowed,
+        denied,
+    }
+}
+
+fn action(a: &BucketAnswer) -> Action {
+    match a.answer {
+        Answer::Assign { action, .. } => action,
+        Answer::Abandon => panic!("abandoned: {a:?}"),
+    }
+}
+
+#[tokio::test]
+async fn blanket_rules_and_bad_input() {
+    let (l, _, _) = setup(ServiceSettings::default());
+    let mut s = l.quota_stream("edge").expect("bound");
+    let got = s
+        .report(&[
+            usage(&[("nothing", "x")], 1, 0),
+            usage(&[("free", "x")], 1, 0),
+            usage(&[("blocked", "x")], 1, 0),
+        ])
+        .await
+        .expect("answered");
+    let actions: Vec<Action> = got.iter().map(action).collect();
+    assert_eq!(
+        actions,
+        [Action::AllowAll, Action::AllowAll, Action::DenyAll]
+    );
+    assert!(matches!(
+        s.report(&[usage(&[], 1, 0)]).await,
+        Err(QuotaError::Invalid(m)) if m.contains("no entries")
+    ));
+    assert!(matches!(
+        s.report(&[usage(&[("", "v")], 1, 0)]).await,
+        Err(QuotaError::Invalid(m)) if m.contains("empty key")
+    ));
+    let long = "v".repeat(257);
+    assert!(matches!(
+        s.report(&[usage(&[("k", &long)], 1, 0)]).await,
+        Err(QuotaError::Invalid(_))
+    ));
+    assert!(matches!(l.quota_stream(""), Err(QuotaError::Invalid(_))));
+
+    let (l, _, _) = setup(ServiceSettings {
+        rlqs_deny_unmatched: true,
+        ..ServiceSettings::default()
+    });
+    let mut s = l.quota_stream("edge").expect("bound");
+    let got = s
+        .report(&[usage(&[("nothing", "x")], 1, 0)])
+        .await
+        .expect("answered");
+    assert_eq!(action(&got[0]), Action::DenyAll);
+    // An unknown domain: every bucket unmatched.
+    let mut s = l.quota_stream("other").expect("bound");
+    let got = s
+        .report(&[usage(&[("tenant", "acme")], 1, 0)])
+        .await
+        .expect("answered");
+    assert_eq!(action(&got[0]), Action::DenyAll);
+}
+
+/// The bucket id in any order reaches the rule the tree orders it by, and
+/// its bucket is the one ShouldRateLimit charges for that descriptor.
+#[tokio::test]
+async fn one_rule_two_protocols_share_a_bucket() {
+    let (l, _, storage) = setup(ServiceSettings::default());
+    let mut s = l.quota_stream("edge").expect("bound");
+    let got = s
+        .report(&[usage(&[("route", "/a"), ("tenant", "acme")], 40, 0)])
+        .await
+        .expect("answered");
+    // 6000/min: r = 100/s, F = 1 s; one subscriber holds it all.
+    assert_eq!(
+        action(&got[0]),
+        Action::TokenBucket {
+            max_tokens: 6000,
+            tokens_per_fill: 100,
+            fill_interval_secs: 1
+        }
+    );
+    let key = key::encode(
+        "rls:",
+        "edge",
+        &[
+            ("tenant", KeyValue::Value("acme")),
+            ("route", KeyValue::Value("/a")),
+        ],
+    );
+    // The 40 allowed were charged to that bucket.
+    let probe = Charge {
+        key,
+        spec: ChargeSpec {
+            limit: Limit::TokenBucket(BucketLimit {
+                requests_per_unit: 6000,
+                unit_secs: std::num::NonZeroU64::new(60).expect("minute"),
+                burst: 6000,
+                max_debt: 0,
+            }),
+            cost: 0,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        },
+    };
+    let r = storage.apply(&[probe]).await.expect("memory");
+    assert_eq!(r.charges[0].remaining_micro, 5960 * 1_000_000);
+}
+
+#[tokio::test]
+async fn two_subscribers_share_by_demand() {
+    let (l, clock, _) = setup(ServiceSettings::default());
+    let mut a = l.quota_stream("edge").expect("bound");
+    let mut b = l.quota_stream("edge").expect("bound");
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
+    // 100/s: F = 1 s, 100 tokens a fill, burst 100.
+    a.report(&[usage(id, 1, 0)]).await.expect("a");
+    b.report(&[usage(id, 1, 0)]).await.expect("b");
+    let mut last = (None, None);
+    for _ in 0..6 {
+        clock.advance(REPORT_INTERVAL);
+        let ga = a.report(&[usage(id, 450, 500)]).await.expect("a");
+        let gb = b.report(&[usage(id, 1, 0)]).await.expect("b");
+        last = (Some(action(&ga[0])), Some(action(&gb[0])));
+    }
+    let (
+        Some(Action::TokenBucket {
+            tokens_per_fill: ta,
+            max_tokens: ma,
+            ..
+        }),
+        Some(Action::TokenBucket {
+            tokens_per_fill: tb,
+            max_tokens: mb,
+            ..
+        }),
+    ) = last
+    else {
+        panic!("token buckets: {last:?}");
+    };
+    assert!(ta + tb <= 100 && ma + mb <= 100, "{last:?}");
+    // The idle one keeps only its floor; the busy one gets the rest.
+    assert!(ta >= 90 && tb <= 6, "{last:?}");
+    let view = l.quotas().view();
+    assert_eq!(view.len(), 2);
+    assert_eq!(view[0].buckets["tenant=acme"].subscribers.len(), 2);
+}
+
+#[tokio::test]
+async fn idle_buckets_are_abandoned_and_shutdown_expires_all() {
+    let (l, clock, _) = setup(ServiceSettings::default());
+    let mut s = l.quota_stream("edge").expect("bound");
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
+    s.report(&[usage(id, 3, 0)]).await.expect("answered");
+    assert_eq!(s.expire_all().len(), 1);
+    assert!(matches!(
+        s.expire_all()[0].answer,
+        Answer::Assign { ttl, .. } if ttl.is_zero()
+    ));
+    for _ in 0..2 {
+        clock.advance(REPORT_INTERVAL);
+        let got = s.report(&[usage(id, 0, 0)]).await.expect("answered");
+        assert!(matches!(got[0].answer, Answer::Assign { .. }));
+    }
+    clock.advance(REPORT_INTERVAL);
+    let got = s.report(&[usage(id, 0, 0)]).await.expect("answered");
+    assert_eq!(got[0].answer, Answer::Abandon);
+    assert_eq!(s.buckets(), 0);
+    assert!(s.expire_all().is_empty());
+}
+
+#[tokio::test]
+async fn bucket_bound_per_stream() {
+    let (l, _, _) = setup(ServiceSettings::default());
+    let mut s = l.quota_stream("edge").expect("bound");
+    let values: Vec<String> = (0..=Bounds::DEFAULT.max_buckets)
+        .map(|i| i.to_string())
+        .collect();
+    let ids: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("user", v.as_str())]).collect();
+    let usages: Vec<Usage<'_>> = ids.iter().map(|id| usage(id, 1, 0)).collect();
+    assert!(matches!(
+        s.report(&usages[..Bounds::DEFAULT.max_buckets]).await,
+        Ok(v) if v.len() == Bounds::DEFAULT.max_buckets
+    ));
+    assert!(matches!(
+        s.report(&usages).await,
+        Err(QuotaError::Invalid(m)) if m.contains("more than 1000 buckets")
+    ));
+}

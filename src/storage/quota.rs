@@ -1,0 +1,140 @@
+//! What storage keeps for Envoy's quota service (RLQS): per rule bucket,
+//! the subscribers that report it (one per Envoy stream, on any replica),
+//! each with its demand, the assignment it holds and when it last reported,
+//! beside the bucket itself, which every report charges with what the
+//! Envoys allowed (docs/design.md, "Quota sharing").
+//!
+//! [`Storage::report`](super::Storage::report) takes the bucket entries of one
+//! usage report message at once (one Redis script call); each entry:
+//! charges `charge` (a consume with debt, so the allowed count is taken
+//! even past the balance, down to the debt bound), upserts `subscriber`'s
+//! record, drops records not refreshed for `live_ms`, and returns what is
+//! left: the bucket's balance and every live subscriber.
+
+use super::ChargeSpec;
+
+/// The key of a bucket's subscriber records: `<prefix>q` followed by the
+/// bucket key after its prefix. Bucket keys continue the prefix with `d`,
+/// so no bucket key can have this name; on Redis it is a hash.
+#[must_use]
+pub fn subscribers_key(prefix: &str, bucket_key: &str) -> String {
+    let rest = bucket_key.strip_prefix(prefix).unwrap_or(bucket_key);
+    let mut k = String::with_capacity(prefix.len() + 1 + rest.len());
+    k.push_str(prefix);
+    k.push('q');
+    k.push_str(rest);
+    k
+}
+
+/// The assignment a subscriber holds, in Envoy's token bucket terms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Held {
+    /// Tokens added per fill interval.
+    pub tokens_per_fill: u32,
+    /// Tokens held at most.
+    pub max_tokens: u32,
+}
+
+/// One bucket entry of a usage report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaReport {
+    /// The rule's bucket key ([`super::key::encode`], prefix included).
+    pub bucket: String,
+    /// Its subscriber records ([`subscribers_key`]).
+    pub subscribers: String,
+    /// The allowed count as a consume with debt on the bucket (cost 0:
+    /// nothing to charge).
+    pub charge: ChargeSpec,
+    /// The subscriber (replica id and stream id), at most 64 bytes.
+    pub subscriber: String,
+    /// Its smoothed demand, thousandths of a request a second.
+    pub demand_milli: u64,
+    /// The assignment it holds now (`None`: none yet, or a blanket rule).
+    pub held: Option<Held>,
+    /// A record not refreshed for this many milliseconds is dropped (and the
+    /// records' key expires this long after the last report).
+    pub live_ms: u64,
+}
+
+/// One live subscriber of a bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriberRecord {
+    /// Its id ([`QuotaReport::subscriber`]).
+    pub id: String,
+    /// Its smoothed demand, thousandths of a request a second.
+    pub demand_milli: u64,
+    /// The assignment it holds.
+    pub held: Option<Held>,
+}
+
+/// What a report entry returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaView {
+    /// The bucket's balance after the charge, micro-tokens (negative in debt).
+    pub balance_micro: i64,
+    /// Every live subscriber, the reporting one included, sorted by id.
+    pub subscribers: Vec<SubscriberRecord>,
+}
+
+/// A subscriber record packed as stored: demand (8 bytes), tokens per fill
+/// (4), max tokens (4), last report in microseconds (8), big-endian; held
+/// fields `u32::MAX` for none.
+#[must_use]
+pub fn pack(demand_milli: u64, held: Option<Held>, seen_us: u64) -> [u8; 24] {
+    let mut out = [0u8; 24];
+    out[..8].copy_from_slice(&demand_milli.to_be_bytes());
+    let (t, m) = held.map_or((u32::MAX, u32::MAX), |h| (h.tokens_per_fill, h.max_tokens));
+    out[8..12].copy_from_slice(&t.to_be_bytes());
+    out[12..16].copy_from_slice(&m.to_be_bytes());
+    out[16..].copy_from_slice(&seen_us.to_be_bytes());
+    out
+}
+
+/// The inverse of [`pack`]: `(demand_milli, held, seen_us)`; `None` for a
+/// value of another length.
+#[must_use]
+pub fn unpack(b: &[u8]) -> Option<(u64, Option<Held>, u64)> {
+    if b.len() != 24 {
+        return None;
+    }
+    let u64_at = |i: usize| {
+        b.get(i..i + 8)
+            .and_then(|s| s.try_into().ok())
+            .map(u64::from_be_bytes)
+    };
+    let u32_at = |i: usize| {
+        b.get(i..i + 4)
+            .and_then(|s| s.try_into().ok())
+            .map(u32::from_be_bytes)
+    };
+    let (t, m) = (u32_at(8)?, u32_at(12)?);
+    let held = (t != u32::MAX).then_some(Held {
+        tokens_per_fill: t,
+        max_tokens: m,
+    });
+    Some((u64_at(0)?, held, u64_at(16)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip() {
+        let h = Some(Held {
+            tokens_per_fill: 7,
+            max_tokens: 9,
+        });
+        assert_eq!(unpack(&pack(5, h, 11)), Some((5, h, 11)));
+        assert_eq!(unpack(&pack(0, None, 1)), Some((0, None, 1)));
+        assert_eq!(unpack(b"short"), None);
+    }
+
+    #[test]
+    fn subscriber_keys_sit_beside_the_bucket() {
+        assert_eq!(
+            subscribers_key("rls:", "rls:d4:edge|k1:a=v1:b"),
+            "rls:qd4:edge|k1:a=v1:b"
+        );
+    }
+}

@@ -1,0 +1,370 @@
+//! Envoy's quota service (`StreamRateLimitQuotas`) in process: the service
+//! served on loopback by `app::run`, a tonic client generated from Envoy's
+//! protos sending usage reports and reading assignments, over the memory
+//! backend and over a real Redis shared by two replicas.
+
+mod common;
+
+use bucket_rls::app::{self, Listeners};
+use bucket_rls::limiter::Limiter;
+use bucket_rls::settings::ServiceSettings;
+use bucket_rls::storage::Storage;
+use bucket_rls::storage::memory::MemoryStorage;
+use bucket_rls::storage::redis::RedisStorage;
+use common::redis::RedisServer;
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tonic::Streaming;
+
+const YAML: &str = "
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: { unit: second, requests_per_unit: 100 }
+";
+
+struct Server {
+    grpc: SocketAddr,
+    http: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(limiter: Arc<Limiter>) -> Server {
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (g, h) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(async move {
+        app::run(Listeners { grpc, http }, limiter, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("serves");
+    });
+    Server {
+        grpc: g,
+        http: h,
+        stop: Some(stop),
+        done,
+    }
+}
+
+fn limiter(storage: Arc<dyn Storage>, prefix: &str, deny_unmatched: bool) -> Arc<Limiter> {
+    let settings = ServiceSettings {
+        key_prefix: prefix.to_owned(),
+        rlqs_deny_unmatched: deny_unmatched,
+        ..ServiceSettings::default()
+    };
+    Arc::new(Limiter::new(
+        common::config(&[("t.yaml", YAML)]),
+        storage,
+        settings,
+    ))
+}
+
+/// An open quota stream: send reports, read responses.
+struct Stream {
+    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
+    rx: Streaming<RateLimitQuotaResponse>,
+}
+
+async fn open(addr: SocketAddr) -> Stream {
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let (tx, rx) = mpsc::channel(8);
+    let rx = client
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    Stream { tx, rx }
+}
+
+/// One bucket of a report: its id's entries, allowed, denied.
+type Entry<'a> = (&'a [(&'a str, &'a str)], u64, u64);
+
+fn report(domain: &str, buckets: &[Entry<'_>]) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: domain.into(),
+        bucket_quota_usages: buckets
+            .iter()
+            .map(|(id, allowed, denied)| BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: id
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                }),
+                time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                    seconds: 0,
+                    nanos: 0,
+                }),
+                num_requests_allowed: *allowed,
+                num_requests_denied: *denied,
+            })
+            .collect(),
+    }
+}
+
+impl Stream {
+    async fn send(
+        &mut self,
+        r: RateLimitQuotaUsageReports,
+    ) -> Result<RateLimitQuotaResponse, tonic::Status> {
+        self.tx.send(r).await.expect("stream open");
+        match tokio::time::timeout(Duration::from_secs(10), self.rx.message()).await {
+            Ok(Ok(Some(m))) => Ok(m),
+            Ok(Ok(None)) => panic!("the stream ended"),
+            Ok(Err(s)) => Err(s),
+            Err(_) => panic!("no answer within 10 s"),
+        }
+    }
+}
+
+/// `(max_tokens, tokens_per_fill, fill_interval s, ttl s)` of a token
+/// bucket assignment; the blanket rule as `Err`.
+fn bucket(r: &RateLimitQuotaResponse, i: usize) -> Result<(u32, u32, i64, i64), i32> {
+    let Some(Action::QuotaAssignmentAction(a)) = &r.bucket_action[i].bucket_action else {
+        panic!("not an assignment: {r:?}");
+    };
+    let ttl = a.assignment_time_to_live.expect("ttl").seconds;
+    match a
+        .rate_limit_strategy
+        .as_ref()
+        .and_then(|s| s.strategy.as_ref())
+    {
+        Some(Strategy::TokenBucket(t)) => Ok((
+            t.max_tokens,
+            t.tokens_per_fill.expect("tokens per fill").value,
+            t.fill_interval.expect("fill interval").seconds,
+            ttl,
+        )),
+        Some(Strategy::BlanketRule(b)) => Err(*b),
+        other => panic!("strategy {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_streams_share_one_rule_and_close_with_ttl_zero() {
+    let l = limiter(Arc::new(MemoryStorage::default()), "q:", false);
+    let mut server = serve(l.clone()).await;
+    let mut a = open(server.grpc).await;
+    let mut b = open(server.grpc).await;
+    let acme: &[(&str, &str)] = &[("tenant", "acme")];
+    let r = a
+        .send(report("edge", &[(acme, 1, 0), (&[("other", "x")], 1, 0)]))
+        .await
+        .expect("answer");
+    // Alone: the whole rule (100/s: 100 tokens a 1 s fill, burst 100), 15 s.
+    assert_eq!(bucket(&r, 0), Ok((100, 100, 1, 15)));
+    // No rule: the blanket rule, allow by default.
+    assert_eq!(bucket(&r, 1), Err(BlanketRule::AllowAll as i32));
+    let r = b
+        .send(report("edge", &[(acme, 1, 0)]))
+        .await
+        .expect("answer");
+    // a holds all 100 until it reports again: b gets what is left, nothing
+    // (sent as deny-all).
+    assert_eq!(bucket(&r, 0), Err(BlanketRule::DenyAll as i32));
+    // Both report alike: within a few reports both hold about half.
+    let (mut ma, mut mb) = (0, 0);
+    for _ in 0..3 {
+        let r = a
+            .send(report("edge", &[(acme, 10, 0)]))
+            .await
+            .expect("answer");
+        let (m, ta) = bucket(&r, 0).map_or((0, 0), |(m, t, _, _)| (m, t));
+        ma = m;
+        let r = b
+            .send(report("edge", &[(acme, 10, 0)]))
+            .await
+            .expect("answer");
+        let (m, tb) = bucket(&r, 0).map_or((0, 0), |(m, t, _, _)| (m, t));
+        mb = m;
+        assert!(ma + mb <= 100 && ta + tb <= 100, "{ma}+{mb}, {ta}+{tb}");
+    }
+    assert!(ma >= 40 && mb >= 40, "{ma}, {mb}");
+
+    // The admin view lists both subscribers of the bucket.
+    let body = common::http::request(server.http, "GET", "/rlqs", None)
+        .await
+        .body;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let streams = v["streams"].as_array().expect("streams");
+    assert_eq!(streams.len(), 2, "{body}");
+    assert_eq!(
+        streams[0]["buckets"]["tenant=acme"]["subscribers"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "{body}"
+    );
+    let metrics = common::http::request(server.http, "GET", "/metrics", None)
+        .await
+        .body;
+    // (Other tests of this binary count in the same recorder.)
+    let value = |name: &str| common::metrics::metric(&metrics, name, &[]).unwrap_or(0.0);
+    assert!(value("bucket_rls_rlqs_reports_total") >= 8.0, "{metrics}");
+    assert!(value("bucket_rls_rlqs_streams") >= 2.0, "{metrics}");
+    assert!(
+        value("bucket_rls_rlqs_assignments_total") >= 8.0,
+        "{metrics}"
+    );
+    assert!(
+        common::metrics::metric(
+            &metrics,
+            "bucket_rls_rlqs_subscribers",
+            &[("rule", "edge.tenant")]
+        )
+        .is_some(),
+        "{metrics}"
+    );
+
+    // Shutdown: every stream gets its assignments again with TTL 0, then ends.
+    drop(server.stop.take());
+    for s in [&mut a, &mut b] {
+        let m = tokio::time::timeout(Duration::from_secs(10), s.rx.message())
+            .await
+            .expect("in time")
+            .expect("ok")
+            .expect("a last message");
+        for i in 0..m.bucket_action.len() {
+            let ttl = match &m.bucket_action[i].bucket_action {
+                Some(Action::QuotaAssignmentAction(x)) => x.assignment_time_to_live.expect("ttl"),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!((ttl.seconds, ttl.nanos), (0, 0));
+        }
+        let end = tokio::time::timeout(Duration::from_secs(10), s.rx.message())
+            .await
+            .expect("in time");
+        assert!(matches!(end, Ok(None)), "{end:?}");
+    }
+    drop((a, b));
+    tokio::time::timeout(Duration::from_secs(15), server.done)
+        .await
+        .expect("drained")
+        .expect("ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_reports_end_only_their_stream() {
+    let l = limiter(Arc::new(MemoryStorage::default()), "q:", true);
+    let server = serve(l).await;
+    let mut good = open(server.grpc).await;
+    let r = good
+        .send(report("edge", &[(&[("nothing", "x")], 1, 0)]))
+        .await
+        .expect("answer");
+    assert_eq!(bucket(&r, 0), Err(BlanketRule::DenyAll as i32));
+    for (bad, words) in [
+        (report("", &[(&[("tenant", "a")], 1, 0)]), "no domain"),
+        (report("edge", &[(&[], 1, 0)]), "no entries"),
+        (report("edge", &[(&[("", "v")], 1, 0)]), "empty key"),
+    ] {
+        let mut s = open(server.grpc).await;
+        let e = s.send(bad).await.expect_err("refused");
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains(words), "{}", e.message());
+    }
+    // The other stream and ShouldRateLimit keep serving.
+    let r = good
+        .send(report("edge", &[(&[("tenant", "a")], 1, 0)]))
+        .await
+        .expect("answer");
+    assert!(bucket(&r, 0).is_ok());
+    let mut rls = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .expect("connect");
+    let r = rls
+        .should_rate_limit(common::req(
+            "edge",
+            vec![common::desc(&[("tenant", "a")])],
+            1,
+        ))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}
+
+/// Two replicas over one Redis: each sees the other's subscriber, the
+/// shares sum within the rule, and the allowed counts reach the bucket
+/// ShouldRateLimit charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_replicas_share_subscribers_and_the_bucket() {
+    let redis = RedisServer::start();
+    let storage = || -> Arc<dyn Storage> {
+        Arc::new(
+            RedisStorage::builder(redis.url())
+                .timeout(Duration::from_secs(2))
+                .build()
+                .expect("valid URL"),
+        )
+    };
+    let one = serve(limiter(storage(), "q:", false)).await;
+    let two = serve(limiter(storage(), "q:", false)).await;
+    let mut a = open(one.grpc).await;
+    let mut b = open(two.grpc).await;
+    let acme: &[(&str, &str)] = &[("tenant", "acme")];
+    a.send(report("edge", &[(acme, 1, 0)]))
+        .await
+        .expect("answer");
+    b.send(report("edge", &[(acme, 1, 0)]))
+        .await
+        .expect("answer");
+    let (mut ma, mut mb) = (0, 0);
+    for _ in 0..3 {
+        let r = a
+            .send(report("edge", &[(acme, 10, 0)]))
+            .await
+            .expect("answer");
+        let (m, ta) = bucket(&r, 0).map_or((0, 0), |(m, t, _, _)| (m, t));
+        ma = m;
+        let r = b
+            .send(report("edge", &[(acme, 10, 0)]))
+            .await
+            .expect("answer");
+        let (m, tb) = bucket(&r, 0).map_or((0, 0), |(m, t, _, _)| (m, t));
+        mb = m;
+        assert!(ma + mb <= 100 && ta + tb <= 100, "{ma}+{mb}, {ta}+{tb}");
+    }
+    assert!(ma >= 40 && mb >= 40, "{ma}, {mb}");
+    // One subscriber record hash beside the bucket, under the prefix, expiring.
+    let keys: Vec<String> = redis.query(redis::cmd("KEYS").arg("q:q*"));
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let fields: u64 = redis.query(redis::cmd("HLEN").arg(&keys[0]));
+    assert_eq!(fields, 2);
+    let ttl: i64 = redis.query(redis::cmd("PTTL").arg(&keys[0]));
+    assert!(ttl > 0 && ttl <= 15_000, "{ttl}");
+    // 62 allowed were charged (within a second): ShouldRateLimit sees
+    // about 38 left.
+    let mut rls = RateLimitServiceClient::connect(format!("http://{}", one.grpc))
+        .await
+        .expect("connect");
+    let r = rls
+        .should_rate_limit(common::req(
+            "edge",
+            vec![common::desc(&[("tenant", "acme")])],
+            1,
+        ))
+        .await
+        .expect("answer")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let left = r.statuses[0].limit_remaining;
+    assert!((37..=99).contains(&left), "{left}");
+}
