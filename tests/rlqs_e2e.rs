@@ -14,12 +14,16 @@
 //!   `api_per_tenant` of `examples/envoy/rlqs/config/quota.yaml`: r = 20
 //!   requests/s, burst C = 20, for the bucket `{name: api, tenant: acme}`.
 //!
-//! Bound checked over a window of T seconds that starts after every Envoy
-//! has its first assignment: admitted <= C + r·T + C (the Envoys hold at most
-//! C tokens at any time and refill at most r per second together; a change
-//! of shares can mint at most C more, and the window sees about one while
-//! demand settles). No starvation: admitted >= 0.8·r·T when the offered load
-//! is at least 2r.
+//! Checked over a window of T seconds that starts after every Envoy has its
+//! first assignment:
+//! - the bound: admitted <= C + r·T + C (the Envoys hold at most C tokens at
+//!   any time and refill at most r per second together; a change of shares
+//!   can mint at most C more, and the window sees about one while demand
+//!   settles);
+//! - no starvation: admitted >= 0.8·r·T when the offered load is at least
+//!   2r (after a demand shift: from three reporting intervals on);
+//! - no Envoy left out: each busy Envoy admits something at least once per
+//!   reporting interval (5 s).
 //!
 //! Every test starts its own processes and takes 5 to 45 s (Envoy reports
 //! every 5 s: the scenarios must span a few reports); the file fits in about
@@ -86,25 +90,100 @@ fn assert_only_200_or_429(a: &Answers, what: &str) {
     );
 }
 
-/// The bound and starvation checks over a window of `t` seconds in which
-/// the Envoys were together offered at least 2r.
-fn assert_shared_limit(a: &Answers, t: f64, what: &str) {
-    assert_only_200_or_429(a, what);
-    let admitted = a.admitted(None) as f64;
-    let max = C + R * t + C;
-    let min = 0.8 * R * t;
+/// Failed checks of one scenario, reported together at its end (a
+/// scenario spans several reporting intervals: one failure should not hide
+/// the next).
+#[derive(Default)]
+struct Checks(Vec<String>);
+
+impl Checks {
+    fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            let m = msg();
+            eprintln!("CHECK FAILED: {m}");
+            self.0.push(m);
+        }
+    }
+
+    fn finish(self) {
+        assert!(
+            self.0.is_empty(),
+            "{} checks failed:\n- {}",
+            self.0.len(),
+            self.0.join("\n- ")
+        );
+    }
+
+    /// The global bound over a window of `t` seconds: admitted <= C + r·T + C.
+    fn bound(&mut self, a: &Answers, t: f64, what: &str) {
+        let admitted = a.admitted(None) as f64;
+        let max = C + R * t + C;
+        self.check(admitted <= max, || {
+            format!("{what}: {admitted} admitted in {t} s, more than C + r·T + C = {max}: the Envoys do not share the limit")
+        });
+    }
+
+    /// No starvation: admitted in `[from, to)` >= 0.8·r·(to - from), for a
+    /// window in which the Envoys were together offered at least 2r.
+    fn floor(&mut self, a: &Answers, from: Duration, to: Duration, what: &str) {
+        let admitted = a.count(None, 200, from, to) as f64;
+        let min = 0.8 * R * (to - from).as_secs_f64();
+        self.check(admitted >= min, || {
+            format!("{what}: {admitted} admitted in [{from:?}, {to:?}), less than 0.8·r·T = {min}: starved")
+        });
+    }
+
+    /// None of `n` busy Envoys (each offered at least its even part of r)
+    /// goes more than one reporting interval without admitting anything in
+    /// a `secs`-second run: a newcomer gets a part of the rule by the next
+    /// report, not only once every other Envoy has reported twice.
+    fn each_served(&mut self, a: &Answers, n: usize, secs: u64, what: &str) {
+        for i in 0..n {
+            let per_second = a.admitted_per_second(Some(i), secs);
+            let longest = per_second
+                .split(|&x| x > 0)
+                .map(<[usize]>::len)
+                .max()
+                .unwrap_or(0) as u64;
+            self.check(longest <= REPORT_PERIOD.as_secs(), || {
+                format!(
+                    "{what}: Envoy {i} admitted nothing for {longest} s in a row while busy (more than one reporting interval); per second {per_second:?}"
+                )
+            });
+        }
+    }
+}
+
+/// Prints what each of `n` Envoys admitted per second, and the totals.
+fn show(a: &Answers, n: usize, secs: u64, what: &str) {
+    for i in 0..n {
+        eprintln!(
+            "{what}: Envoy {i} admitted {} denied {}, per second {:?}",
+            a.admitted(Some(i)),
+            a.denied(Some(i)),
+            a.admitted_per_second(Some(i), secs)
+        );
+    }
     eprintln!(
-        "{what}: admitted {admitted} (bound {max}, floor {min}), denied {}",
+        "{what}: together admitted {} denied {}",
+        a.admitted(None),
         a.denied(None)
     );
-    assert!(
-        admitted <= max,
-        "{what}: {admitted} admitted in {t} s, more than C + r·T + C = {max}: the Envoys do not share the limit"
+}
+
+/// The bound and the floor over a whole window of `t` seconds in which the
+/// Envoys were together offered at least 2r; panics at once.
+fn assert_shared_limit(a: &Answers, t: f64, what: &str) {
+    assert_only_200_or_429(a, what);
+    eprintln!(
+        "{what}: admitted {}, denied {}",
+        a.admitted(None),
+        a.denied(None)
     );
-    assert!(
-        admitted >= min,
-        "{what}: {admitted} admitted in {t} s, less than 0.8·r·T = {min}: starved"
-    );
+    let mut c = Checks::default();
+    c.bound(a, t, what);
+    c.floor(a, Duration::ZERO, Duration::from_secs_f64(t), what);
+    c.finish();
 }
 
 /// Opens the tenant's bucket on each Envoy (one request each: it passes,
@@ -320,8 +399,9 @@ async fn envoy_client_takes_a_ttl_0_assignment_as_expired() {
 // ---------------------------------------------------------------------------
 
 /// Two Envoys, one bucket-rls on the memory backend: together they stay
-/// within the rule and are not starved; when all demand moves to one Envoy,
-/// its share follows within three reporting intervals.
+/// within the rule and are not starved, and neither is left with nothing;
+/// when all demand moves to one Envoy, its share follows within three
+/// reporting intervals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_envoys_share_one_limit_and_follow_a_demand_shift() {
     let dir = config_dir();
@@ -330,29 +410,24 @@ async fn two_envoys_share_one_limit_and_follow_a_demand_shift() {
     let a = Envoy::start(&quota_envoy(&[rls.grpc], up)).await;
     let b = Envoy::start(&quota_envoy(&[rls.grpc], up)).await;
     open_buckets(&[&a, &b], &[&rls]).await;
+    let mut c = Checks::default();
 
     // Both offered 2r for 15 s.
-    let t = 15.0;
+    let t = 15;
     let load = drive(
         &[(a.listener, 2.0 * R), (b.listener, 2.0 * R)],
-        Duration::from_secs_f64(t),
+        Duration::from_secs(t),
         &[TENANT],
     )
     .await;
-    eprintln!(
-        "both busy: a admitted {}/s {:?}, b {:?}",
-        load.admitted(Some(0)),
-        load.admitted_per_second(Some(0), 15),
-        load.admitted_per_second(Some(1), 15)
-    );
-    assert_shared_limit(&load, t, "two Envoys, memory");
-    assert!(
-        load.denied(Some(0)) > 0 && load.denied(Some(1)) > 0,
-        "each Envoy enforces a share"
-    );
+    assert_only_200_or_429(&load, "both busy");
+    show(&load, 2, t, "both busy");
+    c.bound(&load, t as f64, "both busy");
+    c.floor(&load, Duration::ZERO, Duration::from_secs(t), "both busy");
+    c.each_served(&load, 2, t, "both busy");
 
-    // All demand on b (2r) for 20 s: within three reports b admits close
-    // to the whole rate.
+    // All demand on b (2r) for 20 s: b's share follows within three
+    // reports (b admits at least 0.75·r in some second by then).
     let t2 = 20u64;
     let load = drive(
         &[(a.listener, 0.0), (b.listener, 2.0 * R)],
@@ -360,18 +435,25 @@ async fn two_envoys_share_one_limit_and_follow_a_demand_shift() {
         &[TENANT],
     )
     .await;
+    assert_only_200_or_429(&load, "demand on b only");
+    show(&load, 2, t2, "demand on b only");
+    c.bound(&load, t2 as f64, "demand on b only");
     let per_second = load.admitted_per_second(Some(1), t2);
-    eprintln!("demand on b only: b admitted per second {per_second:?}");
-    assert_shared_limit(&load, t2 as f64, "demand shifted to one Envoy");
-    let reached = per_second
-        .iter()
-        .position(|&n| n as f64 >= 0.75 * R)
-        .unwrap_or_else(|| panic!("b never reached 0.75·r per second: {per_second:?}"));
     let within = 3 * REPORT_PERIOD.as_secs() + 1;
-    assert!(
-        reached as u64 <= within,
-        "b reached 0.75·r after {reached} s, not within three reporting intervals ({within} s): {per_second:?}"
+    let reached = per_second.iter().position(|&n| n as f64 >= 0.75 * R);
+    c.check(reached.is_some_and(|s| s as u64 <= within), || {
+        format!(
+            "demand on b only: b reached 0.75·r per second after {reached:?} s, not within three reporting intervals ({within} s): {per_second:?}"
+        )
+    });
+    // Once three intervals have passed, b is not starved.
+    c.floor(
+        &load,
+        3 * REPORT_PERIOD,
+        Duration::from_secs(t2),
+        "demand on b only, after three intervals",
     );
+    c.finish();
 }
 
 /// Three Envoys on two bucket-rls replicas sharing one Redis (two Envoys on
@@ -402,16 +484,21 @@ async fn three_envoys_on_two_replicas_with_redis_share_one_limit() {
         &[TENANT],
     )
     .await;
-    for i in 0..3 {
-        eprintln!(
-            "envoy {i}: admitted {} denied {}",
-            load.admitted(Some(i)),
-            load.denied(Some(i))
-        );
-    }
-    assert_shared_limit(&load, t, "three Envoys, two replicas, Redis");
-    assert!(reports_received(r1.http).await >= 2.0);
-    assert!(reports_received(r2.http).await >= 1.0);
+    let what = "three Envoys, two replicas, Redis";
+    assert_only_200_or_429(&load, what);
+    show(&load, 3, 15, what);
+    let mut c = Checks::default();
+    c.bound(&load, t, what);
+    c.floor(&load, Duration::ZERO, Duration::from_secs_f64(t), what);
+    c.each_served(&load, 3, 15, what);
+    let (n1, n2) = (
+        reports_received(r1.http).await,
+        reports_received(r2.http).await,
+    );
+    c.check(n1 >= 2.0 && n2 >= 1.0, || {
+        format!("reports: {n1} on the first replica (two Envoys), {n2} on the second")
+    });
+    c.finish();
 }
 
 /// The service is killed while an Envoy is busy: the Envoy keeps enforcing
