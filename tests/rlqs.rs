@@ -368,3 +368,85 @@ async fn redis_replicas_share_subscribers_and_the_bucket() {
     let left = r.statuses[0].limit_remaining;
     assert!((37..=99).contains(&left), "{left}");
 }
+
+/// Through Sentinel: the discovered master keeps the subscriber records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_master_keeps_the_records() {
+    use bucket_rls::storage::redis::sentinel::RedisSentinelStorage;
+    use common::sentinel::{MASTER_NAME, SentinelSetup};
+    let setup = SentinelSetup::start();
+    let s = RedisSentinelStorage::builder(setup.sentinel_addrs(), MASTER_NAME)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("valid Sentinels");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.master_addr().is_none() {
+        assert!(std::time::Instant::now() < deadline, "no master discovered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let server = serve(limiter(Arc::new(s), "q:", false)).await;
+    let mut a = open(server.grpc).await;
+    let acme: &[(&str, &str)] = &[("tenant", "acme")];
+    let r = a
+        .send(report("edge", &[(acme, 3, 0)]))
+        .await
+        .expect("answer");
+    assert_eq!(bucket(&r, 0), Ok((100, 100, 1, 15)));
+    let fields: u64 = setup
+        .data_node(setup.master_port())
+        .query(redis::cmd("HLEN").arg("q:qd4:edge|k6:tenant=v4:acme"));
+    assert_eq!(fields, 1);
+}
+
+/// `Storage::report` on Redis (the quota script) answers as the memory
+/// backend does: the charge with debt, the records, their expiry.
+#[tokio::test]
+async fn quota_script_matches_the_memory_backend() {
+    use bucket_rls::storage::clock::ManualClock;
+    use bucket_rls::storage::quota::{Held, QuotaReport};
+    use bucket_rls::storage::{BucketLimit, ChargeKind, ChargeSpec, Limit};
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let mem = MemoryStorage::new(Arc::new(clock.clone()));
+    let red = RedisStorage::builder(redis.url())
+        .timeout(Duration::from_secs(2))
+        .test_clock(Arc::new(clock.clone()))
+        .build()
+        .expect("valid URL");
+    let entry = |sub: &str, cost: u64, demand: u64, held: Option<Held>| QuotaReport {
+        bucket: "t:d1:e|k1:k=v1:v".into(),
+        subscribers: "t:qd1:e|k1:k=v1:v".into(),
+        charge: ChargeSpec {
+            limit: Limit::TokenBucket(BucketLimit {
+                requests_per_unit: 10,
+                unit_secs: std::num::NonZeroU64::MIN,
+                burst: 10,
+                max_debt: 60,
+            }),
+            cost,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        },
+        subscriber: sub.into(),
+        demand_milli: demand,
+        held,
+        live_ms: 15_000,
+    };
+    let held = Some(Held {
+        tokens_per_fill: 5,
+        max_tokens: 5,
+    });
+    let steps: Vec<(u64, QuotaReport)> = vec![
+        (0, entry("a", 4, 1_000, None)),
+        (0, entry("b", 30, 2_500, held)),
+        (500, entry("a", 0, 500, held)),
+        (10_000, entry("b", 100, 0, None)),
+        (6_000, entry("b", 1, 7, held)),
+    ];
+    for (advance_ms, e) in steps {
+        clock.advance(Duration::from_millis(advance_ms));
+        let m = mem.report(std::slice::from_ref(&e)).await.expect("memory");
+        let r = red.report(std::slice::from_ref(&e)).await.expect("redis");
+        assert_eq!(m, r, "after {e:?}");
+    }
+}

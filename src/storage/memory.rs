@@ -238,10 +238,19 @@ impl Storage for MemoryStorage {
     async fn report(&self, reports: &[QuotaReport]) -> Result<Vec<QuotaView>, StorageError> {
         let mut out = Vec::with_capacity(reports.len());
         for r in reports {
-            let charged = self.apply_sync(&[Charge {
+            let mut charge = Charge {
                 key: r.bucket.clone(),
                 spec: r.charge,
-            }]);
+            };
+            let charged = self.apply_sync(std::slice::from_ref(&charge));
+            // A charge that did not fit (taken as debt) reports the balance
+            // before it; the view is the balance after it.
+            let charged = if charged.admitted {
+                charged
+            } else {
+                charge.spec.cost = 0;
+                self.apply_sync(std::slice::from_ref(&charge))
+            };
             let balance_micro = charged.charges.first().map_or(0, |c| c.remaining_micro);
             let now = self.clock.now_us();
             let live_us = r.live_ms.saturating_mul(1000);

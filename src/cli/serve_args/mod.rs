@@ -127,6 +127,16 @@ pub mod flag {
     pub const LOG_FORMAT: &str = "log-format";
 }
 
+/// What Envoy's quota service (RLQS) sends for a bucket id that matches no
+/// rule (`--rlqs-unmatched`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RlqsUnmatched {
+    /// `BlanketRule` `ALLOW_ALL`.
+    Allow,
+    /// `BlanketRule` `DENY_ALL`.
+    Deny,
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -340,6 +350,15 @@ pub struct ServeArgs {
     /// the response in configs that cannot carry `max_debt` (xDS).
     #[arg(long, env = "BUCKET_RLS_MAX_DEBT_BURSTS", default_value_t = 0)]
     pub max_debt_bursts: u32,
+    /// Envoy's quota service (RLQS): the blanket rule sent for a bucket id
+    /// that matches no rule of the stream's domain.
+    #[arg(
+        long,
+        env = "BUCKET_RLS_RLQS_UNMATCHED",
+        value_enum,
+        default_value_t = RlqsUnmatched::Allow
+    )]
+    pub rlqs_unmatched: RlqsUnmatched,
     /// Merge files that define the same domain into one domain (a descriptor
     /// defined twice is still an error) instead of refusing the second file.
     #[arg(long = flag::MERGE_DOMAIN_CONFIG, env = "BUCKET_RLS_MERGE_DOMAIN_CONFIG", default_value_t = false)]
@@ -694,6 +713,7 @@ impl From<&ServeArgs> for ServiceSettings {
             response_dynamic_metadata: args.response_dynamic_metadata,
             ignore_unmatched_overrides: args.ignore_unmatched_overrides,
             max_debt_bursts: args.max_debt_bursts,
+            rlqs_deny_unmatched: args.rlqs_unmatched == RlqsUnmatched::Deny,
             ..Self::default()
         }
     }

@@ -396,6 +396,9 @@ fn default_flags_give_the_default_service_settings() {
     assert_eq!(s.header_names, d.header_names);
     assert!(!s.global_shadow_mode && !s.global_quota_mode && !s.response_dynamic_metadata);
     assert_eq!((s.max_debt_bursts, d.max_debt_bursts), (0, 0));
+    assert!(!s.rlqs_deny_unmatched && !d.rlqs_deny_unmatched);
+    let s = ServiceSettings::from(&serve_args(&["--rlqs-unmatched", "deny"]));
+    assert!(s.rlqs_deny_unmatched);
 }
 
 #[test]

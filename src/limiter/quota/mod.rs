@@ -14,12 +14,14 @@
 //! 2. the subscriber's demand for the bucket is measured on the service's
 //!    own clock (allowed plus denied since its last report, at least 1 s,
 //!    smoothed) and a bucket idle for [`ABANDON_AFTER`] is abandoned;
-//! 3. the limited buckets go to storage in one [`Storage::report`] call:
+//! 3. the limited buckets go to storage in one
+//!    [`Storage::report`](crate::storage::Storage::report) call:
 //!    the allowed counts are charged to the rule's bucket (the one
 //!    `ShouldRateLimit` charges for the same descriptor) and the live
 //!    subscribers come back;
 //! 4. each limited bucket's assignment is this subscriber's [`share`] of
-//!    the rule.
+//!    the rule; an assignment that changed is recorded in storage (one more
+//!    `Storage::report` call, charging nothing) before it is sent.
 
 pub mod share;
 #[cfg(test)]

@@ -221,3 +221,40 @@ async fn bucket_bound_per_stream() {
         Err(QuotaError::Invalid(m)) if m.contains("more than 1000 buckets")
     ));
 }
+
+/// A backend without quota records (as Redis Cluster): streams are refused
+/// at once, naming what RLQS needs.
+#[derive(Debug)]
+struct NoQuota(MemoryStorage);
+
+#[async_trait::async_trait]
+impl Storage for NoQuota {
+    async fn apply(
+        &self,
+        charges: &[Charge],
+    ) -> Result<crate::storage::RequestResult, StorageError> {
+        self.0.apply(charges).await
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "no-quota"
+    }
+}
+
+#[test]
+fn backends_without_quota_records_refuse_streams() {
+    let config = compile_texts(&[("t.yaml".into(), YAML.as_bytes().to_vec())]).expect("config");
+    let l = Arc::new(Limiter::new(
+        config,
+        Arc::new(NoQuota(MemoryStorage::default())),
+        ServiceSettings::default(),
+    ));
+    assert!(matches!(
+        l.quota_stream("edge"),
+        Err(QuotaError::Unsupported(m)) if m.contains("single-node Redis or Sentinel")
+    ));
+}

@@ -37,7 +37,7 @@ impl Default for QuotaScript {
 }
 
 impl QuotaScript {
-    /// Runs `cmd` ([`QuotaScript::command`]'s `EVALSHA`); on `NOSCRIPT`,
+    /// Runs the `EVALSHA` of `args`; on `NOSCRIPT`,
     /// `SCRIPT LOAD` and one more `EVALSHA` (safe: `NOSCRIPT` proves it did
     /// not run). Counts reloads in `bucket_rls_redis_script_reload_total`.
     ///
