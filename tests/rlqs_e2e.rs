@@ -21,9 +21,12 @@
 //!   can mint at most C more, and the window sees about one while demand
 //!   settles);
 //! - no starvation: admitted >= 0.8·r·T when the offered load is at least
-//!   2r (after a demand shift: from three reporting intervals on);
-//! - no Envoy left out: each busy Envoy admits something at least once per
-//!   reporting interval (5 s).
+//!   2r, spread over the Envoys (after a demand shift onto one Envoy, the
+//!   idle one keeps a part until its bucket is abandoned, 15 s or more
+//!   idle: there the check is that the busy one reaches 0.75·r within
+//!   three reporting intervals);
+//! - no Envoy left out: no busy Envoy goes two reporting intervals (10 s)
+//!   without admitting anything.
 //!
 //! Every test starts its own processes and takes 5 to 45 s (Envoy reports
 //! every 5 s: the scenarios must span a few reports); the file fits in about
@@ -134,9 +137,10 @@ impl Checks {
     }
 
     /// None of `n` busy Envoys (each offered at least its even part of r)
-    /// goes more than one reporting interval without admitting anything in
-    /// a `secs`-second run: a newcomer gets a part of the rule by the next
-    /// report, not only once every other Envoy has reported twice.
+    /// goes more than two reporting intervals without admitting anything in
+    /// a `secs`-second run. A newcomer to a rule another Envoy holds whole
+    /// gets what is left (often nothing) until that Envoy's next report
+    /// gives part of it back, and its own next report takes it.
     fn each_served(&mut self, a: &Answers, n: usize, secs: u64, what: &str) {
         for i in 0..n {
             let per_second = a.admitted_per_second(Some(i), secs);
@@ -145,9 +149,9 @@ impl Checks {
                 .map(<[usize]>::len)
                 .max()
                 .unwrap_or(0) as u64;
-            self.check(longest <= REPORT_PERIOD.as_secs(), || {
+            self.check(longest <= 2 * REPORT_PERIOD.as_secs(), || {
                 format!(
-                    "{what}: Envoy {i} admitted nothing for {longest} s in a row while busy (more than one reporting interval); per second {per_second:?}"
+                    "{what}: Envoy {i} admitted nothing for {longest} s in a row while busy (more than two reporting intervals); per second {per_second:?}"
                 )
             });
         }
@@ -171,28 +175,17 @@ fn show(a: &Answers, n: usize, secs: u64, what: &str) {
     );
 }
 
-/// The bound and the floor over a whole window of `t` seconds in which the
-/// Envoys were together offered at least 2r; panics at once.
-fn assert_shared_limit(a: &Answers, t: f64, what: &str) {
-    assert_only_200_or_429(a, what);
-    eprintln!(
-        "{what}: admitted {}, denied {}",
-        a.admitted(None),
-        a.denied(None)
-    );
-    let mut c = Checks::default();
-    c.bound(a, t, what);
-    c.floor(a, Duration::ZERO, Duration::from_secs_f64(t), what);
-    c.finish();
-}
-
 /// Opens the tenant's bucket on each Envoy (one request each: it passes,
 /// by `no_assignment_behavior` ALLOW_ALL) and waits until `rls` has received
 /// that many reports and a little longer for the assignments to land.
 async fn open_buckets(envoys: &[&Envoy], rls: &[&BucketRls]) {
-    for e in envoys {
-        assert_eq!(one(e).await, 200, "the first request passes (ALLOW_ALL)");
-    }
+    // At the same time on every Envoy: their first reports reach the
+    // service together, as when a fleet starts.
+    let first = futures::future::join_all(envoys.iter().map(|e| one(e))).await;
+    assert!(
+        first.iter().all(|&s| s == 200),
+        "the first requests pass (ALLOW_ALL): {first:?}"
+    );
     let want = envoys.len() as f64;
     eventually(
         Duration::from_secs(5),
@@ -446,13 +439,6 @@ async fn two_envoys_share_one_limit_and_follow_a_demand_shift() {
             "demand on b only: b reached 0.75·r per second after {reached:?} s, not within three reporting intervals ({within} s): {per_second:?}"
         )
     });
-    // Once three intervals have passed, b is not starved.
-    c.floor(
-        &load,
-        3 * REPORT_PERIOD,
-        Duration::from_secs(t2),
-        "demand on b only, after three intervals",
-    );
     c.finish();
 }
 
@@ -504,33 +490,60 @@ async fn three_envoys_on_two_replicas_with_redis_share_one_limit() {
 /// The service is killed while an Envoy is busy: the Envoy keeps enforcing
 /// its last assignment (it lives for a few reporting intervals) and keeps
 /// serving; when the service is back on the same port, the Envoy reconnects
-/// on its next 5 s tick and is limited again.
+/// on its next 5 s tick and is limited again, and not starved: memory
+/// backend (the restarted service knows nothing of the old stream).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn service_killed_and_back() {
+async fn service_killed_and_back_memory() {
+    killed_and_back(None).await;
+}
+
+/// As [`service_killed_and_back_memory`] with Redis: the killed replica's
+/// subscriber record outlives it in Redis (until it expires, 15 s after
+/// its last report), and must not keep the Envoy's new stream from its
+/// share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_killed_and_back_redis() {
+    let redis = RedisServer::start();
+    killed_and_back(Some(&redis)).await;
+}
+
+async fn killed_and_back(redis: Option<&RedisServer>) {
+    let what = if redis.is_some() { "redis" } else { "memory" };
     let dir = config_dir();
+    let url = redis.map(RedisServer::url);
+    let mut args: Vec<&str> = RLS_ARGS.to_vec();
+    if let Some(u) = &url {
+        args.extend(["--redis-url", u.as_str()]);
+    }
     let grpc = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let mut rls = start_rls_on(dir.path(), grpc, http, RLS_ARGS).await;
+    let mut rls = start_rls_on(dir.path(), grpc, http, &args).await;
     let up = upstream().await;
     let mut envoy = Envoy::start(&quota_envoy(&[grpc], up)).await;
     open_buckets(&[&envoy], &[&rls]).await;
     let busy = [(envoy.listener, 2.0 * R)];
+    let mut c = Checks::default();
 
     let before = drive(&busy, Duration::from_secs(4), &[TENANT]).await;
-    assert_shared_limit(&before, 4.0, "before the kill");
+    assert_only_200_or_429(&before, "before the kill");
+    show(&before, 1, 4, &format!("{what}, before the kill"));
+    c.bound(&before, 4.0, "before the kill");
+    c.floor(
+        &before,
+        Duration::ZERO,
+        Duration::from_secs(4),
+        "before the kill",
+    );
 
     rls.proc.kill();
     let down = drive(&busy, Duration::from_secs(4), &[TENANT]).await;
     assert_only_200_or_429(&down, "service down");
-    assert!(
-        (down.admitted(None) as f64) <= C + 4.0 * R + C,
-        "the last assignment still holds while the service is down: {} admitted",
-        down.admitted(None)
-    );
+    show(&down, 1, 4, &format!("{what}, service down"));
+    c.bound(&down, 4.0, "service down: the last assignment still holds");
     envoy.proc.assert_running();
 
     let back = Instant::now();
-    let rls = start_rls_on(dir.path(), grpc, http, RLS_ARGS).await;
+    let rls = start_rls_on(dir.path(), grpc, http, &args).await;
     // Keep the bucket busy while waiting: Envoy reopens the stream on its
     // next report.
     let trickle = [(envoy.listener, 5.0)];
@@ -542,13 +555,27 @@ async fn service_killed_and_back() {
     );
     let (_, (_, took)) = tokio::join!(waiting, reconnected);
     eprintln!(
-        "Envoy reported to the restarted service {took:?} after it was healthy ({:?} after its start)",
+        "{what}: Envoy reported to the restarted service {took:?} after it was healthy ({:?} after its start)",
         back.elapsed()
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = drive(&busy, Duration::from_secs(5), &[TENANT]).await;
-    assert_shared_limit(&after, 5.0, "after the service came back");
+    assert_only_200_or_429(&after, "after the service came back");
+    show(
+        &after,
+        1,
+        5,
+        &format!("{what}, after the service came back"),
+    );
+    c.bound(&after, 5.0, "after the service came back");
+    c.floor(
+        &after,
+        Duration::ZERO,
+        Duration::from_secs(5),
+        "after the service came back",
+    );
     envoy.proc.assert_running();
+    c.finish();
 }
 
 /// On SIGTERM the service ends its assignments (time to live 0) before it
