@@ -442,6 +442,44 @@ async fn two_envoys_share_one_limit_and_follow_a_demand_shift() {
     c.finish();
 }
 
+/// A rule whose burst is smaller than the number of Envoys (here 20/s with
+/// burst 1, two Envoys): each Envoy's part of the burst rounds down to 0
+/// tokens, but an Envoy needs at least one token to admit anything, so the
+/// rate must still reach them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_smaller_than_the_envoy_count_still_admits_the_rate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("quota.yaml"),
+        "domain: quota\ndescriptors:\n  - key: name\n    value: api\n    descriptors:\n      - key: tenant\n        rate_limit: {unit: second, requests_per_unit: 20, burst: 1}\n",
+    )
+    .expect("write config");
+    let rls = BucketRls::start(dir.path(), RLS_ARGS).await;
+    let up = upstream().await;
+    let a = Envoy::start(&quota_envoy(&[rls.grpc], up)).await;
+    let b = Envoy::start(&quota_envoy(&[rls.grpc], up)).await;
+    open_buckets(&[&a, &b], &[&rls]).await;
+    let t = 12;
+    let load = drive(
+        &[(a.listener, 2.0 * R), (b.listener, 2.0 * R)],
+        Duration::from_secs(t),
+        &[TENANT],
+    )
+    .await;
+    let what = "burst 1, two Envoys";
+    assert_only_200_or_429(&load, what);
+    show(&load, 2, t, what);
+    let mut c = Checks::default();
+    // Burst 1: at most 1 + r·T (+ one token per Envoy if each holds one).
+    let admitted = load.admitted(None) as f64;
+    c.check(admitted <= 1.0 + R * t as f64 + 2.0, || {
+        format!("{what}: {admitted} admitted in {t} s, more than 1 + r·T + 2")
+    });
+    // From the second reporting interval on, the rate gets through.
+    c.floor(&load, REPORT_PERIOD, Duration::from_secs(t), what);
+    c.finish();
+}
+
 /// Three Envoys on two bucket-rls replicas sharing one Redis (two Envoys on
 /// the first replica, one on the second): the replicas agree on the shares,
 /// so together the Envoys stay within the one rule and are not starved.
