@@ -606,3 +606,43 @@ async fn python_client_calls_should_rate_limit_through_reflection() {
     assert_eq!(second["overallCode"], "OVER_LIMIT", "{second}");
     assert_eq!(second["statuses"][0]["code"], "OVER_LIMIT");
 }
+
+/// examples/envoy/rlqs/: the quota filter's Envoy config validates (as
+/// written and as the loopback script rewrites it) and its bucket-rls config
+/// passes `check-config`.
+#[test]
+fn rlqs_example_configs_validate() {
+    envoy_validate(&example("rlqs/envoy.yaml"));
+    let a: SocketAddr = "127.0.0.1:18081".parse().expect("addr");
+    let b: SocketAddr = "127.0.0.1:18000".parse().expect("addr");
+    envoy_validate_json(&envoy_for_loopback(
+        yaml_file(&example("rlqs/envoy.yaml")),
+        &[("bucket_rls", &[a]), ("upstream", &[b])],
+    ));
+    check_config(&example("rlqs/config"));
+}
+
+#[test]
+fn rlqs_run_local_script_shares_one_limit_between_two_envoys() {
+    // Two Envoys with the quota filter, one bucket-rls, the demo upstream on
+    // loopback; `--check` offers each Envoy twice the rule's rate for 10 s
+    // and checks that together they admit about the rule's rate.
+    let out = Command::new("bash")
+        .arg(example("rlqs/run-local.sh"))
+        .arg("--check")
+        .env("PORT_BASE", common::free_ports(8).to_string())
+        .env("BUCKET_RLS_BIN", bucket_rls_bin())
+        .env("ENVOY_BIN", envoy_bin())
+        .output()
+        .expect("run examples/envoy/rlqs/run-local.sh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "rlqs/run-local.sh --check failed:\n{text}"
+    );
+    assert!(text.ends_with("run-local: ok\n"), "{text}");
+}

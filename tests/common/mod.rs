@@ -2,7 +2,8 @@
 //! ([`free_port`]), one HTTP client ([`http`]), one way to wait
 //! ([`eventually`]), metric reading ([`metrics`]), real Redis processes
 //! ([`redis`], [`cluster`], [`sentinel`]), real service and Envoy processes
-//! ([`procs`]), and the conformance cases every backend runs
+//! ([`procs`]), Envoy's quota filter and a scripted quota server ([`rlqs`]),
+//! and the conformance cases every backend runs
 //! ([`conformance`]).
 #![allow(dead_code, unused_imports)]
 
@@ -13,6 +14,7 @@ pub mod http;
 pub mod metrics;
 pub mod procs;
 pub mod redis;
+pub mod rlqs;
 pub mod sentinel;
 pub mod tls;
 
