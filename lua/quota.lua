@@ -18,7 +18,7 @@ KEYS        per report entry i, two keys: KEYS[2i-1] the rule's bucket (the
 ARGV[1]     explicit now in microseconds, TESTS ONLY ("" = Redis TIME).
 ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none).
 ARGV[3]     the reporting subscriber's id (a hash field).
-ARGV[4]     the entries, 56 bytes each, big-endian unsigned:
+ARGV[4]     the entries, 64 bytes each, big-endian unsigned:
               32 bytes: the charge, packed exactly as one charge of
                         lua/request.lua's ARGV[3] (its key index is unused):
                         the allowed count as a consume on a bucket with a
@@ -31,6 +31,17 @@ ARGV[4]     the entries, 56 bytes each, big-endian unsigned:
               4 bytes:  max tokens of that assignment (4294967295: none).
               8 bytes:  live_ms: a record older than this is dropped, and
                         the hash expires this long after the last report.
+              4 bytes:  the rule's budget: tokens per fill over all
+                        subscribers.
+              4 bytes:  the rule's budget: max tokens over all subscribers.
+
+The assignment recorded is the one given, cut field by field to what the
+other live records leave of the budget (`fit` in src/storage/quota.rs), in
+this one atomic call: the recorded assignments of a bucket never sum above
+its budget, whatever the interleaving of streams and replicas (but for max
+tokens: an assignment with tokens per fill keeps at least the one token it
+was given, so that a burst smaller than the number of subscribers does not
+leave a subscriber a rate it cannot use).
 
 Each record (hash field = subscriber id) is 24 bytes, big-endian:
 demand (8), tokens per fill (4), max tokens (4), last report now (8).
@@ -72,13 +83,14 @@ end
 
 local subscriber = ARGV[3]
 local packed = ARGV[4]
-local n = #packed / 56
+local n = #packed / 64
+local NONE = 4294967295
 local reply = {}
 local pos = 1
 for i = 1, n do
-  local a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms
-  a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms, pos =
-    sunpack('>I1I3I4I4I4I8I8I8I4I4I8', packed, pos)
+  local a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms, btpf, bmax
+  a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms, btpf, bmax, pos =
+    sunpack('>I1I3I4I4I4I8I8I8I4I4I8I4I4', packed, pos)
   local bucket, records = KEYS[2 * i - 1], KEYS[2 * i]
   local alg = ALGORITHMS[a]
   -- The charge: GET (fails with WRONGTYPE on a foreign key), consume.
@@ -93,23 +105,47 @@ for i = 1, n do
     put(bucket, alg, level, p1, p2, p3)
   end
   reply[2 * i - 1] = alg[REPORT](level)
-  -- The subscriber records.
-  rcall('HSET', records, subscriber, spack('>I8I4I4I8', demand, tpf, maxt, now))
+  -- The subscriber records: drop the stale ones, sum what the others hold,
+  -- then write this subscriber's record with its assignment cut to fit.
   local all = rcall('HGETALL', records)
   local live = {}
   local live_us = live_ms * 1000
+  local used_t, used_m = 0, 0
   for j = 1, #all, 2 do
-    local seen = 0
-    if #all[j + 1] == 24 then
-      local _d, _t, _m
-      _d, _t, _m, seen = sunpack('>I8I4I4I8', all[j + 1])
+    if all[j] ~= subscriber then
+      local seen, t, m = 0, NONE, NONE
+      if #all[j + 1] == 24 then
+        local _d
+        _d, t, m, seen = sunpack('>I8I4I4I8', all[j + 1])
+      end
+      if now - seen >= live_us then
+        rcall('HDEL', records, all[j])
+      else
+        if t ~= NONE then
+          used_t = used_t + t
+          used_m = used_m + m
+        end
+        live[#live + 1] = all[j]
+        live[#live + 1] = all[j + 1]
+      end
     end
-    if now - seen >= live_us then
-      rcall('HDEL', records, all[j])
-    else
-      live[#live + 1] = all[j]
-      live[#live + 1] = all[j + 1]
+  end
+  if tpf ~= NONE then
+    tpf = math.min(tpf, math.max(0, btpf - used_t))
+    maxt = math.min(maxt, math.max(0, bmax - used_m))
+    -- A part of the rate holds at least one token (a bucket that holds
+    -- nothing admits nothing): held may pass the burst by one a subscriber.
+    if tpf > 0 and maxt == 0 then
+      maxt = 1
     end
+  end
+  local mine = spack('>I8I4I4I8', demand, tpf, maxt, now)
+  if live_us > 0 then
+    rcall('HSET', records, subscriber, mine)
+    live[#live + 1] = subscriber
+    live[#live + 1] = mine
+  else
+    rcall('HDEL', records, subscriber)
   end
   local ttl = live_ms
   if ttl < min_ttl then

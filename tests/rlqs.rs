@@ -430,6 +430,10 @@ async fn quota_script_matches_the_memory_backend() {
         subscriber: sub.into(),
         demand_milli: demand,
         held,
+        budget: Held {
+            tokens_per_fill: 10,
+            max_tokens: 10,
+        },
         live_ms: 15_000,
     };
     let held = Some(Held {
@@ -449,4 +453,124 @@ async fn quota_script_matches_the_memory_backend() {
         let r = red.report(std::slice::from_ref(&e)).await.expect("redis");
         assert_eq!(m, r, "after {e:?}");
     }
+}
+
+/// A backend that holds the first recording call (a report charging
+/// nothing) until told to go on.
+#[derive(Debug)]
+struct Gated {
+    inner: Arc<dyn Storage>,
+    gate: std::sync::Mutex<
+        Option<(
+            tokio::sync::oneshot::Sender<()>,
+            tokio::sync::oneshot::Receiver<()>,
+        )>,
+    >,
+}
+
+#[async_trait::async_trait]
+impl Storage for Gated {
+    async fn apply(
+        &self,
+        charges: &[bucket_rls::storage::Charge],
+    ) -> Result<bucket_rls::storage::RequestResult, bucket_rls::storage::StorageError> {
+        self.inner.apply(charges).await
+    }
+
+    async fn ping(&self) -> Result<(), bucket_rls::storage::StorageError> {
+        self.inner.ping().await
+    }
+
+    async fn report(
+        &self,
+        reports: &[bucket_rls::storage::quota::QuotaReport],
+    ) -> Result<Vec<bucket_rls::storage::quota::QuotaView>, bucket_rls::storage::StorageError> {
+        if reports.iter().all(|r| r.charge.cost == 0) {
+            let gate = self.gate.lock().unwrap().take();
+            if let Some((reached, go)) = gate {
+                let _ = reached.send(());
+                let _ = go.await;
+            }
+        }
+        self.inner.report(reports).await
+    }
+
+    fn supports_quota(&self) -> bool {
+        true
+    }
+
+    fn name(&self) -> &'static str {
+        "gated"
+    }
+}
+
+/// Two replicas on one Redis whose reports interleave between the read of
+/// the records and the recording of the new assignment: replica A reads
+/// alone (and computes the whole rule), replica B reports in full
+/// meanwhile, then A records. The quota script cuts A's assignment to what
+/// B left: what is sent, and what the hash holds, fit the rule (100/s).
+#[tokio::test]
+async fn interleaved_replicas_never_assign_above_the_budget() {
+    use bucket_rls::limiter::quota::{Action as Assigned, Answer, Usage};
+    let redis = RedisServer::start();
+    let storage = || -> Arc<dyn Storage> {
+        Arc::new(
+            RedisStorage::builder(redis.url())
+                .timeout(Duration::from_secs(2))
+                .build()
+                .expect("valid URL"),
+        )
+    };
+    let (reached, reached_rx) = tokio::sync::oneshot::channel();
+    let (go, go_rx) = tokio::sync::oneshot::channel();
+    let gated = Arc::new(Gated {
+        inner: storage(),
+        gate: std::sync::Mutex::new(Some((reached, go_rx))),
+    });
+    let replica_a = limiter(gated, "q:", false);
+    let replica_b = limiter(storage(), "q:", false);
+    let mut a = replica_a.quota_stream("edge").expect("bound");
+    let mut b = replica_b.quota_stream("edge").expect("bound");
+    static ID: &[(&str, &str)] = &[("tenant", "acme")];
+    let usage = Usage {
+        bucket: ID,
+        allowed: 10,
+        denied: 0,
+    };
+    let task = tokio::spawn(async move {
+        let got = a.report(&[usage]).await.expect("a");
+        (a, got)
+    });
+    reached_rx.await.expect("a reaches its recording call");
+    let gb = b.report(&[usage]).await.expect("b");
+    go.send(()).expect("a waits");
+    let (_a, ga) = task.await.expect("a answers");
+    let tokens = |answers: &[bucket_rls::limiter::quota::BucketAnswer]| match answers[0].answer {
+        Answer::Assign {
+            action:
+                Assigned::TokenBucket {
+                    tokens_per_fill,
+                    max_tokens,
+                    ..
+                },
+            ..
+        } => (tokens_per_fill, max_tokens),
+        Answer::Assign {
+            action: Assigned::DenyAll,
+            ..
+        } => (0, 0),
+        other => panic!("not a limit: {other:?}"),
+    };
+    let ((ta, ma), (tb, mb)) = (tokens(&ga), tokens(&gb));
+    assert!(tb > 0, "b got its part: {gb:?}");
+    assert!(ta + tb <= 100 && ma + mb <= 100, "sent {ga:?} and {gb:?}");
+    let records: std::collections::HashMap<Vec<u8>, Vec<u8>> =
+        redis.query(redis::cmd("HGETALL").arg("q:qd4:edge|k6:tenant=v4:acme"));
+    assert_eq!(records.len(), 2, "{records:?}");
+    let sum = records.values().fold((0, 0), |(t, m), v| {
+        let (_, held, _) = bucket_rls::storage::quota::unpack(v).expect("a record");
+        let h = held.expect("held");
+        (t + h.tokens_per_fill, m + h.max_tokens)
+    });
+    assert_eq!(sum, (ta + tb, ma + mb), "recorded is what was sent");
 }

@@ -257,7 +257,21 @@ impl Storage for MemoryStorage {
             let mut quotas = self.quotas.lock();
             let (expires, subs) = quotas.entry(r.subscribers.clone()).or_default();
             *expires = now.saturating_add(live_us);
-            subs.insert(r.subscriber.clone(), (r.demand_milli, r.held, now));
+            subs.retain(|_, (_, _, seen)| now.saturating_sub(*seen) < live_us);
+            // Under the lock: the others' records cannot change between
+            // this sum and the write.
+            let others = subs
+                .iter()
+                .filter(|(id, _)| **id != r.subscriber)
+                .filter_map(|(_, (_, held, _))| *held)
+                .fold((0u64, 0u64), |(t, m), h| {
+                    (
+                        t.saturating_add(u64::from(h.tokens_per_fill)),
+                        m.saturating_add(u64::from(h.max_tokens)),
+                    )
+                });
+            let held = super::quota::fit(r.held, r.budget, others);
+            subs.insert(r.subscriber.clone(), (r.demand_milli, held, now));
             subs.retain(|_, (_, _, seen)| now.saturating_sub(*seen) < live_us);
             out.push(QuotaView {
                 balance_micro,

@@ -7,9 +7,13 @@
 //! [`Storage::report`](super::Storage::report) takes the bucket entries of one
 //! usage report message at once (one Redis script call); each entry:
 //! charges `charge` (a consume with debt, so the allowed count is taken
-//! even past the balance, down to the debt bound), upserts `subscriber`'s
-//! record, drops records not refreshed for `live_ms`, and returns what is
-//! left: the bucket's balance and every live subscriber.
+//! even past the balance, down to the debt bound), drops records not
+//! refreshed for `live_ms`, upserts `subscriber`'s record with its held
+//! assignment cut to what the other live records leave of `budget`
+//! ([`fit`]; atomic with the read of those records, so the recorded
+//! assignments of a bucket never sum above the budget, whatever the
+//! interleaving of streams and replicas), and returns what is left: the
+//! bucket's balance and every live subscriber.
 
 use super::ChargeSpec;
 
@@ -49,8 +53,12 @@ pub struct QuotaReport {
     pub subscriber: String,
     /// Its smoothed demand, thousandths of a request a second.
     pub demand_milli: u64,
-    /// The assignment it holds now (`None`: none yet, or a blanket rule).
+    /// The assignment it holds now (`None`: none yet, or a blanket rule);
+    /// recorded as [`fit`] cuts it to `budget`.
     pub held: Option<Held>,
+    /// The rule's budget over all subscribers (tokens per fill and max
+    /// tokens): the recorded assignments never sum above it.
+    pub budget: Held,
     /// A record not refreshed for this many milliseconds is dropped (and the
     /// records' key expires this long after the last report).
     pub live_ms: u64,
@@ -74,6 +82,35 @@ pub struct QuotaView {
     pub balance_micro: i64,
     /// Every live subscriber, the reporting one included, sorted by id.
     pub subscribers: Vec<SubscriberRecord>,
+}
+
+/// `held` cut, field by field, to what `others` (the sum of the other live
+/// subscribers' recorded assignments) leave of `budget`: what storage
+/// records (and the quota script computes the same way). An assignment left
+/// with a part of the rate keeps at least 1 max token, so the max tokens
+/// held may pass the burst by one per such subscriber. `None` stays `None`
+/// (it holds nothing).
+#[must_use]
+pub fn fit(held: Option<Held>, budget: Held, others: (u64, u64)) -> Option<Held> {
+    let left = |total: u32, used: u64| u64::from(total).saturating_sub(used);
+    held.map(|h| {
+        let tokens_per_fill =
+            u32::try_from(u64::from(h.tokens_per_fill).min(left(budget.tokens_per_fill, others.0)))
+                .unwrap_or(u32::MAX);
+        let max_tokens =
+            u32::try_from(u64::from(h.max_tokens).min(left(budget.max_tokens, others.1)))
+                .unwrap_or(u32::MAX);
+        Held {
+            tokens_per_fill,
+            // A part of the rate holds at least one token: a bucket that
+            // holds nothing admits nothing, whatever it refills.
+            max_tokens: if tokens_per_fill > 0 {
+                max_tokens.max(1)
+            } else {
+                max_tokens
+            },
+        }
+    })
 }
 
 /// A subscriber record packed as stored: demand (8 bytes), tokens per fill

@@ -21,7 +21,11 @@
 //!    subscribers come back;
 //! 4. each limited bucket's assignment is this subscriber's [`share`] of
 //!    the rule; an assignment that changed is recorded in storage (one more
-//!    `Storage::report` call, charging nothing) before it is sent.
+//!    `Storage::report` call, charging nothing) before it is sent. Storage
+//!    cuts every assignment it records to what the other subscribers'
+//!    records leave of the rule's budget, atomically, and the assignment
+//!    sent is the one recorded: another stream's report landing between the
+//!    two calls cannot take the sum above the budget.
 
 pub mod share;
 #[cfg(test)]
@@ -499,6 +503,7 @@ impl QuotaStream {
                         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                         demand_milli: (track.demand * 1000.0).round() as u64,
                         held,
+                        budget: budget_held(&budget),
                         live_ms: u64::try_from(ABANDON_AFTER.as_millis()).unwrap_or(u64::MAX),
                     });
                     answers.push(BucketAnswer {
@@ -510,6 +515,8 @@ impl QuotaStream {
         }
         drop(config);
         let mut changed_held = Vec::new();
+        // Per recorded change: the answer's index and the bucket's budget.
+        let mut changed_at: Vec<(usize, Budget)> = Vec::new();
         if !reports.is_empty() {
             let views = self
                 .limiter
@@ -543,6 +550,11 @@ impl QuotaStream {
                         },
                     ));
                 }
+                let recorded = view
+                    .subscribers
+                    .iter()
+                    .find(|s| s.id == self.subscriber)
+                    .and_then(|s| s.held);
                 if !ids.iter().any(|(id, _)| *id == self.subscriber) {
                     #[allow(clippy::cast_precision_loss)]
                     ids.push((
@@ -601,8 +613,9 @@ impl QuotaStream {
                     ttl: ASSIGNMENT_TTL,
                 };
                 let now_held = held_of(action);
-                let changed = now_held.is_some() && now_held != report.held;
+                let changed = now_held.is_some() && now_held != recorded;
                 if changed {
+                    changed_at.push((answer_at, budget));
                     changed_held.push(QuotaReport {
                         held: now_held,
                         charge: ChargeSpec {
@@ -618,11 +631,53 @@ impl QuotaStream {
             // A changed assignment is recorded before it is sent, so the
             // others' next shares are cut from what is left (one more call,
             // only when an assignment changes).
-            self.limiter
+            // Storage records each one cut to what the others' records
+            // leave of the budget at that moment (a report of another
+            // stream or replica may have landed since the views above):
+            // what is sent is what was recorded.
+            let views = self
+                .limiter
                 .storage
                 .report(&changed_held)
                 .await
                 .map_err(QuotaError::Storage)?;
+            for ((answer_at, budget), (report, view)) in
+                changed_at.into_iter().zip(changed_held.iter().zip(&views))
+            {
+                let recorded = view
+                    .subscribers
+                    .iter()
+                    .find(|s| s.id == self.subscriber)
+                    .and_then(|s| s.held)
+                    .unwrap_or_default();
+                if Some(recorded) == report.held {
+                    continue;
+                }
+                let action = to_action(
+                    Share {
+                        tokens_per_fill: u64::from(recorded.tokens_per_fill),
+                        max_tokens: u64::from(recorded.max_tokens),
+                    },
+                    &budget,
+                );
+                tracing::debug!(
+                    subscriber = %self.subscriber,
+                    computed = ?report.held,
+                    recorded = ?recorded,
+                    "quota assignment cut to what the other subscribers left"
+                );
+                let id = &answers[answer_at].bucket;
+                if let Some(t) = self.tracks.get_mut(id) {
+                    t.held = Some(action);
+                }
+                if let Some(b) = self.view.lock().buckets.get_mut(&id_label(id)) {
+                    b.assignment = Some(action);
+                }
+                answers[answer_at].answer = Answer::Assign {
+                    action,
+                    ttl: ASSIGNMENT_TTL,
+                };
+            }
         }
         Ok(answers)
     }
@@ -760,6 +815,14 @@ fn held_of(action: Action) -> Option<Held> {
         }),
         Action::DenyAll => Some(Held::default()),
         Action::AllowAll => None,
+    }
+}
+
+/// A rule's budget as storage records it (each field at most `u32::MAX`).
+fn budget_held(budget: &Budget) -> Held {
+    Held {
+        tokens_per_fill: u32::try_from(budget.tokens_per_fill).unwrap_or(u32::MAX),
+        max_tokens: u32::try_from(budget.max_tokens).unwrap_or(u32::MAX),
     }
 }
 

@@ -258,3 +258,155 @@ fn backends_without_quota_records_refuse_streams() {
         Err(QuotaError::Unsupported(m)) if m.contains("single-node Redis or Sentinel")
     ));
 }
+
+/// A backend that holds the first recording call (a report charging
+/// nothing) until told to go on: another stream's report lands between a
+/// stream's read of the records and its recording of the new assignment.
+#[derive(Debug)]
+pub(super) struct Gated {
+    inner: Arc<dyn Storage>,
+    #[allow(clippy::type_complexity)]
+    gate: Mutex<
+        Option<(
+            tokio::sync::oneshot::Sender<()>,
+            tokio::sync::oneshot::Receiver<()>,
+        )>,
+    >,
+}
+
+impl Gated {
+    /// `inner` with an armed gate: the receiver resolves when a recording
+    /// call reaches it, and the sender lets that call go on.
+    pub(super) fn new(
+        inner: Arc<dyn Storage>,
+    ) -> (
+        Self,
+        tokio::sync::oneshot::Receiver<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (reached, reached_rx) = tokio::sync::oneshot::channel();
+        let (go, go_rx) = tokio::sync::oneshot::channel();
+        let gated = Self {
+            inner,
+            gate: Mutex::new(Some((reached, go_rx))),
+        };
+        (gated, reached_rx, go)
+    }
+}
+
+#[async_trait::async_trait]
+impl Storage for Gated {
+    async fn apply(
+        &self,
+        charges: &[Charge],
+    ) -> Result<crate::storage::RequestResult, StorageError> {
+        self.inner.apply(charges).await
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+
+    async fn report(
+        &self,
+        reports: &[QuotaReport],
+    ) -> Result<Vec<crate::storage::quota::QuotaView>, StorageError> {
+        if reports.iter().all(|r| r.charge.cost == 0) {
+            let gate = self.gate.lock().take();
+            if let Some((reached, go)) = gate {
+                let _ = reached.send(());
+                let _ = go.await;
+            }
+        }
+        self.inner.report(reports).await
+    }
+
+    fn supports_quota(&self) -> bool {
+        true
+    }
+
+    fn name(&self) -> &'static str {
+        "gated"
+    }
+}
+
+fn tokens(a: Action) -> (u32, u32) {
+    match a {
+        Action::TokenBucket {
+            tokens_per_fill,
+            max_tokens,
+            ..
+        } => (tokens_per_fill, max_tokens),
+        Action::DenyAll => (0, 0),
+        Action::AllowAll => panic!("allow-all for a limited rule"),
+    }
+}
+
+/// Two streams whose reports interleave between the read of the records
+/// and the recording of the new assignment: A reads alone (and computes
+/// the whole rule), B reports in full meanwhile (and takes its part), then
+/// A records. What A is sent, and what the records hold, still fit the
+/// rule's budget (100 a fill, 100 held).
+#[tokio::test]
+async fn interleaved_reports_never_assign_above_the_budget() {
+    static ID: &[(&str, &str)] = &[("tenant", "acme")];
+    let config = compile_texts(&[("t.yaml".into(), YAML.as_bytes().to_vec())]).expect("config");
+    let clock = ManualClock::new(1_000_000_000);
+    let memory: Arc<dyn Storage> = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
+    let (gated, reached, go) = Gated::new(memory.clone());
+    let l = Arc::new(
+        Limiter::new(config, Arc::new(gated), ServiceSettings::default())
+            .with_quota_clock(Arc::new(clock.clone())),
+    );
+    let mut a = l.quota_stream("edge").expect("bound");
+    let mut b = l.quota_stream("edge").expect("bound");
+    let a_sub = a.subscriber().to_owned();
+    let task = tokio::spawn(async move {
+        let got = a.report(&[usage(ID, 10, 0)]).await.expect("a");
+        (a, got)
+    });
+    reached.await.expect("a reaches its recording call");
+    let gb = b.report(&[usage(ID, 10, 0)]).await.expect("b");
+    go.send(()).expect("a waits");
+    let (_a, ga) = task.await.expect("a answers");
+    let (ta, ma) = tokens(action(&ga[0]));
+    let (tb, mb) = tokens(action(&gb[0]));
+    assert!(tb > 0, "b got its part: {gb:?}");
+    assert!(ta + tb <= 100 && ma + mb <= 100, "sent {ga:?} and {gb:?}");
+    // The records: read by a third subscriber that holds nothing.
+    let key = key::encode("rls:", "edge", &[("tenant", KeyValue::Value("acme"))]);
+    let probe = QuotaReport {
+        subscribers: subscribers_key("rls:", &key),
+        bucket: key,
+        charge: ChargeSpec {
+            limit: Limit::TokenBucket(BucketLimit {
+                requests_per_unit: 100,
+                unit_secs: std::num::NonZeroU64::MIN,
+                burst: 100,
+                max_debt: 600,
+            }),
+            cost: 0,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        },
+        subscriber: "probe".into(),
+        demand_milli: 0,
+        held: None,
+        budget: Held {
+            tokens_per_fill: 100,
+            max_tokens: 100,
+        },
+        live_ms: 15_000,
+    };
+    let views = memory.report(&[probe]).await.expect("memory");
+    let held: Vec<Held> = views[0].subscribers.iter().filter_map(|s| s.held).collect();
+    assert_eq!(held.len(), 2, "{views:?}");
+    let sum = held.iter().fold((0, 0), |(t, m), h| {
+        (t + h.tokens_per_fill, m + h.max_tokens)
+    });
+    assert_eq!(sum, (ta + tb, ma + mb), "recorded is what was sent");
+    assert!(
+        views[0].subscribers.iter().any(|s| s.id == a_sub),
+        "{views:?}"
+    );
+}

@@ -20,7 +20,7 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Bytes of one packed report entry (`ARGV[4]`).
-pub const ENTRY_BYTES: usize = 56;
+pub const ENTRY_BYTES: usize = 64;
 
 /// The quota script and its SHA-1.
 #[derive(Clone, Debug)]
@@ -102,6 +102,8 @@ impl QuotaArgs {
             packed.extend_from_slice(&t.to_be_bytes());
             packed.extend_from_slice(&m.to_be_bytes());
             packed.extend_from_slice(&r.live_ms.to_be_bytes());
+            packed.extend_from_slice(&r.budget.tokens_per_fill.to_be_bytes());
+            packed.extend_from_slice(&r.budget.max_tokens.to_be_bytes());
         }
         let (now, min_ttl) = match test_now {
             Some((now, ttl)) => (now.to_string().into_bytes(), ttl.to_string().into_bytes()),
