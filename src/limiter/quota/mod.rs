@@ -79,6 +79,24 @@ impl Bounds {
     };
 }
 
+/// The subscriber id of one bucket id of a stream: the stream's id and a
+/// 64-bit digest of the bucket id (SHA-256 of its length-prefixed entries),
+/// so that the bucket ids of one stream that share a storage key (a
+/// `share_threshold` rule) are subscribers of their own, and the record
+/// names stay short whatever the bucket id's size.
+fn per_bucket(subscriber: &str, id: &BucketId) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for (k, v) in id {
+        h.update((k.len() as u64).to_be_bytes());
+        h.update(k.as_bytes());
+        h.update((v.len() as u64).to_be_bytes());
+        h.update(v.as_bytes());
+    }
+    let d = h.finalize();
+    format!("{subscriber}/{}", hex::encode(&d[..8]))
+}
+
 /// One bucket id: its entries sorted by key (the canonical form of the
 /// unordered set Envoy sends).
 pub type BucketId = Vec<(String, String)>;
@@ -396,13 +414,25 @@ impl QuotaStream {
     /// [`QuotaError::Storage`] when storage fails.
     pub async fn report(&mut self, usages: &[Usage<'_>]) -> Result<Vec<BucketAnswer>, QuotaError> {
         let bounds = self.limiter.quotas.bounds;
+        // A message cannot name more buckets than a stream may hold: refused
+        // before any work that grows with it.
+        if usages.len() > bounds.max_buckets {
+            return Err(QuotaError::Invalid(format!(
+                "more than {} buckets on one stream ({} bucket usages in one report)",
+                bounds.max_buckets,
+                usages.len()
+            )));
+        }
         let mut merged: Vec<(BucketId, u64, u64)> = Vec::with_capacity(usages.len());
+        let mut at: HashMap<BucketId, usize> = HashMap::with_capacity(usages.len());
         for u in usages {
             let id = canonical(u.bucket, &bounds)?;
-            if let Some(e) = merged.iter_mut().find(|e| e.0 == id) {
+            if let Some(&i) = at.get(&id) {
+                let e = &mut merged[i];
                 e.1 = e.1.saturating_add(u.allowed);
                 e.2 = e.2.saturating_add(u.denied);
             } else {
+                at.insert(id.clone(), merged.len());
                 merged.push((id, u.allowed, u.denied));
             }
         }
@@ -499,7 +529,10 @@ impl QuotaStream {
                             kind: ChargeKind::Consume,
                             shadow: false,
                         },
-                        subscriber: self.subscriber.clone(),
+                        // One record per bucket id of this stream: ids that
+                        // share one storage key (a `share_threshold` rule)
+                        // divide its budget instead of each taking it.
+                        subscriber: per_bucket(&self.subscriber, &id),
                         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                         demand_milli: (track.demand * 1000.0).round() as u64,
                         held,
@@ -553,12 +586,12 @@ impl QuotaStream {
                 let recorded = view
                     .subscribers
                     .iter()
-                    .find(|s| s.id == self.subscriber)
+                    .find(|s| s.id == report.subscriber)
                     .and_then(|s| s.held);
-                if !ids.iter().any(|(id, _)| *id == self.subscriber) {
+                if !ids.iter().any(|(id, _)| *id == report.subscriber) {
                     #[allow(clippy::cast_precision_loss)]
                     ids.push((
-                        self.subscriber.as_str(),
+                        report.subscriber.as_str(),
                         Subscriber {
                             demand: report.demand_milli as f64 / 1000.0,
                             current: None,
@@ -568,7 +601,7 @@ impl QuotaStream {
                 ids.sort_by(|a, b| a.0.cmp(b.0));
                 let me = ids
                     .iter()
-                    .position(|(id, _)| *id == self.subscriber)
+                    .position(|(id, _)| *id == report.subscriber)
                     .unwrap_or(0);
                 let subs: Vec<Subscriber> = ids.into_iter().map(|(_, s)| s).collect();
                 let got = share::assign(&budget, &subs, me);
@@ -647,7 +680,7 @@ impl QuotaStream {
                 let recorded = view
                     .subscribers
                     .iter()
-                    .find(|s| s.id == self.subscriber)
+                    .find(|s| s.id == report.subscriber)
                     .and_then(|s| s.held)
                     .unwrap_or_default();
                 if Some(recorded) == report.held {
@@ -829,7 +862,9 @@ fn budget_held(budget: &Budget) -> Held {
 /// A share as Envoy's action: a token bucket with the rule's fill
 /// interval, or deny-all for a share that holds no token.
 fn to_action(s: Share, budget: &Budget) -> Action {
-    if s.max_tokens == 0 {
+    // Envoy's TokenBucket needs tokens_per_fill > 0 (its proto validation),
+    // and a bucket that holds nothing admits nothing.
+    if s.max_tokens == 0 || s.tokens_per_fill == 0 {
         return Action::DenyAll;
     }
     Action::TokenBucket {

@@ -406,7 +406,68 @@ async fn interleaved_reports_never_assign_above_the_budget() {
     });
     assert_eq!(sum, (ta + tb, ma + mb), "recorded is what was sent");
     assert!(
-        views[0].subscribers.iter().any(|s| s.id == a_sub),
+        views[0]
+            .subscribers
+            .iter()
+            .any(|s| s.id.starts_with(&format!("{a_sub}/"))),
         "{views:?}"
+    );
+}
+
+/// Bucket ids of one stream that a `share_threshold` rule maps to one
+/// storage key divide that key's budget: together they never hold more
+/// than the rule.
+#[tokio::test]
+async fn bucket_ids_sharing_one_key_divide_its_budget() {
+    let yaml = "domain: shared\ndescriptors:\n  - key: path\n    value: /api/*\n    share_threshold: true\n    rate_limit: { unit: second, requests_per_unit: 100 }\n";
+    let config = compile_texts(&[("s.yaml".into(), yaml.as_bytes().to_vec())]).expect("config");
+    let clock = ManualClock::new(1_000_000_000);
+    let storage = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
+    let l = Arc::new(
+        Limiter::new(config, storage, ServiceSettings::default())
+            .with_quota_clock(Arc::new(clock.clone())),
+    );
+    let mut s = l.quota_stream("shared").expect("bound");
+    let paths = ["/api/a", "/api/b", "/api/c"];
+    let mut max = 0u64;
+    for round in 0..4 {
+        let entries: Vec<[(&str, &str); 1]> = paths.iter().map(|p| [("path", *p)]).collect();
+        let usages: Vec<Usage<'_>> = entries.iter().map(|e| usage(e, 50, 50)).collect();
+        let got = s.report(&usages).await.expect("answered");
+        max = 0;
+        let mut tpf = 0u64;
+        for a in &got {
+            if let Action::TokenBucket {
+                max_tokens,
+                tokens_per_fill,
+                ..
+            } = action(a)
+            {
+                max += u64::from(max_tokens);
+                tpf += u64::from(tokens_per_fill);
+            }
+        }
+        assert!(
+            max <= 100 && tpf <= 100,
+            "round {round}: {max} held, {tpf} per fill"
+        );
+        clock.advance(std::time::Duration::from_secs(5));
+    }
+    assert!(max > 0, "the shared rule still gives a share");
+}
+
+/// A report that names more bucket ids than a stream may hold is refused
+/// before any work that grows with it.
+#[tokio::test]
+async fn a_report_of_too_many_buckets_is_refused_at_once() {
+    let (l, _, _) = setup(ServiceSettings::default());
+    let mut s = l.quota_stream("edge").expect("bound");
+    let values: Vec<String> = (0..1001).map(|i| i.to_string()).collect();
+    let entries: Vec<[(&str, &str); 1]> = values.iter().map(|v| [("x", v.as_str())]).collect();
+    let usages: Vec<Usage<'_>> = entries.iter().map(|e| usage(e, 1, 0)).collect();
+    let e = s.report(&usages).await.expect_err("too many");
+    assert!(
+        matches!(&e, QuotaError::Invalid(m) if m.contains("1001 bucket usages")),
+        "{e:?}"
     );
 }
