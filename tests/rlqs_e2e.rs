@@ -53,6 +53,9 @@ const C: f64 = 20.0;
 const TENANT: (&str, &str) = ("x-tenant", "acme");
 /// Envoy 1.40's report period, whatever `reporting_interval` says.
 const REPORT_PERIOD: Duration = Duration::from_secs(5);
+/// How long a subscriber record outlives its last report (the service's
+/// assignment time to live).
+const RECORD_LIFETIME: Duration = Duration::from_secs(15);
 
 /// Arguments every bucket-rls of this file gets.
 const RLS_ARGS: &[&str] = &[];
@@ -542,9 +545,10 @@ async fn service_killed_and_back_memory() {
 }
 
 /// As [`service_killed_and_back_memory`] with Redis: the killed replica's
-/// subscriber record outlives it in Redis (until it expires, 15 s after
-/// its last report), and must not keep the Envoy's new stream from its
-/// share.
+/// subscriber record outlives it in Redis and holds its share until it
+/// expires, 15 s after its last report (docs/design.md, "Quota lifecycle
+/// and bounds"); once it has, the Envoy's new stream gets the share back at
+/// its next report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_killed_and_back_redis() {
     let redis = RedisServer::start();
@@ -580,6 +584,7 @@ async fn killed_and_back(redis: Option<&RedisServer>) {
     );
 
     rls.proc.kill();
+    let killed = Instant::now();
     let down = drive(&busy, Duration::from_secs(4), &[TENANT]).await;
     assert_only_200_or_429(&down, "service down");
     show(&down, 1, 4, &format!("{what}, service down"));
@@ -602,6 +607,15 @@ async fn killed_and_back(redis: Option<&RedisServer>) {
         "{what}: Envoy reported to the restarted service {took:?} after it was healthy ({:?} after its start)",
         back.elapsed()
     );
+    // With Redis the killed replica's record holds its share until it
+    // expires (15 s after its last report, at most 15 s after the kill);
+    // the new stream gets the share at its first report after that.
+    let settled = if redis.is_some() {
+        killed + RECORD_LIFETIME + REPORT_PERIOD + Duration::from_secs(1)
+    } else {
+        Instant::now()
+    };
+    tokio::time::sleep_until(settled.max(Instant::now()).into()).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = drive(&busy, Duration::from_secs(5), &[TENANT]).await;
     assert_only_200_or_429(&after, "after the service came back");
