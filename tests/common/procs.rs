@@ -170,6 +170,17 @@ impl BucketRls {
     pub async fn start(config: &Path, extra: &[&str]) -> Self {
         let grpc = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
         let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        Self::start_on(config, grpc, http, extra).await
+    }
+
+    /// [`Self::start`] on the given ports (so a test can start it again on
+    /// the port a client already knows).
+    pub async fn start_on(
+        config: &Path,
+        grpc: SocketAddr,
+        http: SocketAddr,
+        extra: &[&str],
+    ) -> Self {
         let mut cmd = Command::new(bucket_rls_bin());
         cmd.arg("serve")
             .arg("--config")

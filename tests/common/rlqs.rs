@@ -102,23 +102,7 @@ pub async fn start_rls_on(
     http: SocketAddr,
     extra: &[&str],
 ) -> BucketRls {
-    let mut cmd = Command::new(bucket_rls_bin());
-    cmd.arg("serve")
-        .arg("--config")
-        .arg(config)
-        .arg("--grpc-addr")
-        .arg(grpc.to_string())
-        .arg("--http-addr")
-        .arg(http.to_string())
-        .args(extra)
-        .env("BUCKET_RLS_LOG_LEVEL", "info");
-    let mut me = BucketRls {
-        proc: Proc::spawn("bucket-rls", cmd),
-        grpc,
-        http,
-    };
-    me.wait_healthy().await;
-    me
+    BucketRls::start_on(config, grpc, http, extra).await
 }
 
 /// The service's Prometheus text (`GET /metrics` on its admin port).
