@@ -39,9 +39,10 @@ The assignment recorded is the one given, cut field by field to what the
 other live records leave of the budget (`fit` in src/storage/quota.rs), in
 this one atomic call: the recorded assignments of a bucket never sum above
 its budget, whatever the interleaving of streams and replicas (but for max
-tokens: an assignment with tokens per fill keeps at least the one token it
-was given, so that a burst smaller than the number of subscribers does not
-leave a subscriber a rate it cannot use).
+tokens: an assignment with tokens per fill holds at least one token, and a
+single token held so is not counted against the burst, so that a burst smaller than the number of
+subscribers neither leaves a subscriber a rate it cannot use nor crowds the
+others' burst out).
 
 Each record (hash field = subscriber id) is 24 bytes, big-endian:
 demand (8), tokens per fill (4), max tokens (4), last report now (8).
@@ -123,6 +124,11 @@ for i = 1, n do
       else
         if t ~= NONE then
           used_t = used_t + t
+          -- A part of the rate holding a single token counts 0 against
+          -- the burst (`max_against_burst`).
+          if t > 0 and m == 1 then
+            m = 0
+          end
           used_m = used_m + m
         end
         live[#live + 1] = all[j]
@@ -134,7 +140,8 @@ for i = 1, n do
     tpf = math.min(tpf, math.max(0, btpf - used_t))
     maxt = math.min(maxt, math.max(0, bmax - used_m))
     -- A part of the rate holds at least one token (a bucket that holds
-    -- nothing admits nothing): held may pass the burst by one a subscriber.
+    -- nothing admits nothing), counted 0: held may pass the burst by one a
+    -- subscriber.
     if tpf > 0 and maxt == 0 then
       maxt = 1
     end

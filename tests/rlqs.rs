@@ -446,13 +446,66 @@ async fn quota_script_matches_the_memory_backend() {
         (500, entry("a", 0, 500, held)),
         (10_000, entry("b", 100, 0, None)),
         (6_000, entry("b", 1, 7, held)),
+        // Everyone above expired: a single token held with a part of the
+        // rate is not counted against the burst, so d keeps all 10.
+        (
+            20_000,
+            entry(
+                "c",
+                0,
+                1,
+                Some(Held {
+                    tokens_per_fill: 1,
+                    max_tokens: 1,
+                }),
+            ),
+        ),
+        (
+            0,
+            entry(
+                "d",
+                0,
+                9_000,
+                Some(Held {
+                    tokens_per_fill: 9,
+                    max_tokens: 10,
+                }),
+            ),
+        ),
     ];
+    let mut last = None;
     for (advance_ms, e) in steps {
         clock.advance(Duration::from_millis(advance_ms));
         let m = mem.report(std::slice::from_ref(&e)).await.expect("memory");
         let r = red.report(std::slice::from_ref(&e)).await.expect("redis");
         assert_eq!(m, r, "after {e:?}");
+        last = Some(m);
     }
+    let view = &last.expect("views")[0];
+    let held: Vec<_> = view
+        .subscribers
+        .iter()
+        .map(|s| (s.id.as_str(), s.held))
+        .collect();
+    assert_eq!(
+        held,
+        vec![
+            (
+                "c",
+                Some(Held {
+                    tokens_per_fill: 1,
+                    max_tokens: 1
+                })
+            ),
+            (
+                "d",
+                Some(Held {
+                    tokens_per_fill: 9,
+                    max_tokens: 10
+                })
+            ),
+        ]
+    );
 }
 
 /// A backend that holds the first recording call (a report charging

@@ -267,7 +267,10 @@ impl Storage for MemoryStorage {
                 .fold((0u64, 0u64), |(t, m), h| {
                     (
                         t.saturating_add(u64::from(h.tokens_per_fill)),
-                        m.saturating_add(u64::from(h.max_tokens)),
+                        m.saturating_add(super::quota::max_against_burst(
+                            u64::from(h.tokens_per_fill),
+                            u64::from(h.max_tokens),
+                        )),
                     )
                 });
             let held = super::quota::fit(r.held, r.budget, others);

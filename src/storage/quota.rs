@@ -84,11 +84,28 @@ pub struct QuotaView {
     pub subscribers: Vec<SubscriberRecord>,
 }
 
-/// `held` cut, field by field, to what `others` (the sum of the other live
-/// subscribers' recorded assignments) leave of `budget`: what storage
-/// records (and the quota script computes the same way). An assignment left
-/// with a part of the rate keeps at least 1 max token, so the max tokens
-/// held may pass the burst by one per such subscriber. `None` stays `None`
+/// The max tokens of an assignment counted against the rule's burst: all
+/// of them, but an assignment with a part of the rate that holds a single
+/// token counts 0. That token is what it needs to use its rate at all (a
+/// bucket that holds nothing admits nothing, whatever it refills), and
+/// counting it would let small shares crowd the burst out: with a burst of
+/// 6 among six Envoys, five idle ones holding one token each would leave
+/// the busy one 1. So the held max tokens sum to at most the burst plus one
+/// per subscriber with a part of the rate.
+#[must_use]
+pub fn max_against_burst(tokens_per_fill: u64, max_tokens: u64) -> u64 {
+    if tokens_per_fill > 0 && max_tokens == 1 {
+        0
+    } else {
+        max_tokens
+    }
+}
+
+/// `held` cut, field by field, to what `others` leave of `budget`: what
+/// storage records (and the quota script computes the same way). `others`
+/// is the other live subscribers' recorded tokens per fill and their max
+/// tokens counted by [`max_against_burst`]. An assignment left with a part
+/// of the rate holds at least 1 max token (counted 0). `None` stays `None`
 /// (it holds nothing).
 #[must_use]
 pub fn fit(held: Option<Held>, budget: Held, others: (u64, u64)) -> Option<Held> {
@@ -102,8 +119,6 @@ pub fn fit(held: Option<Held>, budget: Held, others: (u64, u64)) -> Option<Held>
                 .unwrap_or(u32::MAX);
         Held {
             tokens_per_fill,
-            // A part of the rate holds at least one token: a bucket that
-            // holds nothing admits nothing, whatever it refills.
             max_tokens: if tokens_per_fill > 0 {
                 max_tokens.max(1)
             } else {
@@ -165,6 +180,31 @@ mod tests {
         assert_eq!(unpack(&pack(5, h, 11)), Some((5, h, 11)));
         assert_eq!(unpack(&pack(0, None, 1)), Some((0, None, 1)));
         assert_eq!(unpack(b"short"), None);
+    }
+
+    #[test]
+    fn the_one_token_of_a_rate_share_does_not_crowd_out_the_burst() {
+        let budget = Held {
+            tokens_per_fill: 41,
+            max_tokens: 6,
+        };
+        let want = Some(Held {
+            tokens_per_fill: 37,
+            max_tokens: 6,
+        });
+        // Four others hold a part of the rate and their one token each:
+        // counted 0 against the burst, so the busy one keeps all 6.
+        let others = (4, 4 * max_against_burst(1, 1));
+        assert_eq!(fit(want, budget, others), want);
+        // Two tokens with a part of the rate count in full.
+        assert_eq!(max_against_burst(1, 2), 2);
+        assert_eq!(max_against_burst(0, 1), 1);
+        // Others holding 5 counted tokens leave 1.
+        let cut = fit(want, budget, (4, 5)).expect("held");
+        assert_eq!((cut.tokens_per_fill, cut.max_tokens), (37, 1));
+        // No rate left: no token either.
+        let none = fit(want, budget, (41, 6)).expect("held");
+        assert_eq!((none.tokens_per_fill, none.max_tokens), (0, 0));
     }
 
     #[test]

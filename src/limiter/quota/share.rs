@@ -81,6 +81,31 @@ impl Share {
         }
     }
 
+    /// With the one token a part of the rate always holds (a bucket that
+    /// holds nothing admits nothing, whatever it refills).
+    fn holding_a_token(self) -> Self {
+        Self {
+            max_tokens: if self.tokens_per_fill > 0 {
+                self.max_tokens.max(1)
+            } else {
+                self.max_tokens
+            },
+            ..self
+        }
+    }
+
+    /// As counted against the budget: a single token held with a part of
+    /// the rate is not ([`crate::storage::quota::max_against_burst`]).
+    fn counted(self) -> Self {
+        Self {
+            max_tokens: crate::storage::quota::max_against_burst(
+                self.tokens_per_fill,
+                self.max_tokens,
+            ),
+            ..self
+        }
+    }
+
     fn fits(self, budget: &Budget) -> bool {
         self.tokens_per_fill <= budget.tokens_per_fill && self.max_tokens <= budget.max_tokens
     }
@@ -199,8 +224,10 @@ pub fn within_hysteresis(current: Share, target: Share) -> bool {
 /// [`HYSTERESIS`] of its target, provided the kept and new assignments
 /// together still fit the budget; otherwise every one is due its target.
 /// The part `me` gets is that, cut to what the others hold now leaves
-/// (`budget - sum of their current assignments`), so the assignments held
-/// never sum above the budget, whatever order the subscribers report in; a
+/// (`budget - sum of their current assignments`, a single token held with
+/// a part of the rate not counted), so the assignments held never sum
+/// above the budget (max tokens: plus one per subscriber with a part of
+/// the rate), whatever order the subscribers report in; a
 /// subscriber cut this way gets the rest at its next report, once the others
 /// have moved to their targets.
 ///
@@ -212,7 +239,10 @@ pub fn assign(budget: &Budget, subs: &[Subscriber], me: usize) -> Share {
         return Share::default();
     }
     let demands: Vec<f64> = subs.iter().map(|s| s.demand).collect();
-    let goals = targets(budget, &demands);
+    let goals: Vec<Share> = targets(budget, &demands)
+        .into_iter()
+        .map(Share::holding_a_token)
+        .collect();
     let decided: Vec<Share> = subs
         .iter()
         .zip(&goals)
@@ -221,7 +251,9 @@ pub fn assign(budget: &Budget, subs: &[Subscriber], me: usize) -> Share {
             _ => t,
         })
         .collect();
-    let total = decided.iter().fold(Share::default(), |a, &s| a.plus(s));
+    let total = decided
+        .iter()
+        .fold(Share::default(), |a, &s| a.plus(s.counted()));
     let want = if total.fits(budget) {
         decided[me]
     } else {
@@ -232,27 +264,23 @@ pub fn assign(budget: &Budget, subs: &[Subscriber], me: usize) -> Share {
         .enumerate()
         .filter(|&(i, _)| i != me)
         .fold(Share::default(), |a, (_, s)| {
-            a.plus(s.current.unwrap_or_default())
+            a.plus(s.current.unwrap_or_default().counted())
         });
     let tokens_per_fill = want.tokens_per_fill.min(
         budget
             .tokens_per_fill
             .saturating_sub(others.tokens_per_fill),
     );
-    let max_tokens = want
-        .max_tokens
-        .min(budget.max_tokens.saturating_sub(others.max_tokens));
+    let room = budget.max_tokens.saturating_sub(others.max_tokens);
+    // The same cut storage makes when it records the assignment.
+    let max_tokens = if tokens_per_fill > 0 {
+        want.max_tokens.min(room).max(1)
+    } else {
+        want.max_tokens.min(room)
+    };
     Share {
         tokens_per_fill,
-        // A bucket that holds nothing admits nothing, whatever it refills:
-        // a subscriber with a part of the rate holds at least one token
-        // (so the tokens held may exceed the burst by at most one per such
-        // subscriber, docs/design.md "Over-admission bound").
-        max_tokens: if tokens_per_fill > 0 {
-            max_tokens.max(1)
-        } else {
-            max_tokens
-        },
+        max_tokens,
     }
 }
 
@@ -303,6 +331,31 @@ mod tests {
         ];
         let second = assign(&b, &held, 1);
         assert_eq!((second.tokens_per_fill, second.max_tokens), (10, 1));
+    }
+
+    #[test]
+    fn the_one_token_of_small_shares_leaves_the_burst_to_the_busy_one() {
+        // 41/s, burst 6, six Envoys of which one is busy: five idle ones
+        // get a token of the rate each (or none), and so hold one token;
+        // that token is not counted against the burst, so the busy one
+        // still holds the whole burst of 6, not the 2 the others' tokens
+        // would leave.
+        let b = Budget::new(41, 1, 6).expect("budget");
+        let mut subs = vec![Subscriber::default(); 6];
+        subs[5].demand = 257_493.9;
+        for _round in 0..2 {
+            for me in 0..6 {
+                let got = assign(&b, &subs, me);
+                subs[me].current = Some(got);
+            }
+        }
+        let busy = subs[5].current.expect("assigned");
+        assert_eq!((busy.tokens_per_fill, busy.max_tokens), (37, 6));
+        let held: u64 = subs
+            .iter()
+            .map(|s| s.current.expect("assigned").max_tokens)
+            .sum();
+        assert!(held <= 6 + 6, "held {held}");
     }
 
     #[test]
