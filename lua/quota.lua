@@ -17,8 +17,7 @@ KEYS        per report entry i, two keys: KEYS[2i-1] the rule's bucket (the
             hash: `<prefix>q<bucket key after the prefix>`).
 ARGV[1]     explicit now in microseconds, TESTS ONLY ("" = Redis TIME).
 ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none).
-ARGV[3]     the reporting subscriber's id (a hash field).
-ARGV[4]     the entries, 64 bytes each, big-endian unsigned:
+ARGV[3]     the entries, 64 bytes each, big-endian unsigned:
               32 bytes: the charge, packed exactly as one charge of
                         lua/request.lua's ARGV[3] (its key index is unused):
                         the allowed count as a consume on a bucket with a
@@ -30,10 +29,15 @@ ARGV[4]     the entries, 64 bytes each, big-endian unsigned:
                         (4294967295: none).
               4 bytes:  max tokens of that assignment (4294967295: none).
               8 bytes:  live_ms: a record older than this is dropped, and
-                        the hash expires this long after the last report.
+                        the hash expires this long after the last report;
+                        0: the subscriber leaves (its record alone is
+                        removed, nothing else changes, and the entry's
+                        reply lists no records).
               4 bytes:  the rule's budget: tokens per fill over all
                         subscribers.
               4 bytes:  the rule's budget: max tokens over all subscribers.
+ARGV[3+i]   the subscriber id of entry i (a hash field): one report may
+            carry several subscribers (one per bucket id of a stream).
 
 The assignment recorded is the one given, cut field by field to what the
 other live records leave of the budget (`fit` in src/storage/quota.rs), in
@@ -82,32 +86,13 @@ local function put(key, alg, level, p1, p2, p3)
   end
 end
 
-local subscriber = ARGV[3]
-local packed = ARGV[4]
-local n = #packed / 64
 local NONE = 4294967295
-local reply = {}
-local pos = 1
-for i = 1, n do
-  local a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms, btpf, bmax
-  a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms, btpf, bmax, pos =
-    sunpack('>I1I3I4I4I4I8I8I8I4I4I8I4I4', packed, pos)
-  local bucket, records = KEYS[2 * i - 1], KEYS[2 * i]
-  local alg = ALGORITHMS[a]
-  -- The charge: GET (fails with WRONGTYPE on a foreign key), consume.
-  local low = flags % 4
-  local x = (flags - low) / 4
-  local level, stale = alg[READ](rcall('GET', bucket), p1, p2, p3, now)
-  local after, ok, changed, stands = alg[CONSUME](level, cost, p1, p2, p3, x)
-  if (ok and changed) or ((not ok) and stands) then
-    level = after
-    put(bucket, alg, level, p1, p2, p3)
-  elseif stale then
-    put(bucket, alg, level, p1, p2, p3)
-  end
-  reply[2 * i - 1] = alg[REPORT](level)
-  -- The subscriber records: drop the stale ones, sum what the others hold,
-  -- then write this subscriber's record with its assignment cut to fit.
+
+-- Records `subscriber`'s report in the hash `records`: drops the stale
+-- records, sums what the others hold, then writes this subscriber's record
+-- with its assignment cut to fit. Returns the live records (field, value,
+-- ...), this one's included.
+local function record(records, subscriber, demand, tpf, maxt, live_ms, btpf, bmax)
   local all = rcall('HGETALL', records)
   local live = {}
   local live_us = live_ms * 1000
@@ -147,18 +132,46 @@ for i = 1, n do
     end
   end
   local mine = spack('>I8I4I4I8', demand, tpf, maxt, now)
-  if live_us > 0 then
-    rcall('HSET', records, subscriber, mine)
-    live[#live + 1] = subscriber
-    live[#live + 1] = mine
-  else
-    rcall('HDEL', records, subscriber)
-  end
+  rcall('HSET', records, subscriber, mine)
+  live[#live + 1] = subscriber
+  live[#live + 1] = mine
   local ttl = live_ms
   if ttl < min_ttl then
     ttl = min_ttl
   end
   rcall('PEXPIRE', records, string.format('%d', ttl))
-  reply[2 * i] = live
+  return live
+end
+
+local packed = ARGV[3]
+local n = #packed / 64
+local reply = {}
+local pos = 1
+for i = 1, n do
+  local a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms, btpf, bmax
+  a, _, p1, p2, p3, cost, flags, demand, tpf, maxt, live_ms, btpf, bmax, pos =
+    sunpack('>I1I3I4I4I4I8I8I8I4I4I8I4I4', packed, pos)
+  local bucket, records = KEYS[2 * i - 1], KEYS[2 * i]
+  local subscriber = ARGV[3 + i]
+  local alg = ALGORITHMS[a]
+  -- The charge: GET (fails with WRONGTYPE on a foreign key), consume.
+  local low = flags % 4
+  local x = (flags - low) / 4
+  local level, stale = alg[READ](rcall('GET', bucket), p1, p2, p3, now)
+  local after, ok, changed, stands = alg[CONSUME](level, cost, p1, p2, p3, x)
+  if (ok and changed) or ((not ok) and stands) then
+    level = after
+    put(bucket, alg, level, p1, p2, p3)
+  elseif stale then
+    put(bucket, alg, level, p1, p2, p3)
+  end
+  reply[2 * i - 1] = alg[REPORT](level)
+  if live_ms == 0 then
+    -- The subscriber leaves: its record goes, the others stay as they are.
+    rcall('HDEL', records, subscriber)
+    reply[2 * i] = {}
+  else
+    reply[2 * i] = record(records, subscriber, demand, tpf, maxt, live_ms, btpf, bmax)
+  end
 end
 return reply

@@ -62,6 +62,9 @@ async fn serve(limiter: Arc<Limiter>) -> Server {
 }
 
 fn limiter(storage: Arc<dyn Storage>, prefix: &str, deny_unmatched: bool) -> Arc<Limiter> {
+    // The recorder first: a gauge raised before it exists and lowered after
+    // would throw off the stream counts other tests of this binary read.
+    bucket_rls::metrics::install();
     let settings = ServiceSettings {
         key_prefix: prefix.to_owned(),
         rlqs_deny_unmatched: deny_unmatched,
@@ -473,15 +476,37 @@ async fn quota_script_matches_the_memory_backend() {
             ),
         ),
     ];
-    let mut last = None;
     for (advance_ms, e) in steps {
         clock.advance(Duration::from_millis(advance_ms));
         let m = mem.report(std::slice::from_ref(&e)).await.expect("memory");
         let r = red.report(std::slice::from_ref(&e)).await.expect("redis");
         assert_eq!(m, r, "after {e:?}");
-        last = Some(m);
     }
-    let view = &last.expect("views")[0];
+    // One call with entries of different subscribers (the bucket ids of
+    // one stream): each entry is recorded under its own id.
+    clock.advance(Duration::from_millis(10));
+    let two = [entry("e", 1, 2_000, held), entry("f", 1, 3_000, held)];
+    let m = mem.report(&two).await.expect("memory");
+    let r = red.report(&two).await.expect("redis");
+    assert_eq!(m, r, "two subscribers in one call");
+    let ids: Vec<_> = m[1].subscribers.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, vec!["c", "d", "e", "f"]);
+    // e and f leave (live_ms 0): their records alone go.
+    let leave = |sub: &str| QuotaReport {
+        live_ms: 0,
+        held: None,
+        ..entry(sub, 0, 0, None)
+    };
+    let two = [leave("e"), leave("f")];
+    let m = mem.report(&two).await.expect("memory");
+    let r = red.report(&two).await.expect("redis");
+    assert_eq!(m, r, "two subscribers leave");
+    assert!(m.iter().all(|v| v.subscribers.is_empty()), "{m:?}");
+    let e = entry("c", 0, 1, held);
+    let m = mem.report(std::slice::from_ref(&e)).await.expect("memory");
+    let r = red.report(std::slice::from_ref(&e)).await.expect("redis");
+    assert_eq!(m, r, "after the leave");
+    let view = &m[0];
     let held: Vec<_> = view
         .subscribers
         .iter()
@@ -626,4 +651,56 @@ async fn interleaved_replicas_never_assign_above_the_budget() {
         (t + h.tokens_per_fill, m + h.max_tokens)
     });
     assert_eq!(sum, (ta + tb, ma + mb), "recorded is what was sent");
+}
+
+/// However a stream ends (here: the client closes it), its subscriber
+/// record leaves Redis at once, not when it expires, and the Envoy still
+/// reporting gets the whole rule at its next report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_stream_leaves_its_share_to_the_others_at_once() {
+    let redis = RedisServer::start();
+    let storage: Arc<dyn Storage> = Arc::new(
+        RedisStorage::builder(redis.url())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("valid URL"),
+    );
+    let server = serve(limiter(storage, "q:", false)).await;
+    let mut a = open(server.grpc).await;
+    let mut b = open(server.grpc).await;
+    let acme: &[(&str, &str)] = &[("tenant", "acme")];
+    let records = "q:qd4:edge|k6:tenant=v4:acme";
+    let mut last_b = (0, 0);
+    for _ in 0..3 {
+        a.send(report("edge", &[(acme, 40, 0)]))
+            .await
+            .expect("answer");
+        let r = b
+            .send(report("edge", &[(acme, 40, 0)]))
+            .await
+            .expect("answer");
+        last_b = bucket(&r, 0).map_or((0, 0), |(m, t, _, _)| (m, t));
+    }
+    assert!(last_b.0 < 100 && last_b.1 < 100, "b shares: {last_b:?}");
+    let fields: u64 = redis.query(redis::cmd("HLEN").arg(records));
+    assert_eq!(fields, 2);
+    drop(a);
+    // The records live 15 s after a report; the leave comes well before.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let fields: u64 = redis.query(redis::cmd("HLEN").arg(records));
+        if fields == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ended stream's record is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = b
+        .send(report("edge", &[(acme, 40, 0)]))
+        .await
+        .expect("answer");
+    assert_eq!(bucket(&r, 0), Ok((100, 100, 1, 15)));
 }

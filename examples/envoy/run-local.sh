@@ -40,15 +40,8 @@ if [ -z "${ENVOY_BIN:-}" ]; then
   ENVOY_BIN="$root/.venv/bin/envoy"
 fi
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=examples/envoy/local-processes.sh
+source "$here/local-processes.sh" "$@"
 
 # The example's Envoy configs name docker-compose hosts and bind 0.0.0.0:
 # point them at the loopback ports above.
@@ -94,14 +87,13 @@ for _ in $(seq 1 300); do
   ready && break
   for p in "${pids[@]}"; do
     if ! kill -0 "$p" 2>/dev/null; then
-      echo "run-local: a process exited; logs:" >&2
-      tail -n 20 "$work"/*.log >&2
+      echo "run-local: a process exited" >&2
       exit 1
     fi
   done
   sleep 0.1
 done
-ready || { echo "run-local: not ready after 30 s; logs:" >&2; tail -n 20 "$work"/*.log >&2; exit 1; }
+ready || { echo "run-local: not ready after 30 s" >&2; exit 1; }
 
 if ! $check; then
   cat <<TXT

@@ -12,7 +12,8 @@
 //! problem; a storage failure skips that answer (Envoy keeps its
 //! assignments until they expire) and the stream goes on. On shutdown every
 //! open stream sends its assignments again with a time to live of 0, then
-//! closes with `OK`.
+//! closes with `OK`. However a stream ends, its subscriber records leave
+//! storage at once.
 
 use crate::limiter::Limiter;
 use crate::limiter::quota::{Action, Answer, BucketAnswer, QuotaError, QuotaStream, Usage};
@@ -67,7 +68,9 @@ impl RateLimitQuotaService for Rlqs {
 }
 
 /// Runs one stream until the client ends it, a message is malformed, or
-/// the service shuts down.
+/// the service shuts down; then the stream's subscriber records leave
+/// storage ([`QuotaStream::leave`]) so that the other Envoys' next reports
+/// share what it held.
 async fn serve_stream(
     limiter: Arc<Limiter>,
     headers: http::HeaderMap,
@@ -82,7 +85,7 @@ async fn serve_stream(
                 let _ = closed.map(|_| ());
                 None
             }
-            () = tx.closed() => return,
+            () = tx.closed() => break,
             msg = inbound.message() => Some(msg),
         };
         let Some(msg) = msg else {
@@ -92,25 +95,31 @@ async fn serve_stream(
                     let _ = tx.send(Ok(response(&answers))).await;
                 }
             }
-            return;
+            break;
         };
         let msg = match msg {
             Ok(Some(msg)) => msg,
-            Ok(None) | Err(_) => return,
+            Ok(None) | Err(_) => break,
         };
         metrics::counter!(m::RLQS_REPORTS).increment(1);
         match handle(&limiter, &headers, &mut stream, &msg).await {
             Ok(Some(answer)) => {
                 if tx.send(Ok(answer)).await.is_err() {
-                    return;
+                    break;
                 }
             }
             Ok(None) => {}
             Err(status) => {
                 let _ = tx.send(Err(status)).await;
-                return;
+                break;
             }
         }
+    }
+    if let Some(mut s) = stream
+        && let Err(e) = s.leave().await
+    {
+        tracing::debug!(subscriber = %s.subscriber(), error = %e,
+            "quota subscriber records not removed; they expire on their own");
     }
 }
 

@@ -255,6 +255,17 @@ impl Storage for MemoryStorage {
             let now = self.clock.now_us();
             let live_us = r.live_ms.saturating_mul(1000);
             let mut quotas = self.quotas.lock();
+            if live_us == 0 {
+                // The subscriber leaves: its record alone goes.
+                if let Some((_, subs)) = quotas.get_mut(&r.subscribers) {
+                    subs.remove(&r.subscriber);
+                }
+                out.push(QuotaView {
+                    balance_micro,
+                    subscribers: Vec::new(),
+                });
+                continue;
+            }
             let (expires, subs) = quotas.entry(r.subscribers.clone()).or_default();
             *expires = now.saturating_add(live_us);
             subs.retain(|_, (_, _, seen)| now.saturating_sub(*seen) < live_us);

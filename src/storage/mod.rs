@@ -261,8 +261,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// Records the bucket entries of one quota usage report (Envoy's RLQS,
     /// [`quota`]), each atomically: charges the allowed count to the
     /// bucket with debt, upserts the subscriber's record, drops records not
-    /// refreshed for `live_ms`, and returns the balance and the live
-    /// subscribers per entry, in order. One call per report message (one
+    /// refreshed for `live_ms` (an entry with `live_ms` 0 removes only its
+    /// own record: the subscriber leaves), and returns the balance and the
+    /// live subscribers per entry, in order. Each entry names its own
+    /// subscriber. One call per report message (one
     /// script call on Redis).
     ///
     /// # Errors

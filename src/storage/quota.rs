@@ -60,7 +60,10 @@ pub struct QuotaReport {
     /// tokens): the recorded assignments never sum above it.
     pub budget: Held,
     /// A record not refreshed for this many milliseconds is dropped (and the
-    /// records' key expires this long after the last report).
+    /// records' key expires this long after the last report). 0: the
+    /// subscriber leaves: its record alone is removed (the others are left
+    /// as they are, stale ones included) and the entry's view lists no
+    /// subscribers; the charge is made as for any entry.
     pub live_ms: u64,
 }
 

@@ -14,6 +14,9 @@
 #                   upstream and its admin, +6/+7 gRPC and admin of bucket-rls
 #   BUCKET_RLS_BIN  the bucket-rls binary (default: built with cargo --release)
 #   ENVOY_BIN       the envoy binary (default: .venv/bin/envoy, installed if missing)
+#   BUCKET_RLS_REDIS_URL  a Redis for bucket-rls (default: the memory backend);
+#                   --check then also prints the quota script calls it got
+#                   (INFO commandstats, reset before the load; needs redis-cli)
 # Needs curl and python3.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -40,15 +43,8 @@ if [ -z "${ENVOY_BIN:-}" ]; then
   ENVOY_BIN="$root/.venv/bin/envoy"
 fi
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=examples/envoy/local-processes.sh
+source "$here/../local-processes.sh" "$@"
 
 # envoy.yaml names docker-compose style hosts and binds 0.0.0.0: point one
 # copy per Envoy at the loopback ports above.
@@ -92,14 +88,13 @@ for _ in $(seq 1 300); do
   ready && break
   for p in "${pids[@]}"; do
     if ! kill -0 "$p" 2>/dev/null; then
-      echo "run-local: a process exited; logs:" >&2
-      tail -n 20 "$work"/*.log >&2
+      echo "run-local: a process exited" >&2
       exit 1
     fi
   done
   sleep 0.1
 done
-ready || { echo "run-local: not ready after 30 s; logs:" >&2; tail -n 20 "$work"/*.log >&2; exit 1; }
+ready || { echo "run-local: not ready after 30 s" >&2; exit 1; }
 
 if ! $check; then
   cat <<TXT
@@ -130,6 +125,10 @@ sleep 1
 # more burst for a change of shares while demand settles; and they should
 # admit at least 80 % of the refill.
 seconds=10 rate=40 r=20 burst=20
+if [ -n "${BUCKET_RLS_REDIS_URL:-}" ]; then
+  redis-cli -u "$BUCKET_RLS_REDIS_URL" CONFIG RESETSTAT >/dev/null
+  reports_before="$(curl -s "127.0.0.1:$http/metrics" | awk '$1 == "bucket_rls_rlqs_reports_total" {print $2}')"
+fi
 out="$(python3 "$here/load.py" --rate $rate --seconds $seconds --header 'x-tenant: acme' \
   "http://127.0.0.1:$ea/" "http://127.0.0.1:$eb/")"
 read -r _ a_ok a_denied a_other <<<"$(sed -n 1p <<<"$out")"
@@ -145,4 +144,10 @@ max=$((burst + r * seconds + burst)) min=$((r * seconds * 8 / 10))
   { echo "run-local: an Envoy denied nothing: it is not enforcing its share" >&2; exit 1; }
 reports="$(curl -s "127.0.0.1:$http/metrics" | awk '$1 == "bucket_rls_rlqs_reports_total" {print $2}')"
 echo "run-local: bucket-rls received ${reports:-no} usage reports for $((2 * rate * seconds + 2)) requests"
+if [ -n "${BUCKET_RLS_REDIS_URL:-}" ]; then
+  calls="$(redis-cli -u "$BUCKET_RLS_REDIS_URL" INFO commandstats | tr -d '\r' |
+    awk -F'[:=,]' '$1 == "cmdstat_evalsha" || $1 == "cmdstat_eval" {n += $3} END {print n + 0}')"
+  rb="${reports_before:-0}" ra="${reports:-0}"
+  echo "run-local: during the load: $((${ra%.*} - ${rb%.*})) usage reports, $calls Redis script calls, for $((2 * rate * seconds)) requests"
+fi
 echo "run-local: ok"

@@ -293,6 +293,26 @@ struct Track {
     demand: f64,
     held: Option<Action>,
     rule_label: Option<String>,
+    /// The storage entry of its last report, while it has a limited rule:
+    /// what [`leaving`] turns into the entry that removes its record.
+    stored: Option<QuotaReport>,
+}
+
+/// The entry that removes `last`'s subscriber record from storage (the
+/// subscriber leaves: the stream ended or the bucket was abandoned), so that
+/// the others' next shares may take what it held at once instead of after
+/// its record expires. Charges nothing.
+fn leaving(last: &QuotaReport) -> QuotaReport {
+    QuotaReport {
+        charge: ChargeSpec {
+            cost: 0,
+            ..last.charge
+        },
+        demand_milli: 0,
+        held: None,
+        live_ms: 0,
+        ..last.clone()
+    }
 }
 
 /// How one bucket resolved against the config.
@@ -466,6 +486,7 @@ impl QuotaStream {
                 demand: 0.0,
                 held: None,
                 rule_label: None,
+                stored: None,
             });
             let since = track.last_report_us.unwrap_or(track.bound_us);
             #[allow(clippy::cast_precision_loss)]
@@ -479,6 +500,9 @@ impl QuotaStream {
             }
             let abandon_us = u64::try_from(ABANDON_AFTER.as_micros()).unwrap_or(u64::MAX);
             if now.saturating_sub(track.last_active_us) >= abandon_us {
+                if let Some(last) = &track.stored {
+                    reports.push(leaving(last));
+                }
                 self.tracks.remove(&id);
                 metrics::gauge!(m::RLQS_BUCKETS).decrement(1.0);
                 self.view.lock().buckets.remove(&id_label(&id));
@@ -490,6 +514,9 @@ impl QuotaStream {
             }
             match resolve(&self.limiter, &config, &self.domain, &id) {
                 Resolved::Blanket(action, rule_label) => {
+                    if let Some(last) = track.stored.take() {
+                        reports.push(leaving(&last));
+                    }
                     track.held = Some(action);
                     track.rule_label.clone_from(&rule_label);
                     let demand = track.demand;
@@ -519,8 +546,7 @@ impl QuotaStream {
                 } => {
                     track.rule_label = Some(rule_label);
                     let held = track.held.and_then(held_of);
-                    pending.push((answers.len(), reports.len(), budget));
-                    reports.push(QuotaReport {
+                    let report = QuotaReport {
                         subscribers: subscribers_key(&self.limiter.settings.key_prefix, &key),
                         bucket: key,
                         charge: ChargeSpec {
@@ -538,7 +564,17 @@ impl QuotaStream {
                         held,
                         budget: budget_held(&budget),
                         live_ms: u64::try_from(ABANDON_AFTER.as_millis()).unwrap_or(u64::MAX),
-                    });
+                    };
+                    // A reload that moved the bucket id to another storage
+                    // key leaves the old one.
+                    if let Some(last) = &track.stored
+                        && (last.bucket != report.bucket || last.subscriber != report.subscriber)
+                    {
+                        reports.push(leaving(last));
+                    }
+                    track.stored = Some(report.clone());
+                    pending.push((answers.len(), reports.len(), budget));
+                    reports.push(report);
                     answers.push(BucketAnswer {
                         bucket: id,
                         answer: Answer::Abandon,
@@ -713,6 +749,37 @@ impl QuotaStream {
             }
         }
         Ok(answers)
+    }
+
+    /// Removes this stream's subscriber records from storage (one
+    /// [`Storage::report`](crate::storage::Storage::report) call, charging
+    /// nothing), so that the other subscribers' next reports share what it
+    /// held at once, not after its records expire ([`ABANDON_AFTER`]). Called
+    /// when the stream ends, whoever ends it.
+    /// A stream with no limited bucket makes no call.
+    ///
+    /// # Errors
+    /// [`QuotaError::Storage`] when storage fails: the records then expire
+    /// on their own.
+    pub async fn leave(&mut self) -> Result<(), QuotaError> {
+        let mut entries: Vec<QuotaReport> = self
+            .tracks
+            .values_mut()
+            .filter_map(|t| t.stored.take())
+            .map(|last| leaving(&last))
+            .collect();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // The same order on every call, whatever the map's.
+        entries
+            .sort_by(|a, b| (&a.subscribers, &a.subscriber).cmp(&(&b.subscribers, &b.subscriber)));
+        self.limiter
+            .storage
+            .report(&entries)
+            .await
+            .map(|_| ())
+            .map_err(QuotaError::Storage)
     }
 
     /// The answers that end the stream on shutdown: every bucket's

@@ -203,6 +203,70 @@ async fn idle_buckets_are_abandoned_and_shutdown_expires_all() {
     assert!(s.expire_all().is_empty());
 }
 
+/// The number of subscriber records storage holds for the bucket of
+/// `tenant=acme` (read through a report of a probe subscriber that leaves).
+async fn records_of_acme(l: &Arc<Limiter>) -> usize {
+    let mut probe = l.quota_stream("edge").expect("bound");
+    let got = probe
+        .report(&[usage(&[("tenant", "acme")], 0, 0)])
+        .await
+        .expect("answered");
+    assert!(matches!(got[0].answer, Answer::Assign { .. }));
+    let n = probe.view.lock().buckets["tenant=acme"].subscribers.len();
+    probe.leave().await.expect("left");
+    n - 1
+}
+
+#[tokio::test]
+async fn a_stream_that_leaves_frees_its_share_at_once() {
+    let (l, clock, _) = setup(ServiceSettings::default());
+    let mut a = l.quota_stream("edge").expect("bound");
+    let mut b = l.quota_stream("edge").expect("bound");
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
+    a.report(&[usage(id, 1, 0)]).await.expect("a");
+    b.report(&[usage(id, 1, 0)]).await.expect("b");
+    for _ in 0..4 {
+        clock.advance(REPORT_INTERVAL);
+        a.report(&[usage(id, 450, 0)]).await.expect("a");
+        b.report(&[usage(id, 5, 0)]).await.expect("b");
+    }
+    assert_eq!(records_of_acme(&l).await, 2);
+    a.leave().await.expect("left");
+    assert_eq!(records_of_acme(&l).await, 1);
+    // Long before a's record would have expired, b's demand rises and it
+    // gets the whole rule.
+    clock.advance(REPORT_INTERVAL);
+    b.report(&[usage(id, 450, 0)]).await.expect("b");
+    clock.advance(REPORT_INTERVAL);
+    let got = b.report(&[usage(id, 450, 0)]).await.expect("b");
+    assert!(
+        matches!(
+            action(&got[0]),
+            Action::TokenBucket {
+                tokens_per_fill: 100,
+                max_tokens: 100,
+                ..
+            }
+        ),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_bucket_leaves_its_record() {
+    let (l, clock, _) = setup(ServiceSettings::default());
+    let mut s = l.quota_stream("edge").expect("bound");
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
+    s.report(&[usage(id, 3, 0)]).await.expect("answered");
+    assert_eq!(records_of_acme(&l).await, 1);
+    for _ in 0..3 {
+        clock.advance(REPORT_INTERVAL);
+        s.report(&[usage(id, 0, 0)]).await.expect("answered");
+    }
+    assert_eq!(s.buckets(), 0, "abandoned");
+    assert_eq!(records_of_acme(&l).await, 0);
+}
+
 #[tokio::test]
 async fn bucket_bound_per_stream() {
     let (l, _, _) = setup(ServiceSettings::default());

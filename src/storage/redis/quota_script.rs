@@ -19,7 +19,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../../../lua/quota.lua")
 );
 
-/// Bytes of one packed report entry (`ARGV[4]`).
+/// Bytes of one packed report entry (`ARGV[3]`).
 pub const ENTRY_BYTES: usize = 64;
 
 /// The quota script and its SHA-1.
@@ -85,8 +85,9 @@ pub struct QuotaArgs {
 }
 
 impl QuotaArgs {
-    /// Encodes `reports` (all of one subscriber) with an explicit test
-    /// `now_us` and shortest expiry, or none in production.
+    /// Encodes `reports` (each entry with its own subscriber id: a stream
+    /// is one subscriber per bucket id) with an explicit test `now_us` and
+    /// shortest expiry, or none in production.
     #[must_use]
     pub fn new(reports: &[QuotaReport], test_now: Option<(u64, u64)>) -> Self {
         let mut keys = Vec::with_capacity(2 * reports.len());
@@ -109,13 +110,12 @@ impl QuotaArgs {
             Some((now, ttl)) => (now.to_string().into_bytes(), ttl.to_string().into_bytes()),
             None => (Vec::new(), Vec::new()),
         };
-        let subscriber = reports
-            .first()
-            .map(|r| r.subscriber.clone().into_bytes())
-            .unwrap_or_default();
+        let mut args = Vec::with_capacity(3 + reports.len());
+        args.extend([now, min_ttl, packed]);
+        args.extend(reports.iter().map(|r| r.subscriber.clone().into_bytes()));
         Self {
             keys,
-            args: vec![now, min_ttl, subscriber, packed],
+            args,
             entries: reports.len(),
         }
     }
