@@ -31,9 +31,15 @@ fn promtool(args: &[&str]) -> String {
 
 /// Every `bucket_rls_*` name in `text`, histogram suffixes removed.
 fn metric_names(text: &str) -> BTreeSet<String> {
+    names_with_prefix(text, "bucket_rls_")
+}
+
+/// Every name starting with `prefix` in `text`, the request duration
+/// histogram's suffixes removed.
+fn names_with_prefix(text: &str, prefix: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let mut rest = text;
-    while let Some(at) = rest.find("bucket_rls_") {
+    while let Some(at) = rest.find(prefix) {
         let tail = &rest[at..];
         let end = tail
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -81,10 +87,47 @@ fn exported() -> BTreeSet<String> {
     .collect()
 }
 
+/// The Go service's names bucket-rls exports on `--go-metrics-addr`
+/// (`go::metrics`), and Envoy's rate limit filter statistics
+/// (`cluster.<route cluster>.ratelimit.*` as Envoy's Prometheus endpoint
+/// names them), which the alerts for a silent stop read.
+const GO_AND_ENVOY_NAMES: &[&str] = &[
+    "ratelimit_service_config_load_success",
+    "ratelimit_service_config_load_error",
+    "ratelimit_service_total_requests",
+    "ratelimit_service_should_rate_limit_error",
+    "envoy_cluster_ratelimit_ok",
+    "envoy_cluster_ratelimit_over_limit",
+    "envoy_cluster_ratelimit_error",
+    "envoy_cluster_ratelimit_failure_mode_allowed",
+];
+
+#[test]
+fn alerts_name_only_go_names_the_service_exports_and_envoys_filter_statistics() {
+    let text = std::fs::read_to_string(dir().join("alerts.yaml")).expect("alerts.yaml");
+    let mut used = names_with_prefix(&text, "ratelimit_service_");
+    used.extend(names_with_prefix(&text, "envoy_cluster_ratelimit_"));
+    let known: BTreeSet<String> = GO_AND_ENVOY_NAMES.iter().map(|s| (*s).to_owned()).collect();
+    let unknown: Vec<_> = used.difference(&known).collect();
+    assert!(
+        unknown.is_empty(),
+        "alerts.yaml names unknown metrics: {unknown:?}"
+    );
+    // Each limiting-stopped alert exists for both name sets.
+    for needed in [
+        "ratelimit_service_config_load_success",
+        "ratelimit_service_total_requests",
+        "ratelimit_service_should_rate_limit_error",
+        "envoy_cluster_ratelimit_failure_mode_allowed",
+    ] {
+        assert!(used.contains(needed), "alerts.yaml does not read {needed}");
+    }
+}
+
 #[test]
 fn alert_rules_pass_promtool_check_and_their_unit_tests() {
     let checked = promtool(&["check", "rules", "alerts.yaml"]);
-    assert!(checked.contains("SUCCESS: 8 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 13 rules found"), "{checked}");
     let tested = promtool(&["test", "rules", "alerts_test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
@@ -97,7 +140,7 @@ fn every_alert_rule_has_a_unit_test() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .collect();
-    assert_eq!(alerts.len(), 8);
+    assert_eq!(alerts.len(), 13);
     for a in alerts {
         assert!(
             tests.contains(&format!("alertname: {a}")),
