@@ -277,19 +277,43 @@ fn record_outcome(ok: bool) {
     metrics::gauge!(m::CONFIG_LAST_RELOAD_TIMESTAMP).set(now);
 }
 
+/// At most this many rule changes are listed in a reload's log line.
+const LOGGED_CHANGES: usize = 20;
+
+/// The rule changes from `old` to `new` in `check-config --diff`'s words
+/// (at most [`LOGGED_CHANGES`], then how many more), and its summary line.
+fn rule_changes(old: &Config, new: &Config) -> (Vec<String>, String) {
+    use super::diff;
+    let changes = diff::diff(&diff::rules_of(old), &diff::rules_of(new));
+    let summary = diff::summary(&changes);
+    let mut lines: Vec<String> = changes
+        .iter()
+        .take(LOGGED_CHANGES)
+        .map(|c| c.line.clone())
+        .collect();
+    if changes.len() > LOGGED_CHANGES {
+        lines.push(format!("and {} more", changes.len() - LOGGED_CHANGES));
+    }
+    (lines, summary)
+}
+
 fn log_applied(origin: Origin<'_>, old: &Config, new: &Config) {
     match origin {
         Origin::Startup => {
             tracing::info!(domains = new.domains.len(), rules = new.rule_count(), hash = %new.hash, "config loaded");
         }
-        Origin::Xds { version } => tracing::info!(
-            version = %version,
-            hash = %new.hash,
-            previous = %old.hash,
-            domains = new.domains.len(),
-            rules = new.rule_count(),
-            "xDS config applied"
-        ),
+        Origin::Xds { version } => {
+            let (changes, summary) = rule_changes(old, new);
+            tracing::info!(
+                version = %version,
+                hash = %new.hash,
+                previous = %old.hash,
+                domains = new.domains.len(),
+                rules = new.rule_count(),
+                changes = ?changes,
+                "xDS config applied: {summary}"
+            );
+        }
         Origin::Files(source) => {
             let mut added: Vec<&str> = new
                 .domains
@@ -305,16 +329,50 @@ fn log_applied(origin: Origin<'_>, old: &Config, new: &Config) {
                 .collect();
             added.sort_unstable();
             removed.sort_unstable();
+            let (changes, summary) = rule_changes(old, new);
             tracing::info!(
                 source = %source.display(),
                 hash = %new.hash,
                 previous = %old.hash,
                 domains = new.domains.len(),
                 rules = new.rule_count(),
-                added = ?added,
-                removed = ?removed,
-                "config reloaded"
+                added_domains = ?added,
+                removed_domains = ?removed,
+                changes = ?changes,
+                "config reloaded: {summary}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Origin, log_applied};
+    use crate::config::compile::compile_texts;
+
+    fn config(rpu: u32) -> crate::config::Config {
+        let yaml = format!(
+            "domain: e\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n  - key: other\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        );
+        compile_texts(&[("e.yaml".into(), yaml.into_bytes())]).expect("loads")
+    }
+
+    #[test]
+    fn a_reload_log_names_the_rules_that_changed_and_how() {
+        let (old, new) = (config(10), config(5));
+        let text = crate::test_log::logged(tracing::Level::INFO, || {
+            log_applied(Origin::Files(std::path::Path::new("e.yaml")), &old, &new);
+            log_applied(Origin::Xds { version: "v2" }, &old, &new);
+        });
+        assert_eq!(
+            text.matches("1 rule changed: 1 tightened").count(),
+            2,
+            "{text}"
+        );
+        assert_eq!(text.matches("e.user: tightened").count(), 2, "{text}");
+        assert!(
+            !text.contains("e.other"),
+            "an unchanged rule is not listed: {text}"
+        );
     }
 }

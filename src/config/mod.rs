@@ -307,9 +307,10 @@ impl Config {
     /// Whether going from `old` to this config lengthens the time until some
     /// bucket is full again: a rule (same domain and path) with a lower rate
     /// (tokens per second) or a larger burst. If so, the longest time to
-    /// full from empty of any rule here, in microseconds, capped at
-    /// [`MAX_HOLD_US`]; see `Storage::hold_existing`. Debt bounds are the
-    /// ones the rules are evaluated with under `settings` ([`Rule::limit`]).
+    /// full from empty (at the debt bound) of those rules under their new
+    /// limits, in microseconds, capped at [`MAX_HOLD_US`]; see
+    /// `Storage::hold_existing`. Debt bounds are the ones the rules are
+    /// evaluated with under `settings` ([`Rule::limit`]).
     #[must_use]
     pub fn loosened_hold_us(
         &self,
@@ -320,8 +321,9 @@ impl Config {
     }
 
     /// [`Self::loosened_hold_us`], with what changed: one line per rule that
-    /// got slower or larger (`edge.user: 10/minute burst 10 -> 20/minute
-    /// burst 40`), sorted, at most 10.
+    /// got slower or larger, with its own time to full (`edge.user:
+    /// 10/minute burst 10 -> 20/minute burst 40, full again within 120 s`),
+    /// sorted, at most 10.
     #[must_use]
     pub fn loosened(
         &self,
@@ -365,7 +367,8 @@ impl Config {
                     ..limit
                 };
                 let floor = -i64::from(debt) * i64::try_from(crate::storage::MICRO).unwrap_or(0);
-                hold = hold.max(crate::storage::token_bucket::time_to_full_us(&empty, floor));
+                let rule_hold = crate::storage::token_bucket::time_to_full_us(&empty, floor)
+                    .min(u128::from(MAX_HOLD_US));
                 for o in same_path() {
                     let Some(o_limit) = limited(o) else {
                         continue;
@@ -385,11 +388,13 @@ impl Config {
                             } => format!("{requests_per_unit}/{} burst {burst}", unit.as_str()),
                             Policy::Unlimited => "unlimited".into(),
                         };
+                        hold = hold.max(rule_hold);
                         changed.push(format!(
-                            "{}: {} -> {}",
+                            "{}: {} -> {}, full again within {} s",
                             r.path,
                             rate(&o.policy),
-                            rate(&r.policy)
+                            rate(&r.policy),
+                            rule_hold.div_ceil(1_000_000)
                         ));
                     }
                 }
@@ -482,7 +487,8 @@ mod tests {
         assert!(
             changed
                 .iter()
-                .any(|c| c == "h.k_a: 10/minute burst 10 -> 1/hour burst 10"),
+                .any(|c| c
+                    == "h.k_a: 10/minute burst 10 -> 1/hour burst 10, full again within 36000 s"),
             "{changed:?}"
         );
     }
@@ -500,12 +506,38 @@ mod tests {
         let (hold_us, rules) = config("{unit: minute, requests_per_unit: 20, burst: 40}")
             .loosened(&old, &crate::settings::ServiceSettings::default())
             .unwrap();
-        assert_eq!(rules, ["e.user: 10/minute burst 10 -> 20/minute burst 40"]);
+        assert_eq!(
+            rules,
+            ["e.user: 10/minute burst 10 -> 20/minute burst 40, full again within 120 s"]
+        );
         assert_eq!(hold_us, 120_000_000, "40 tokens at 20 per minute");
         // Slower.
         let (_, rules) = config("{unit: hour, requests_per_unit: 10}")
             .loosened(&old, &crate::settings::ServiceSettings::default())
             .unwrap();
-        assert_eq!(rules, ["e.user: 10/minute burst 10 -> 10/hour burst 10"]);
+        assert_eq!(
+            rules,
+            ["e.user: 10/minute burst 10 -> 10/hour burst 10, full again within 3600 s"]
+        );
+    }
+
+    #[test]
+    fn the_hold_is_that_of_the_slowed_rules_not_the_slowest_rule() {
+        let load = |user: &str| {
+            let yaml = format!(
+                "domain: e\ndescriptors:\n  - key: daily\n    rate_limit: {{unit: day, requests_per_unit: 1}}\n  - key: user\n    rate_limit: {user}\n"
+            );
+            compile_texts(&[("e.yaml".into(), yaml.into_bytes())]).unwrap()
+        };
+        let old = load("{unit: minute, requests_per_unit: 10}");
+        let (hold_us, rules) = load("{unit: hour, requests_per_unit: 10}")
+            .loosened(&old, &crate::settings::ServiceSettings::default())
+            .unwrap();
+        // The unchanged 1/day rule takes a day to fill; only e.user slowed.
+        assert_eq!(hold_us, 3_600_000_000);
+        assert_eq!(
+            rules,
+            ["e.user: 10/minute burst 10 -> 10/hour burst 10, full again within 3600 s"]
+        );
     }
 }
