@@ -1,14 +1,92 @@
 //! Keeping existing buckets after a reload (`Storage::hold_existing`): every
 //! key under the prefix is kept at least as long as the new config needs,
-//! on a single node or Sentinel master ([`spawn_hold`]) and on every master
+//! on a single node or Sentinel master ([`hold_keys`]) and on every master
 //! of a Cluster ([`hold_cluster`]).
+//!
+//! One hold runs at a time per backend ([`HoldQueue`]): a hold asked while
+//! one runs waits, and a later one replaces the waiting one (keeping the
+//! longer hold), so a burst of reloads costs at most two scans. A hold's
+//! Redis work is paced: after each step (one `SCAN` of 500 and one script
+//! call) it pauses [`PACE`] times as long as the step took, so it takes at
+//! most a quarter of the time of the connection it shares with requests.
 
 use super::cluster::slot::key_slot_bytes;
 use super::errors::redact;
 use ::redis::aio::ConnectionLike;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// After each step of a hold, a pause of this many times the step's
+/// duration.
+pub(crate) const PACE: u32 = 3;
+
+/// Pauses [`PACE`] times the time since `step`.
+async fn pace(step: Instant) {
+    tokio::time::sleep(step.elapsed() * PACE).await;
+}
+
+/// A hold run: given the hold in milliseconds, the future that runs it.
+type HoldRun = Box<dyn FnOnce(u64) -> BoxFuture<'static, ()> + Send>;
+
+/// The holds of one backend, one running at a time (see the module doc).
+#[derive(Default)]
+pub(crate) struct HoldQueue {
+    state: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    running: bool,
+    /// The hold waiting for the running one: its hold and its run.
+    waiting: Option<(u64, HoldRun)>,
+}
+
+impl std::fmt::Debug for HoldQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.state.lock();
+        f.debug_struct("HoldQueue")
+            .field("running", &st.running)
+            .field("waiting_ms", &st.waiting.as_ref().map(|w| w.0))
+            .finish()
+    }
+}
+
+impl HoldQueue {
+    /// Runs `run(hold_ms)` in the background now, or after the hold that
+    /// runs; a hold already waiting is replaced by this one, with the
+    /// longer of the two holds.
+    pub(crate) fn submit(self: &Arc<Self>, hold_ms: u64, run: HoldRun) {
+        {
+            let mut st = self.state.lock();
+            if st.running {
+                let hold_ms = st.waiting.as_ref().map_or(hold_ms, |w| w.0.max(hold_ms));
+                st.waiting = Some((hold_ms, run));
+                return;
+            }
+            st.running = true;
+        }
+        let queue = self.clone();
+        tokio::spawn(async move {
+            let (mut hold_ms, mut run) = (hold_ms, run);
+            loop {
+                run(hold_ms).await;
+                let mut st = queue.state.lock();
+                match st.waiting.take() {
+                    Some((h, r)) => (hold_ms, run) = (h, r),
+                    None => {
+                        st.running = false;
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
 
 /// Keeps each key of `KEYS` at least `ARGV[1]` ms: `PEXPIRE` only where the
 /// key's TTL is shorter (a key already gone, or without a TTL, is left
@@ -48,6 +126,7 @@ pub(crate) async fn hold_keys<C: ConnectionLike>(
     let mut cursor: u64 = 0;
     let mut extended = 0u64;
     loop {
+        let step = Instant::now();
         let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
@@ -71,20 +150,30 @@ pub(crate) async fn hold_keys<C: ConnectionLike>(
             return Ok(extended);
         }
         cursor = next;
+        pace(step).await;
     }
 }
 
-/// Runs [`hold_keys`] in the background and logs the outcome.
-pub(crate) fn spawn_hold<C>(mut conn: C, prefix: &str, hold_us: u64, secret: Option<String>)
-where
+/// Runs [`hold_keys`] through `queue` and logs the outcome.
+pub(crate) fn spawn_hold<C>(
+    queue: &Arc<HoldQueue>,
+    mut conn: C,
+    prefix: &str,
+    hold_us: u64,
+    secret: Option<String>,
+) where
     C: ConnectionLike + Send + 'static,
 {
     let prefix = prefix.to_owned();
-    let hold_ms = hold_us.div_ceil(1000);
-    tokio::spawn(async move {
-        let result = hold_keys(&mut conn, &prefix, hold_ms).await;
-        log_hold(&result, hold_ms, secret.as_deref());
-    });
+    queue.submit(
+        hold_us.div_ceil(1000),
+        Box::new(move |hold_ms| {
+            Box::pin(async move {
+                let result = hold_keys(&mut conn, &prefix, hold_ms).await;
+                log_hold(&result, hold_ms, secret.as_deref());
+            })
+        }),
+    );
 }
 
 /// Logs the outcome of a background key hold (single node, Sentinel or
@@ -134,6 +223,7 @@ pub(crate) async fn hold_cluster(
     for (host, port) in masters {
         let mut cursor: u64 = 0;
         loop {
+            let step = Instant::now();
             let reply = conn
                 .route_command(
                     ::redis::cmd("SCAN")
@@ -168,7 +258,62 @@ pub(crate) async fn hold_cluster(
                 break;
             }
             cursor = next;
+            pace(step).await;
         }
     }
     Ok(extended)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A run that records its hold, then waits for `gate` (if any).
+    fn run(
+        runs: &Arc<Mutex<Vec<u64>>>,
+        gate: Option<tokio::sync::oneshot::Receiver<()>>,
+        done: &Arc<AtomicUsize>,
+    ) -> HoldRun {
+        let (runs, done) = (runs.clone(), done.clone());
+        Box::new(move |hold_ms| {
+            Box::pin(async move {
+                runs.lock().push(hold_ms);
+                if let Some(g) = gate {
+                    let _ = g.await;
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_holds_runs_at_most_two_scans_with_the_longest_hold() {
+        let queue = Arc::new(HoldQueue::default());
+        let runs = Arc::new(Mutex::new(Vec::new()));
+        let done = Arc::new(AtomicUsize::new(0));
+        let (open, gate) = tokio::sync::oneshot::channel();
+        queue.submit(1_000, run(&runs, Some(gate), &done));
+        while runs.lock().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // 100 reloads while the first scan runs: one waits, the longest.
+        for i in 0..100u64 {
+            queue.submit(
+                if i == 37 { 9_000 } else { 2_000 + i },
+                run(&runs, None, &done),
+            );
+        }
+        let _ = open.send(());
+        while done.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*runs.lock(), vec![1_000, 9_000]);
+        // Idle again: the next hold runs at once.
+        queue.submit(5, run(&runs, None, &done));
+        while done.load(Ordering::SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*runs.lock(), vec![1_000, 9_000, 5]);
+    }
 }

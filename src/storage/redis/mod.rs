@@ -277,6 +277,7 @@ impl<T> RedisBuilder<T> {
             secret,
             epoch: Instant::now(),
             seen_reloads: std::sync::atomic::AtomicU64::new(0),
+            holds: Arc::default(),
         }
     }
 }
@@ -349,6 +350,9 @@ pub(crate) struct Pipeline {
     /// The script's reload count the local cache last saw: a `NOSCRIPT`
     /// since then clears the cache.
     seen_reloads: std::sync::atomic::AtomicU64,
+    /// The reload holds of this backend, one at a time
+    /// (`Storage::hold_existing`).
+    pub(crate) holds: Arc<hold::HoldQueue>,
 }
 
 impl Pipeline {

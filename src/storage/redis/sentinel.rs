@@ -573,7 +573,13 @@ impl Storage for RedisSentinelStorage {
         let conn = self.inner.master.lock().as_ref().map(|m| m.conn.clone());
         match conn {
             Some(conn) => {
-                hold::spawn_hold(conn, prefix, hold_us, self.inner.pipeline.secret.clone());
+                hold::spawn_hold(
+                    &self.inner.pipeline.holds,
+                    conn,
+                    prefix,
+                    hold_us,
+                    self.inner.pipeline.secret.clone(),
+                );
             }
             None => tracing::warn!(
                 "no Redis master known during a reload; existing buckets were not extended"

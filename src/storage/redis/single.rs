@@ -316,6 +316,7 @@ impl Storage for RedisStorage {
 
     fn hold_existing(&self, prefix: &str, hold_us: u64) {
         hold::spawn_hold(
+            &self.inner.pipeline.holds,
             self.inner.conn.clone(),
             prefix,
             hold_us,

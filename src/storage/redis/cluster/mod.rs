@@ -591,11 +591,15 @@ impl Storage for RedisClusterStorage {
         };
         let prefix = prefix.to_owned();
         let secret = self.inner.pipeline.secret.clone();
-        let hold_ms = hold_us.div_ceil(1000);
-        tokio::spawn(async move {
-            let result = hold::hold_cluster(conn, &prefix, hold_ms).await;
-            hold::log_hold(&result, hold_ms, secret.as_deref());
-        });
+        self.inner.pipeline.holds.submit(
+            hold_us.div_ceil(1000),
+            Box::new(move |hold_ms| {
+                Box::pin(async move {
+                    let result = hold::hold_cluster(conn, &prefix, hold_ms).await;
+                    hold::log_hold(&result, hold_ms, secret.as_deref());
+                })
+            }),
+        );
     }
 }
 
