@@ -119,8 +119,17 @@ impl XdsSettings {
     /// `(host, port)` of [`Self::server`].
     ///
     /// # Errors
-    /// A message when the server is not `host:port`.
+    /// A message when the server is not `host:port`, or carries credentials
+    /// (`user:password@`).
     pub fn host_port(&self) -> Result<(String, u16), String> {
+        // Credentials in the address would reach `/rlconfig` and the logs
+        // (and this very message): refused without echoing the address.
+        if self.server.contains('@') {
+            return Err(
+                "xDS server address carries credentials (user:password@host): they would be printed in /rlconfig and the logs; give host:port and pass credentials with --config-xds-headers (for example authorization:Bearer ...) or client TLS"
+                    .into(),
+            );
+        }
         let s = self.server.trim();
         let s = s
             .strip_prefix("https://")
@@ -313,5 +322,16 @@ mod tests {
         assert_eq!(s.host_port().unwrap(), ("127.0.0.1".into(), 1));
         s.headers = vec![("bad header".into(), "v".into())];
         assert!(s.check().is_err());
+    }
+
+    #[test]
+    fn credentials_in_the_server_address_are_refused_without_being_echoed() {
+        for server in [
+            "https://eg:s3cret@envoy-gateway:18001",
+            "eg:s3cret@envoy-gateway:18001",
+        ] {
+            let e = XdsSettings::new(server).check().expect_err(server);
+            assert!(e.contains("credentials") && !e.contains("s3cret"), "{e}");
+        }
     }
 }
