@@ -13,11 +13,13 @@
 //! request line, at once); otherwise it is closed, so connections that never
 //! speak, or send one byte and stop, cannot hold the cap. On the gRPC port
 //! there is no idle limit after that: Envoy keeps its connection open
-//! between requests, and dead peers are found by HTTP/2 pings. The admin
-//! port closes a connection that sends nothing for [`ADMIN_IDLE_TIMEOUT`]
-//! (an unfinished request head or body included) and, when at its cap,
-//! makes room for a new connection by closing the one silent for the
-//! longest, so probes are answered under a connection flood.
+//! between requests, and dead peers are found by HTTP/2 pings. Every HTTP
+//! port (admin, Go metrics, debug; `app::ports`) closes a connection that
+//! sends nothing for [`ADMIN_IDLE_TIMEOUT`] (an unfinished request head or
+//! body included) or whose request head takes longer than
+//! [`HEAD_TIMEOUT`] in all, and, when at its cap, makes room for a new
+//! connection by closing the one silent for the longest, so probes and
+//! scrapes are answered under a connection flood.
 
 use std::future::Future;
 use std::io;
@@ -65,6 +67,10 @@ pub const HTTP2_PREFACE_BYTES: usize = 24;
 /// keep-alive connection). Prometheus and probes send a whole request at
 /// once; a closed keep-alive connection just reconnects.
 pub const ADMIN_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// On the HTTP ports: the longest a request head (request line and
+/// headers) may take to arrive whole, however it trickles in.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A TCP stream holding one of its port's connection permits until dropped.
 /// Reading fails with `TimedOut` if the opening bytes did not arrive within

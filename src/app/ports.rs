@@ -46,8 +46,60 @@ pub(super) async fn grpc(
     };
 }
 
-/// The admin HTTP port ([`crate::http::router_with`]): idle connections
-/// time out, and the idle ones are shed when the port is full.
+/// The connection rules of every plain HTTP port (admin, Go metrics,
+/// debug), in one place: the per-port cap, the first-byte timeout, the idle
+/// timeout (an unfinished request head or body included), and shedding the
+/// longest-silent connection when the port is full, so probes and scrapes
+/// are answered under a connection flood.
+fn http_listener(listener: TcpListener, port: &'static str) -> LimitedListener {
+    LimitedListener::new(listener, per_port_limit(), false, port)
+        .idle_timeout(crate::conn_limit::ADMIN_IDLE_TIMEOUT)
+        .shed_idle_when_full()
+}
+
+/// Serves `router` on `listener` over HTTP/1.1 until `stop` fires, then
+/// lets the open requests finish. HTTP/1.1 only: probes, Prometheus and
+/// curl speak it, and an HTTP/2 admin port would let one connection hold
+/// many unfinished bodies at once. A request head must arrive whole within
+/// [`crate::conn_limit::HEAD_TIMEOUT`] (hyper's `header_read_timeout`), so a
+/// head dribbled a byte at a time cannot hold a connection that the idle
+/// timeout would keep.
+///
+/// # Errors
+/// None so far: accept errors are retried by the listener.
+async fn serve_http(
+    mut listener: LimitedListener,
+    router: axum::Router,
+    stop: broadcast::Receiver<()>,
+) -> std::io::Result<()> {
+    use axum::serve::Listener as _;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stopped(stop));
+    loop {
+        let (io, _) = tokio::select! {
+            conn = listener.accept() => conn,
+            () = &mut stop => break,
+        };
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(crate::conn_limit::HEAD_TIMEOUT)
+            .serve_connection(
+                TokioIo::new(io),
+                hyper_util::service::TowerToHyperService::new(router.clone()),
+            );
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// The admin HTTP port ([`crate::http::router_with`]), under
+/// [`http_listener`]'s rules.
 ///
 /// # Errors
 /// The listener failed.
@@ -57,18 +109,17 @@ pub(super) async fn admin(
     health: Option<Arc<crate::go::health::Health>>,
     stop: broadcast::Receiver<()>,
 ) -> std::io::Result<()> {
-    axum::serve(
-        LimitedListener::new(listener, per_port_limit(), false, "http")
-            .idle_timeout(crate::conn_limit::ADMIN_IDLE_TIMEOUT)
-            .shed_idle_when_full(),
+    serve_http(
+        http_listener(listener, "http"),
         crate::http::router_with(limiter, health),
+        stop,
     )
-    .with_graceful_shutdown(stopped(stop))
     .await
 }
 
 /// An extra plain HTTP port (`port` names it in metrics and logs) serving
-/// `router`; nothing when `listener` is `None`.
+/// `router` under [`http_listener`]'s rules; nothing when `listener` is
+/// `None`.
 ///
 /// # Errors
 /// The listener failed.
@@ -81,10 +132,5 @@ pub(super) async fn extra(
     let Some(listener) = listener else {
         return Ok(());
     };
-    axum::serve(
-        LimitedListener::new(listener, per_port_limit(), false, port),
-        router(),
-    )
-    .with_graceful_shutdown(stopped(stop))
-    .await
+    serve_http(http_listener(listener, port), router(), stop).await
 }

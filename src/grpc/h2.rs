@@ -128,7 +128,11 @@ where
 }
 
 /// Serves one connection until the client closes it, it fails, or `stop`
-/// turns true (then it is shut down gracefully).
+/// turns true (then it is shut down gracefully). The client's HTTP/2
+/// preface must arrive within [`crate::conn_limit::FIRST_BYTE_TIMEOUT`] of
+/// the connection reaching here: the TCP listener checks that for plaintext
+/// connections, and this also closes a TLS connection that completes its
+/// handshake and then sends nothing.
 ///
 /// # Errors
 /// The HTTP/2 error that ended the connection.
@@ -142,7 +146,7 @@ async fn serve_connection<IO, H: Unary>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut conn = h2::server::Builder::new()
+    let handshake = h2::server::Builder::new()
         .max_concurrent_streams(limits.max_concurrent_streams)
         // Streams a client resets before they are taken (Envoy cancelling
         // calls at its timeout while this connection has its 64 calls in
@@ -155,8 +159,13 @@ where
         .max_frame_size(limits.max_frame_bytes)
         .max_header_list_size(limits.max_header_list_bytes)
         .max_send_buffer_size(limits.max_send_buffer_bytes)
-        .handshake::<_, Bytes>(io)
-        .await?;
+        .handshake::<_, Bytes>(io);
+    let Ok(conn) = tokio::time::timeout(crate::conn_limit::FIRST_BYTE_TIMEOUT, handshake).await
+    else {
+        tracing::debug!("gRPC connection closed: no HTTP/2 preface in time");
+        return Ok(());
+    };
+    let mut conn = conn?;
     let keepalive = keepalive(conn.ping_pong(), limits.keepalive);
     let mut keepalive = std::pin::pin!(keepalive);
     // Borrowed, not moved: the receiver lives as long as the connection, so

@@ -173,3 +173,84 @@ async fn a_connection_that_sends_part_of_its_opening_bytes_is_closed() {
         .expect("closed by the server within 10 s");
     assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
 }
+
+/// Every HTTP port of the process (admin, Go metrics, debug) follows the
+/// same rules. Started with 160 open files (16 connections a port): 20
+/// connections that send one byte and stop fill each port, and a scrape is
+/// answered at once by closing the longest silent one; and a request head
+/// trickled a byte at a time (never silent long enough for the idle
+/// timeout) is closed once the head deadline passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_http_port_sheds_silent_connections_and_bounds_the_request_head() {
+    use crate::common::procs::{Proc, bucket_rls_bin};
+    use crate::common::{free_port, http::get as http_get};
+    use std::net::{Ipv4Addr, SocketAddr};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .expect("config");
+    let addr = || SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let (grpc, http, go, debug) = (addr(), addr(), addr(), addr());
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("ulimit -n 160 && exec \"$0\" \"$@\"")
+        .arg(bucket_rls_bin())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--grpc-addr", &grpc.to_string()])
+        .args(["--http-addr", &http.to_string()])
+        .args(["--go-metrics-addr", &go.to_string()])
+        .args(["--debug-addr", &debug.to_string()]);
+    let mut proc = Proc::spawn("bucket-rls", cmd);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !matches!(http_get(http, "/healthcheck", &[]).await, Ok(r) if r.status == 200) {
+        proc.assert_running();
+        assert!(std::time::Instant::now() < deadline, "not healthy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (port, path) in [(http, "/metrics"), (go, "/metrics"), (debug, "/rlconfig")] {
+        let mut silent = Vec::new();
+        for _ in 0..20 {
+            let mut c = TcpStream::connect(port).await.expect("connect");
+            c.write_all(b"G").await.expect("one byte");
+            silent.push(c);
+        }
+        let r = tokio::time::timeout(Duration::from_secs(5), http_get(port, path, &[]))
+            .await
+            .unwrap_or_else(|_| panic!("{path} on {port} not answered with the port full"))
+            .expect("GET");
+        assert_eq!(r.status, 200, "{path} on {port}");
+        drop(silent);
+    }
+    // A head trickled at a byte every 400 ms: never 10 s silent, closed by
+    // the 10 s head deadline.
+    let mut trickle = TcpStream::connect(go).await.expect("connect");
+    let head = b"GET /metrics HTTP/1.1\r\nhost: x\r\nx-pad: ".to_vec();
+    let started = std::time::Instant::now();
+    let mut closed = false;
+    for i in 0..100 {
+        let byte = head.get(i).copied().unwrap_or(b'a');
+        if trickle.write_all(&[byte]).await.is_err() {
+            closed = true;
+            break;
+        }
+        let mut buf = [0u8; 512];
+        // The server answering (408) or closing ends the head.
+        if tokio::time::timeout(Duration::from_millis(400), trickle.read(&mut buf))
+            .await
+            .is_ok()
+        {
+            closed = true;
+            break;
+        }
+    }
+    assert!(
+        closed,
+        "a trickled head is still open after {:?}",
+        started.elapsed()
+    );
+    proc.assert_running();
+}

@@ -398,6 +398,30 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
     let (_link_dir, link) = ratelimit_link();
     let mut rls = start(&link, &env);
     wait_healthy(&mut rls, ports.http).await;
+    // A client that completes the TLS handshake and then sends nothing is
+    // closed as a silent plaintext one is (awaited before the SIGTERM
+    // below, which would close it anyway).
+    let silent = {
+        use tokio::io::AsyncReadExt as _;
+        let c = tokio_rustls::TlsConnector::from(Arc::new(client_config(&ca.pem, None)));
+        let addr = ports.grpc;
+        tokio::spawn(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let mut tls = c
+                .connect(ServerName::try_from(SERVER_NAME).expect("name"), tcp)
+                .await
+                .expect("handshake");
+            let mut buf = [0u8; 256];
+            loop {
+                match tokio::time::timeout(Duration::from_secs(40), tls.read(&mut buf)).await {
+                    Ok(Ok(0) | Err(_)) => return,
+                    // The server's own HTTP/2 settings.
+                    Ok(Ok(_)) => {}
+                    Err(_) => panic!("a TLS connection silent for 40 s is still open"),
+                }
+            }
+        })
+    };
     let logs = rls.logs();
     assert_eq!(
         logs.matches("REDIS_NO_SUCH_SETTING").count(),
@@ -545,6 +569,8 @@ async fn envoy_gateways_environment_serves_tls_grpc_metrics_debug_and_go_health(
         .should_rate_limit(eg_request())
         .await
         .expect("call on the old connection");
+
+    silent.await.expect("the silent TLS connection was closed");
 
     // /healthcheck turns 500 on SIGTERM.
     let ok = http_get(ports.http, "/healthcheck", &[])
