@@ -49,6 +49,7 @@ pub(crate) mod hold;
 pub(crate) mod local_cache;
 pub mod quota_script;
 pub mod script;
+pub mod script_clock;
 pub mod sentinel;
 mod single;
 pub(crate) mod url;
@@ -277,6 +278,7 @@ impl<T> RedisBuilder<T> {
             secret,
             epoch: Instant::now(),
             seen_reloads: std::sync::atomic::AtomicU64::new(0),
+            clock: script_clock::ScriptClock::default(),
         }
     }
 }
@@ -286,7 +288,7 @@ impl<T> RedisBuilder<T> {
 /// between a single node, Sentinel and a Cluster slot.
 pub(crate) trait ConnSource: Sync {
     /// The connection one call runs on.
-    type Conn: Send;
+    type Conn: Send + ::redis::aio::ConnectionLike;
     /// What [`ConnSource::after`] needs to know about the connection used
     /// (Sentinel: which master it was).
     type Tag: Copy + Send;
@@ -349,6 +351,8 @@ pub(crate) struct Pipeline {
     /// The script's reload count the local cache last saw: a `NOSCRIPT`
     /// since then clears the cache.
     seen_reloads: std::sync::atomic::AtomicU64,
+    /// Whether the script's `TIME` can be trusted ([`script_clock`]).
+    clock: script_clock::ScriptClock,
 }
 
 impl Pipeline {
@@ -396,6 +400,7 @@ impl Pipeline {
         breaker: &CircuitBreaker,
         call: &ScriptCall,
     ) -> Result<RequestResult, StorageError> {
+        self.clock_gate(source).await?;
         let started = Instant::now();
         let span = crate::otel::RedisSpan::start(call.keys.len());
         let mut tag = None;
@@ -413,7 +418,11 @@ impl Pipeline {
         };
         match &result {
             Ok(_) => breaker.success(),
-            Err(e) if e.is_transient() => breaker.failure_of_call_started(started),
+            Err(e) if e.is_transient() => {
+                // The connection may come back to another node.
+                self.clock.forget();
+                breaker.failure_of_call_started(started);
+            }
             Err(_) => {}
         }
         source.after(tag, &result, breaker);
@@ -421,6 +430,57 @@ impl Pipeline {
             span.end(result.as_ref().err().map(|e| e as &dyn std::fmt::Display));
         }
         result
+    }
+
+    /// Lets a call go when the script clock of the node behind `source`
+    /// is known to be good; checks it first when it is not known (after
+    /// a (re)connection, a failover or a script reload) or was bad more
+    /// than [`script_clock::RECHECK_AFTER`] ago ([`script_clock`]). With
+    /// the test-only explicit clock the script never reads `TIME`, and
+    /// nothing is checked.
+    ///
+    /// # Errors
+    /// A [`BackendKind::Clock`] error naming the engine problem, or the
+    /// check's own connection error or timeout (the verdict then stays
+    /// unknown).
+    pub(crate) async fn clock_gate<S: ConnSource>(&self, source: &S) -> Result<(), StorageError> {
+        if self.test_clock.is_some() {
+            return Ok(());
+        }
+        match self.clock.gate() {
+            script_clock::Gate::Pass => return Ok(()),
+            script_clock::Gate::Refuse(e) => return Err(e),
+            script_clock::Gate::Check => {}
+        }
+        let attempt = async {
+            let (_, mut conn) = source.connection().await?;
+            Ok(::redis::cmd("EVAL")
+                .arg(script_clock::CHECK_SCRIPT)
+                .arg(0)
+                .query_async::<Value>(&mut conn)
+                .await)
+        };
+        let script_us = match tokio::time::timeout(self.timeout, attempt).await {
+            Err(_) => return Err(StorageError::Timeout(self.timeout)),
+            Ok(Err(not_connected)) => return Err(not_connected),
+            Ok(Ok(Err(e))) => {
+                // An error reply about the script itself is the engine's
+                // refusal; anything else (connection, failover, loading)
+                // leaves the verdict unknown.
+                let e = source.classify(self, &e);
+                match e.backend_kind() {
+                    Some(BackendKind::NoPerm | BackendKind::Script | BackendKind::Redis) => {
+                        Err(e.to_string())
+                    }
+                    _ => return Err(e),
+                }
+            }
+            Ok(Ok(Ok(v))) => script_clock::parse_reply(&v).ok_or_else(|| {
+                format!("TIME in a script answered {v:?}, not [seconds, microseconds]")
+            }),
+        };
+        self.clock
+            .record(script_clock::judge(script_us, script_clock::host_now_us()))
     }
 
     /// One quota report ([`crate::storage::Storage::report`]) over
@@ -487,6 +547,38 @@ impl Pipeline {
         }
     }
 
+    /// [`crate::storage::Storage::reset`] over `source`: one `DEL` per key
+    /// in one pipelined call (the keys of a single node or a Sentinel
+    /// master), bounded by the timeout, then the local over-limit cache is
+    /// cleared. Not behind the circuit breaker: an operator's reset is
+    /// tried even while requests fail fast, and its outcome does not count.
+    ///
+    /// # Errors
+    /// [`StorageError::Timeout`] (the keys may have been deleted) or the
+    /// classified error.
+    pub(crate) async fn reset<S: ConnSource>(
+        &self,
+        source: &S,
+        keys: &[&str],
+    ) -> Result<Vec<bool>, StorageError> {
+        let mut pipe = ::redis::pipe();
+        for k in keys {
+            pipe.del(*k);
+        }
+        let attempt = async {
+            let (_, mut conn) = source.connection().await?;
+            Ok(pipe.query_async::<Vec<u64>>(&mut conn).await)
+        };
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
+            Err(_) => Err(StorageError::Timeout(self.timeout)),
+            Ok(Err(not_connected)) => Err(not_connected),
+            Ok(Ok(Err(e))) => Err(source.classify(self, &e)),
+            Ok(Ok(Ok(deleted))) => Ok(deleted.into_iter().map(|n| n > 0).collect()),
+        };
+        self.clear_cache();
+        result
+    }
+
     /// [`errors::classify`] with this backend's timeout and password.
     pub(crate) fn classify(&self, e: &RedisError) -> StorageError {
         errors::classify(e, self.timeout, self.secret.as_deref())
@@ -511,6 +603,9 @@ impl Pipeline {
                 != reloads
             {
                 cache.clear();
+                // A node without the script: restarted, failed over or
+                // another engine; its clock is checked again.
+                self.clock.forget();
             }
             cache.record_between(charges, result, sent_us, self.local_now_us());
         }

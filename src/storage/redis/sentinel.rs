@@ -506,6 +506,11 @@ impl Storage for RedisSentinelStorage {
         true
     }
 
+    async fn reset(&self, keys: &[&str]) -> Result<Vec<bool>, StorageError> {
+        let inner = &*self.inner;
+        inner.pipeline.reset(inner, keys).await
+    }
+
     async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
         self.apply(std::slice::from_ref(probe)).await.map(|_| ())
     }
