@@ -35,13 +35,10 @@ pub fn read_u32(literal: &str, quoted: bool) -> Result<u32, String> {
     let text = literal.trim();
     let plain: String = text.chars().filter(|&c| c != '_').collect();
     let not_a_number = || format!("expected an integer from 0 to 4294967295, got '{literal}'");
-    let range = |v: &dyn std::fmt::Display| {
-        format!("'{literal}' is {v}: expected an integer from 0 to 4294967295")
-    };
     match go_number(&plain) {
         None => Err(not_a_number()),
         Some(GoNumber::Int(v)) => {
-            let v = u32::try_from(v).map_err(|_| range(&v))?;
+            let v = u32::try_from(v).map_err(|_| not_a_number())?;
             // A leading zero followed by decimal digits: octal to the Go
             // service, decimal to a reader.
             let digits = plain.trim_start_matches(['+', '-']);
@@ -64,12 +61,12 @@ pub fn read_u32(literal: &str, quoted: bool) -> Result<u32, String> {
             if f.fract() != 0.0 {
                 let whole = f.trunc();
                 return Err(format!(
-                    "'{literal}' is not a whole number (the Go service truncates it to {whole}); \
-                     a rule counts whole tokens"
+                    "expected an integer from 0 to 4294967295, got '{literal}' (not a whole \
+                     number; the Go service truncates it to {whole})"
                 ));
             }
             if !(0.0..=f64::from(u32::MAX)).contains(&f) {
-                return Err(range(&f));
+                return Err(not_a_number());
             }
             // In range and whole, so exact.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]

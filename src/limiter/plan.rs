@@ -363,7 +363,7 @@ descriptors:
     }
 
     #[test]
-    fn an_override_sets_rate_and_capacity_and_keeps_the_rule_name() {
+    fn an_override_sets_rate_and_capacity_without_the_rules_name() {
         let d = domain(YAML);
         let mut o = Descriptor::new(vec![("ip", "1.2.3.4")]);
         o.limit = Some(Override {
@@ -385,7 +385,61 @@ descriptors:
         );
         assert_eq!(spec.kind, ChargeKind::Refund);
         assert_eq!(spec.cost, 0);
-        assert!(matches!(&plans[0], Plan::Limited { current, .. } if current.name == "per_ip"));
+        assert!(matches!(&plans[0], Plan::Limited { current, .. } if current.name.is_empty()));
+    }
+
+    /// As in the Go service, an override is built without the rule: its
+    /// shadow mode does not apply, and `replaces` neither drops it nor
+    /// comes from it.
+    #[test]
+    fn an_override_is_enforced_on_a_shadow_rule_and_outside_replaces() {
+        let d = domain(
+            "domain: d
+descriptors:
+  - key: ip
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per_ip}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 2, name: per_user, replaces: [{name: per_ip}]}
+",
+        );
+        let with = |entries| {
+            let mut o = Descriptor::new(entries);
+            o.limit = Some(Override {
+                requests_per_unit: 7,
+                unit: Ok(Unit::Minute),
+            });
+            o
+        };
+        let limited = |p: &Plan| match p {
+            Plan::Limited { shadow, current, .. } => Some((*shadow, current.requests_per_unit)),
+            _ => None,
+        };
+        // The shadow rule's override: enforced, with the override's rate,
+        // and not replaced by `per_user`.
+        let r = req(vec![
+            with(vec![("ip", "1.2.3.4")]),
+            Descriptor::new(vec![("user", "u")]),
+        ]);
+        let (plans, charges) = plan(&d, &r, &settings(), &ValueLabels::default());
+        assert_eq!(limited(&plans[0]), Some((false, 7)));
+        assert!(!charges[0].spec.shadow);
+        // An override on the replacing rule replaces nothing: `per_ip` is
+        // evaluated (in its own shadow mode).
+        let r = req(vec![
+            Descriptor::new(vec![("ip", "1.2.3.4")]),
+            with(vec![("user", "u")]),
+        ]);
+        let (plans, _) = plan(&d, &r, &settings(), &ValueLabels::default());
+        assert_eq!(limited(&plans[0]), Some((true, 5)));
+        assert_eq!(limited(&plans[1]), Some((false, 7)));
+        // Without overrides `replaces` applies as before.
+        let r = req(vec![
+            Descriptor::new(vec![("ip", "1.2.3.4")]),
+            Descriptor::new(vec![("user", "u")]),
+        ]);
+        let (plans, _) = plan(&d, &r, &settings(), &ValueLabels::default());
+        assert_eq!(plans[0], Plan::NoLimit);
     }
 
     #[test]
