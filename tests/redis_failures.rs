@@ -521,3 +521,67 @@ async fn a_latency_spike_does_not_open_the_breaker() {
     let r = call(&l, &[("k", "v")]).await.expect("Redis answers again");
     assert_eq!(r.overall_code, OK);
 }
+
+/// An engine whose scripts may not read `TIME` (as some managed services
+/// forbid; here an ACL user without `TIME`, which Redis applies inside
+/// scripts too): the backend refuses to serve from it, before any bucket
+/// is touched, with an error naming the engine problem; the health probe
+/// says the same; once `TIME` is allowed the next check passes and
+/// requests are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_scripts_cannot_read_time_is_refused_with_the_reason() {
+    let server = RedisServer::start();
+    let acl = |rule: &str| {
+        let _: () = server.query(
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("limited")
+                .arg("on")
+                .arg(">pw")
+                .arg("~*")
+                .arg("+@all")
+                .arg(rule),
+        );
+    };
+    acl("-time");
+    let s = storage(
+        &format!("redis://limited:pw@127.0.0.1:{}", server.port()),
+        1_000,
+    );
+    // The ping checks the clock once connected.
+    let (why, _) =
+        common::eventually::eventually(Duration::from_secs(5), "the clock refused", || {
+            let s = s.clone();
+            async move {
+                s.ping()
+                    .await
+                    .err()
+                    .filter(|e| e.to_string().contains("TIME"))
+            }
+        })
+        .await;
+    assert!(why.to_string().contains("refused the clock check"), "{why}");
+    let l = limiter(YAML, s.clone(), &unique_prefix("clock"));
+    let e = call(&l, &[("k", "v")]).await.expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    assert!(
+        e.message()
+            .contains("refused the clock check, TIME inside a Lua script"),
+        "{}",
+        e.message()
+    );
+    let why = l.check_charges().await.expect_err("unhealthy");
+    assert!(
+        why.to_string().contains("TIME inside a Lua script"),
+        "{why}"
+    );
+    assert_eq!(
+        server.command_executions("evalsha"),
+        0,
+        "no bucket script ran"
+    );
+    acl("+time");
+    tokio::time::sleep(bucket_rls::storage::redis::script_clock::RECHECK_AFTER).await;
+    assert_eq!(ok_remaining(&l, &[("k", "v")]).await, (OK, 99));
+    l.check_charges().await.expect("healthy");
+}

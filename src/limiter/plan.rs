@@ -412,7 +412,9 @@ descriptors:
             o
         };
         let limited = |p: &Plan| match p {
-            Plan::Limited { shadow, current, .. } => Some((*shadow, current.requests_per_unit)),
+            Plan::Limited {
+                shadow, current, ..
+            } => Some((*shadow, current.requests_per_unit)),
             _ => None,
         };
         // The shadow rule's override: enforced, with the override's rate,

@@ -449,14 +449,22 @@ fn numbers_and_booleans_the_go_service_reads_alike_load() {
         let config = compile_texts(&[("t.yaml".into(), yaml.into_bytes())])
             .unwrap_or_else(|e| panic!("{literal} must load: {e}"));
         let domain = &config.domains["d"];
-        let a = domain.rules.iter().find(|r| r.path == "d.a").expect("rule a");
+        let a = domain
+            .rules
+            .iter()
+            .find(|r| r.path == "d.a")
+            .expect("rule a");
         assert!(
             matches!(a.policy, Policy::Limited { requests_per_unit, .. } if requests_per_unit == expected),
             "{literal}: {:?}",
             a.policy
         );
         assert!(a.shadow_mode, "yes is true");
-        let b = domain.rules.iter().find(|r| r.path == "d.b").expect("rule b");
+        let b = domain
+            .rules
+            .iter()
+            .find(|r| r.path == "d.b")
+            .expect("rule b");
         assert!(matches!(b.policy, Policy::Unlimited), "Y is true");
     }
 }

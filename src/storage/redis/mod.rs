@@ -400,27 +400,32 @@ impl Pipeline {
         breaker: &CircuitBreaker,
         call: &ScriptCall,
     ) -> Result<RequestResult, StorageError> {
-        self.clock_gate(source).await?;
         let started = Instant::now();
         let span = crate::otel::RedisSpan::start(call.keys.len());
         let mut tag = None;
         let attempt = async {
             let (t, mut conn) = source.connection().await?;
             tag = Some(t);
+            self.clock_gate_on(source, &mut conn).await?;
             Ok(source.eval(&mut conn, &self.script, call).await)
         };
         let result = match tokio::time::timeout(self.timeout, attempt).await {
             Err(_) if tag.is_none() => Err(source.no_connection(self.timeout)),
             Err(_) => Err(StorageError::Timeout(self.timeout)),
-            Ok(Err(not_connected)) => return Err(not_connected),
+            Ok(Err(not_connected)) if tag.is_none() => return Err(not_connected),
+            // The clock check refused the node, or could not run on it.
+            Ok(Err(gate)) => Err(gate),
             Ok(Ok(Err(e))) => Err(source.classify(self, &e)),
             Ok(Ok(Ok(v))) => call.parse_reply(&v),
         };
         match &result {
             Ok(_) => breaker.success(),
             Err(e) if e.is_transient() => {
-                // The connection may come back to another node.
-                self.clock.forget();
+                if matches!(e, StorageError::Unreachable { .. }) {
+                    // The connection comes back to a node that may be
+                    // another: its clock is checked again.
+                    self.clock.forget();
+                }
                 breaker.failure_of_call_started(started);
             }
             Err(_) => {}
@@ -437,13 +442,35 @@ impl Pipeline {
     /// a (re)connection, a failover or a script reload) or was bad more
     /// than [`script_clock::RECHECK_AFTER`] ago ([`script_clock`]). With
     /// the test-only explicit clock the script never reads `TIME`, and
-    /// nothing is checked.
+    /// nothing is checked. The backends' pings run it (the background
+    /// health ping, `/healthcheck`), so the check normally runs when a
+    /// connection is made, before the first request; a request's own call
+    /// runs it on its connection when the verdict is unknown.
     ///
     /// # Errors
     /// A [`BackendKind::Clock`] error naming the engine problem, or the
     /// check's own connection error or timeout (the verdict then stays
     /// unknown).
     pub(crate) async fn clock_gate<S: ConnSource>(&self, source: &S) -> Result<(), StorageError> {
+        if self.test_clock.is_some() || matches!(self.clock.gate(), script_clock::Gate::Pass) {
+            return Ok(());
+        }
+        let attempt = async {
+            let (_, mut conn) = source.connection().await?;
+            self.clock_gate_on(source, &mut conn).await
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .unwrap_or(Err(StorageError::Timeout(self.timeout)))
+    }
+
+    /// [`Pipeline::clock_gate`] on a connection already taken (within the
+    /// caller's timeout).
+    async fn clock_gate_on<S: ConnSource>(
+        &self,
+        source: &S,
+        conn: &mut S::Conn,
+    ) -> Result<(), StorageError> {
         if self.test_clock.is_some() {
             return Ok(());
         }
@@ -452,18 +479,13 @@ impl Pipeline {
             script_clock::Gate::Refuse(e) => return Err(e),
             script_clock::Gate::Check => {}
         }
-        let attempt = async {
-            let (_, mut conn) = source.connection().await?;
-            Ok(::redis::cmd("EVAL")
-                .arg(script_clock::CHECK_SCRIPT)
-                .arg(0)
-                .query_async::<Value>(&mut conn)
-                .await)
-        };
-        let script_us = match tokio::time::timeout(self.timeout, attempt).await {
-            Err(_) => return Err(StorageError::Timeout(self.timeout)),
-            Ok(Err(not_connected)) => return Err(not_connected),
-            Ok(Ok(Err(e))) => {
+        let reply = ::redis::cmd("EVAL")
+            .arg(script_clock::CHECK_SCRIPT)
+            .arg(0)
+            .query_async::<Value>(conn)
+            .await;
+        let script_us = match reply {
+            Err(e) => {
                 // An error reply about the script itself is the engine's
                 // refusal; anything else (connection, failover, loading)
                 // leaves the verdict unknown.
@@ -475,7 +497,7 @@ impl Pipeline {
                     _ => return Err(e),
                 }
             }
-            Ok(Ok(Ok(v))) => script_clock::parse_reply(&v).ok_or_else(|| {
+            Ok(v) => script_clock::parse_reply(&v).ok_or_else(|| {
                 format!("TIME in a script answered {v:?}, not [seconds, microseconds]")
             }),
         };

@@ -540,7 +540,8 @@ impl Storage for RedisSentinelStorage {
                 let is_master = matches!(&v, ::redis::Value::Array(items)
                     if matches!(items.first(), Some(::redis::Value::BulkString(b)) if b == b"master"));
                 if is_master {
-                    Ok(())
+                    // The master's script clock, checked once per master.
+                    inner.pipeline.clock_gate(&**inner).await
                 } else {
                     Err(StorageError::backend(
                         BackendKind::ReadOnly,
