@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
 
 const YAML: &str = r"
 domain: rl
@@ -32,6 +33,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10}
   - key: free
     rate_limit: {unlimited: true}
+  - key: hourly
+    value: v
+    rate_limit: {unit: hour, requests_per_unit: 10}
 ";
 
 /// Timing tests run one at a time, so parallel tests do not skew latencies.
@@ -584,4 +588,40 @@ async fn an_engine_whose_scripts_cannot_read_time_is_refused_with_the_reason() {
     tokio::time::sleep(bucket_rls::storage::redis::script_clock::RECHECK_AFTER).await;
     assert_eq!(ok_remaining(&l, &[("k", "v")]).await, (OK, 99));
     l.check_charges().await.expect("healthy");
+}
+
+/// Hard quotas across a Redis crash (docs/redis.md, "Budgets that survive a
+/// restart"): with `appendonly yes` and `appendfsync always`, a bucket
+/// drained before Redis is killed with SIGKILL is still drained when Redis
+/// restarts from its append-only file; without persistence the same
+/// restart starts it full (the over-admission docs/design.md states for a
+/// restart without AOF: one burst per bucket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_buckets_stay_drained_across_sigkill_with_aof_always() {
+    for (persistence, after_restart) in [
+        (&["--appendonly", "yes", "--appendfsync", "always"][..], (OVER, 0)),
+        (&[][..], (OK, 9)),
+    ] {
+        let mut server = RedisServer::start_with(persistence);
+        let s = storage(&server.url(), 1_000);
+        wait_ready(&s).await;
+        let l = limiter(YAML, s.clone(), &unique_prefix("aof"));
+        for left in (0..10).rev() {
+            assert_eq!(ok_remaining(&l, &[("hourly", "v")]).await, (OK, left));
+        }
+        assert_eq!(ok_remaining(&l, &[("hourly", "v")]).await.0, OVER);
+        // SIGKILL: no shutdown save, only what the AOF already holds.
+        server.restart();
+        let (answer, _) = common::eventually::eventually(
+            Duration::from_secs(10),
+            "served again after the restart",
+            || async { call(&l, &[("hourly", "v")]).await.ok() },
+        )
+        .await;
+        assert_eq!(
+            (answer.overall_code, answer.statuses[0].limit_remaining),
+            after_restart,
+            "{persistence:?}"
+        );
+    }
 }
