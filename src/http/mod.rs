@@ -240,19 +240,17 @@ fn json_content_type_ok(path: &str, headers: &axum::http::HeaderMap) -> Result<(
 }
 
 /// The request body of `/json` and `/reset`: its `Content-Type` checked,
-/// read whole and parsed; the error response otherwise.
+/// read whole and parsed; the error status and message otherwise.
 fn json_request(
     path: &str,
     headers: &axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<json::JsonRequest, Response> {
-    if let Err(msg) = json_content_type_ok(path, headers) {
-        return Err(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, &msg));
-    }
+) -> Result<json::JsonRequest, (StatusCode, String)> {
+    json_content_type_ok(path, headers).map_err(|msg| (StatusCode::UNSUPPORTED_MEDIA_TYPE, msg))?;
     // A body over the limit (413) or one that fails to arrive: the same JSON
     // error shape as every other answer.
-    let body = body.map_err(|r| error(r.status(), &r.body_text()))?;
-    json::JsonRequest::parse(&body).map_err(|msg| error(StatusCode::BAD_REQUEST, &msg))
+    let body = body.map_err(|r| (r.status(), r.body_text()))?;
+    json::JsonRequest::parse(&body).map_err(|msg| (StatusCode::BAD_REQUEST, msg))
 }
 
 /// The error response of a [`DecideError`]: 400 or 503.
@@ -271,7 +269,7 @@ async fn json(
 ) -> Response {
     let req = match json_request("/json", &headers, body) {
         Ok(r) => r,
-        Err(response) => return response,
+        Err((code, msg)) => return error(code, &msg),
     };
     match limiter.decide(&req.to_request()).await {
         Ok(decision) => {
@@ -294,7 +292,7 @@ async fn reset(
 ) -> Response {
     let req = match json_request("/reset", &headers, body) {
         Ok(r) => r,
-        Err(response) => return response,
+        Err((code, msg)) => return error(code, &msg),
     };
     match limiter.reset(&req.to_request()).await {
         Ok(outcome) => json_response(StatusCode::OK, &outcome),

@@ -1,6 +1,6 @@
 //! Making buckets full again on an operator's request (`POST /reset` on the
 //! admin port): the buckets a request's descriptors would charge, found
-//! exactly as `ShouldRateLimit` finds them ([`super::plan`]), are forgotten
+//! exactly as `ShouldRateLimit` finds them (the planner of `limiter::plan`), are forgotten
 //! in storage, so the next request sees them full.
 
 use super::plan::{self, Plan};

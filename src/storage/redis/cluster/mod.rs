@@ -569,10 +569,7 @@ impl Storage for RedisClusterStorage {
                 // The script clock of the nodes, checked once per
                 // connection (`/healthcheck` says why it is refused).
                 Ok(Ok(_)) => {
-                    let any = SlotSource {
-                        inner: &**inner,
-                        slot: 0,
-                    };
+                    let any = SlotSource { inner, slot: 0 };
                     return inner.pipeline.clock_gate(&any).await;
                 }
                 Ok(Err(e)) => last = inner.pipeline.classify(&e),
