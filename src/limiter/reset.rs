@@ -165,3 +165,53 @@ fn audit(out: &ResetOutcome) {
         "buckets reset to full (POST /reset)"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::compile::compile_texts;
+    use crate::limiter::Descriptor;
+    use crate::settings::ServiceSettings;
+    use crate::storage::memory::MemoryStorage;
+    use std::sync::Arc;
+
+    /// One audit line per reset, naming the domain, the rules and the
+    /// counts; the bucket keys (client values) are not logged.
+    #[test]
+    fn a_reset_logs_one_audit_line_without_client_values() {
+        let yaml = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+        let config = compile_texts(&[("d.yaml".into(), yaml.as_bytes().to_vec())]).unwrap();
+        let l = Limiter::new(
+            config,
+            Arc::new(MemoryStorage::default()),
+            ServiceSettings::default(),
+        );
+        let req = Request {
+            domain: "d",
+            descriptors: vec![Descriptor::new(vec![("user", "secret-token-value")])],
+            hits_addend: 0,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let log = crate::test_log::logged(tracing::Level::INFO, || {
+            rt.block_on(async {
+                l.decide(&req).await.expect("charged");
+                let out = l.reset(&req).await.expect("reset");
+                assert!(out.reset[0].was_drained, "{out:?}");
+            });
+        });
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("audit=true")).collect();
+        assert_eq!(lines.len(), 1, "{log}");
+        for needle in [
+            "domain=d",
+            "buckets=1",
+            "drained=1",
+            "rules=d.user",
+            "POST /reset",
+        ] {
+            assert!(lines[0].contains(needle), "{needle}: {}", lines[0]);
+        }
+        assert!(!log.contains("secret-token-value"), "{log}");
+    }
+}
