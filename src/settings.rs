@@ -79,7 +79,9 @@ pub struct ServiceSettings {
     pub near_limit_ratio: f64,
     /// Most descriptors accepted in one request; more is `INVALID_ARGUMENT`.
     pub max_descriptors: usize,
-    /// Most entries accepted in one descriptor; more is `INVALID_ARGUMENT`.
+    /// Most entries a descriptor may have to be looked up; a longer one is
+    /// deeper than any rule and is answered `OK` without a limit (as the Go
+    /// service answers it) without being looked up.
     pub max_entries: usize,
     /// Send `duration_until_reset` with millisecond precision instead of whole
     /// seconds rounded up (for clients other than Envoy, which reads only seconds).

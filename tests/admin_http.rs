@@ -545,3 +545,105 @@ async fn drain_is_bounded_even_with_a_health_watch_held_open() {
     );
     drop(watch);
 }
+
+/// `POST /reset` takes the `/json` request: the buckets it maps to are
+/// made full (the answer names the rules and buckets), the metric counts
+/// them, and the same request is then admitted with `limitRemaining` =
+/// burst − cost. Its method, content type and storage errors are those of
+/// `/json`.
+#[tokio::test]
+async fn reset_makes_a_drained_bucket_full_and_says_which() {
+    let l = common::limiter(YAML, memory(), "rs:");
+    let body = json!({"domain": "adm", "descriptors": [
+        {"entries": [{"key": "user", "value": "carol"}]},
+        {"entries": [{"key": "vip", "value": "v"}]}]});
+    let (s, _) = post_json(
+        &l,
+        json!({"domain": "adm", "hitsAddend": 3,
+        "descriptors": [{"entries": [{"key": "user", "value": "carol"}]}]}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        post_json(&l, body.clone()).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let before = resets();
+    let (s, ctype, b) = call(&l, "POST", "/reset", &body.to_string()).await;
+    assert_eq!((s, ctype.as_str()), (StatusCode::OK, "application/json"));
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(
+        v,
+        json!({"domain": "adm",
+            "reset": [{"descriptor": 0, "rule": "adm.user", "name": "per_user",
+                "byOverride": false, "bucket": "rs:d3:adm|k4:user=v5:carol",
+                "wasDrained": true}],
+            "notReset": [{"descriptor": 1, "reason": "unlimited"}]})
+    );
+    assert!(resets() - before >= 1.0, "counted");
+    // burst 3 - cost 1.
+    let (s, v) = post_json(&l, body.clone()).await;
+    assert_eq!(
+        (s, &v["statuses"][0]["limitRemaining"]),
+        (StatusCode::OK, &json!(2))
+    );
+    let (s, _, _) = call(&l, "GET", "/reset", "").await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    let req = Request::builder()
+        .method("POST")
+        .uri("/reset")
+        .header("content-type", "text/plain")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = bucket_rls::http::router(l.clone())
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (s, _, b) = call(&l, "POST", "/reset", r#"{"domain": ""}"#).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+    let down = common::limiter(YAML, Arc::new(Down), "rs:");
+    let (s, _, b) = call(&down, "POST", "/reset", &body.to_string()).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+}
+
+/// `bucket_rls_bucket_resets_total` as the admin port renders it.
+fn resets() -> f64 {
+    let text = bucket_rls::metrics::render_native("", SystemTime::now(), None);
+    metric(&text, m::BUCKET_RESETS, &[]).unwrap_or(0.0)
+}
+
+/// Reading a quota without charging it: `/json` with a descriptor's
+/// `hitsAddend` 0 answers what is left, with the RateLimit headers, and
+/// takes nothing (a second read and the next charge see the same balance).
+#[tokio::test]
+async fn a_zero_cost_json_request_reads_the_quota_with_its_headers_without_charging() {
+    let l = Arc::new(Limiter::new(
+        common::config(&[("adm.yaml", YAML)]),
+        memory(),
+        bucket_rls::settings::ServiceSettings {
+            key_prefix: "rd:".into(),
+            rate_limit_headers: bucket_rls::settings::RateLimitHeaders::Draft03,
+            ..Default::default()
+        },
+    ));
+    let user = |hits: u64| {
+        json!({"domain": "adm", "descriptors": [
+            {"entries": [{"key": "user", "value": "dave"}], "hitsAddend": hits}]})
+    };
+    assert_eq!(post_json(&l, user(1)).await.0, StatusCode::OK);
+    for _ in 0..2 {
+        let (s, v) = post_json(&l, user(0)).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(v["statuses"][0]["limitRemaining"], json!(2));
+        assert_eq!(
+            v["responseHeadersToAdd"],
+            json!([{"key": "ratelimit-limit", "value": "2, 2;w=60"},
+                {"key": "ratelimit-remaining", "value": "2"},
+                {"key": "ratelimit-reset", "value": "30"}]),
+            "{v}"
+        );
+    }
+    let (_, v) = post_json(&l, user(1)).await;
+    assert_eq!(v["statuses"][0]["limitRemaining"], json!(1));
+}

@@ -9,7 +9,9 @@ use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::memory::MemoryStorage;
 use common::{config, desc, req};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use std::sync::Arc;
 
 const YAML: &str =
@@ -57,25 +59,49 @@ async fn ten_thousand_descriptors_are_refused_clearly() {
     assert_eq!(r.overall_code, Code::Ok as i32);
 }
 
+/// A descriptor longer than any rule can be deep gets OK without a limit,
+/// as the Go service answers it, and the request's other descriptors are
+/// still decided and charged (a refusal would make Envoy fall back to its
+/// failure mode for all of them).
 #[tokio::test]
-async fn too_many_entries_are_refused_clearly() {
-    let l = limiter(ServiceSettings::default());
-    let entries: Vec<(String, String)> = (0..100)
-        .map(|i| (format!("k{i}"), "v".to_owned()))
-        .collect();
-    let refs: Vec<(&str, &str)> = entries
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let e = l
-        .should_rate_limit(&req("d", vec![desc(&[("k", "a")]), desc(&refs)], 1))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert_eq!(
-        e.message(),
-        "descriptors[1]: too many entries: 100 (at most 64)"
+async fn a_descriptor_longer_than_any_rule_is_answered_without_a_limit_and_the_others_are_decided()
+{
+    let l = Limiter::new(
+        config(&[(
+            "d.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+        )]),
+        Arc::new(MemoryStorage::default()),
+        ServiceSettings::default(),
     );
+    for (charged, count) in [65, 100, 10_000].into_iter().enumerate() {
+        let entries: Vec<(String, String)> = (0..count)
+            .map(|i| (format!("k{i}"), "v".to_owned()))
+            .collect();
+        let refs: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        // With an override too: no bucket keyed by every entry is made.
+        let mut long = desc(&refs);
+        long.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: Unit::Minute as i32,
+        });
+        let r = l
+            .should_rate_limit(&req("d", vec![long, desc(&[("k", "a")])], 1))
+            .await
+            .expect("answered");
+        assert_eq!(r.overall_code, Code::Ok as i32, "{count} entries: {r:?}");
+        assert_eq!(r.statuses[0].code, Code::Ok as i32);
+        assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
+        // The other descriptor is charged on every call: 9, 8, 7 left.
+        assert_eq!(
+            u64::from(r.statuses[1].limit_remaining),
+            9 - charged as u64,
+            "{r:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -4,32 +4,8 @@
 
 mod common;
 
-use async_trait::async_trait;
-use bucket_rls::storage::Storage;
-use bucket_rls::storage::clock::ManualClock;
-use bucket_rls::storage::redis::RedisStorage;
-use common::conformance::Backend;
+use common::conformance::RedisBackend;
 use common::redis::RedisServer;
-use std::sync::Arc;
-use std::time::Duration;
-
-/// A Redis backend on its own server.
-struct RedisBackend {
-    server: RedisServer,
-}
-
-#[async_trait]
-impl Backend for RedisBackend {
-    async fn storage(&self, clock: ManualClock) -> Arc<dyn Storage> {
-        // A generous timeout: these cases test answers, not latency.
-        let s = RedisStorage::builder(self.server.url())
-            .timeout(Duration::from_secs(2))
-            .test_clock(Arc::new(clock))
-            .build()
-            .expect("valid URL");
-        Arc::new(s)
-    }
-}
 
 async fn redis() -> RedisBackend {
     RedisBackend {

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
 
 const YAML: &str = r"
 domain: rl
@@ -32,6 +33,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10}
   - key: free
     rate_limit: {unlimited: true}
+  - key: hourly
+    value: v
+    rate_limit: {unit: hour, requests_per_unit: 10}
 ";
 
 /// Timing tests run one at a time, so parallel tests do not skew latencies.
@@ -520,4 +524,115 @@ async fn a_latency_spike_does_not_open_the_breaker() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = call(&l, &[("k", "v")]).await.expect("Redis answers again");
     assert_eq!(r.overall_code, OK);
+}
+
+/// An engine whose scripts may not read `TIME` (as some managed services
+/// forbid; here an ACL user without `TIME`, which Redis applies inside
+/// scripts too): the backend refuses to serve from it, before any bucket
+/// is touched, with an error naming the engine problem; the health probe
+/// says the same; once `TIME` is allowed the next check passes and
+/// requests are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_scripts_cannot_read_time_is_refused_with_the_reason() {
+    let server = RedisServer::start();
+    let acl = |rule: &str| {
+        let _: () = server.query(
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("limited")
+                .arg("on")
+                .arg(">pw")
+                .arg("~*")
+                .arg("+@all")
+                .arg(rule),
+        );
+    };
+    acl("-time");
+    let s = storage(
+        &format!("redis://limited:pw@127.0.0.1:{}", server.port()),
+        1_000,
+    );
+    // The ping checks the clock once connected.
+    let (why, _) =
+        common::eventually::eventually(Duration::from_secs(5), "the clock refused", || {
+            let s = s.clone();
+            async move {
+                s.ping()
+                    .await
+                    .err()
+                    .filter(|e| e.to_string().contains("TIME"))
+            }
+        })
+        .await;
+    assert!(why.to_string().contains("refused the clock check"), "{why}");
+    let l = limiter(YAML, s.clone(), &unique_prefix("clock"));
+    let e = call(&l, &[("k", "v")]).await.expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    assert!(
+        e.message()
+            .contains("refused the clock check, TIME inside a Lua script"),
+        "{}",
+        e.message()
+    );
+    let why = l.check_charges().await.expect_err("unhealthy");
+    assert!(
+        why.to_string().contains("TIME inside a Lua script"),
+        "{why}"
+    );
+    assert_eq!(
+        server.command_executions("evalsha"),
+        0,
+        "no bucket script ran"
+    );
+    acl("+time");
+    tokio::time::sleep(bucket_rls::storage::redis::script_clock::RECHECK_AFTER).await;
+    assert_eq!(ok_remaining(&l, &[("k", "v")]).await, (OK, 99));
+    l.check_charges().await.expect("healthy");
+}
+
+/// Hard quotas across a Redis crash (docs/redis.md, "Budgets that survive a
+/// restart"): with `appendonly yes` and `appendfsync always`, a bucket
+/// drained before Redis is killed with SIGKILL is still drained when Redis
+/// restarts from its append-only file; without persistence the same
+/// restart starts it full (the over-admission docs/design.md states for a
+/// restart without AOF: one burst per bucket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_buckets_stay_drained_across_sigkill_with_aof_always() {
+    for (persistence, after_restart) in [
+        (
+            &["--appendonly", "yes", "--appendfsync", "always"][..],
+            (OVER, 0),
+        ),
+        (&[][..], (OK, 9)),
+    ] {
+        let mut server = RedisServer::start_with(persistence);
+        // Without the local over-limit cache, whose denial of a second
+        // would answer for Redis right after a quick restart.
+        let s = Arc::new(
+            RedisStorage::builder(server.url())
+                .timeout(Duration::from_secs(1))
+                .local_cache_size(0)
+                .build()
+                .expect("valid URL"),
+        );
+        wait_ready(&s).await;
+        let l = limiter(YAML, s.clone(), &unique_prefix("aof"));
+        for left in (0..10).rev() {
+            assert_eq!(ok_remaining(&l, &[("hourly", "v")]).await, (OK, left));
+        }
+        assert_eq!(ok_remaining(&l, &[("hourly", "v")]).await.0, OVER);
+        // SIGKILL: no shutdown save, only what the AOF already holds.
+        server.restart();
+        let (answer, _) = common::eventually::eventually(
+            Duration::from_secs(10),
+            "served again after the restart",
+            || async { call(&l, &[("hourly", "v")]).await.ok() },
+        )
+        .await;
+        assert_eq!(
+            (answer.overall_code, answer.statuses[0].limit_remaining),
+            after_restart,
+            "{persistence:?}"
+        );
+    }
 }

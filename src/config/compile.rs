@@ -7,6 +7,7 @@
 //! the file, the line where there is one, and the descriptor path.
 
 use super::files::hash_files;
+use super::scalar;
 use super::schema::{self, RawDescriptor, RawFile, RawRateLimit, RawReplace, StrayKey, Text};
 use super::{
     Config, ConfigError, ConfigErrors, DomainConfig, MetricLevel, MetricLevelKind, Policy, Rule,
@@ -128,6 +129,8 @@ fn nearest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
 
 struct Ctx<'a> {
     file: &'a str,
+    /// The file's text (empty for a tree not parsed from a file).
+    source: &'a str,
     errors: Vec<ConfigError>,
 }
 
@@ -172,34 +175,24 @@ impl Ctx<'_> {
 
     fn boolean(&mut self, t: Option<&Text>, path: &str, what: &str) -> bool {
         let Some(t) = t else { return false };
-        match t.value.to_ascii_lowercase().as_str() {
-            "true" | "yes" | "on" => true,
-            "false" | "no" | "off" | "" | "~" | "null" => false,
-            other => {
-                self.err(
-                    t.line,
-                    path,
-                    format!("{what}: expected true or false, got '{other}'"),
-                );
-                false
-            }
-        }
+        scalar::read_bool(&t.value, self.quoted(t)).unwrap_or_else(|e| {
+            self.err(t.line, path, format!("{what}: {e}"));
+            false
+        })
     }
 
     fn uint(&mut self, t: &Text, path: &str, what: &str) -> Option<u32> {
-        let s = t.value.trim().replace('_', "");
-        if let Ok(v) = s.parse::<u32>() {
-            return Some(v);
-        }
-        self.err(
-            t.line,
-            path,
-            format!(
-                "{what}: expected an integer from 0 to 4294967295, got '{}'",
-                t.value
-            ),
-        );
-        None
+        scalar::read_u32(&t.value, self.quoted(t))
+            .map_err(|e| self.err(t.line, path, format!("{what}: {e}")))
+            .ok()
+    }
+
+    /// Whether `t` was written in quotes: the byte where it starts in the
+    /// file's text (none for a tree not parsed from a file).
+    fn quoted(&self, t: &Text) -> bool {
+        t.offset
+            .and_then(|o| self.source.as_bytes().get(o))
+            .is_some_and(|b| matches!(b, b'"' | b'\''))
     }
 }
 
@@ -210,6 +203,7 @@ impl Ctx<'_> {
 pub fn compile_file(file: &str, text: &str) -> Result<DomainConfig, Vec<ConfigError>> {
     let mut cx = Ctx {
         file,
+        source: text,
         errors: Vec::new(),
     };
     let raw = match schema::parse(text) {
@@ -786,6 +780,7 @@ pub fn compile_raw_files(
         .map(|(name, raw)| {
             let mut cx = Ctx {
                 file: &name,
+                source: "",
                 errors: Vec::new(),
             };
             let d = compile_raw(&mut cx, raw);

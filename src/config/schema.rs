@@ -23,6 +23,11 @@ pub struct Text {
     pub value: String,
     /// Its line, when it has one.
     pub line: Option<u32>,
+    /// Byte offset in the file where the scalar starts (where an anchor
+    /// defines it, for an alias), when known: the compiler reads the byte
+    /// there to tell a quoted scalar (a string to the Go service) from a
+    /// plain one.
+    pub offset: Option<usize>,
 }
 
 impl Text {
@@ -32,6 +37,7 @@ impl Text {
         Self {
             value: value.into(),
             line: None,
+            offset: None,
         }
     }
 }
@@ -41,6 +47,11 @@ impl<'de> Deserialize<'de> for Text {
         let s = Spanned::<String>::deserialize(d)?;
         Ok(Self {
             line: Some(line_of(&s.referenced)),
+            offset: s
+                .defined
+                .span()
+                .byte_offset()
+                .and_then(|o| usize::try_from(o).ok()),
             value: s.value,
         })
     }

@@ -28,7 +28,15 @@
 //!   overall code is `OK`, 429 with it when `OVER_LIMIT`, 400
 //!   `{"error": "..."}` for a malformed request, 415 for a `Content-Type`
 //!   other than `application/json` (a browser's cross-site `text/plain` or
-//!   form post), 503 when storage is unavailable.
+//!   form post), 503 when storage is unavailable. A descriptor with
+//!   `hitsAddend` 0 reads its bucket without charging it.
+//! - `POST /reset`: the same request body as `/json`; makes full every
+//!   bucket its descriptors map to ([`Limiter::reset`]: the same rules,
+//!   `replaces` and overrides as a `ShouldRateLimit` call) and answers 200
+//!   with [`crate::limiter::reset::ResetOutcome`] (`{"domain", "reset":
+//!   [{descriptor, rule, name, byOverride, bucket, wasDrained}],
+//!   "notReset": [{descriptor, reason}]}`); one audit log line and
+//!   `bucket_rls_bucket_resets_total` per call; the errors of `/json`.
 //!
 //! The router is built by [`router`] so tests call it without a socket; the
 //! `/rlconfig` body is [`rlconfig::RlConfig`], the one type that
@@ -85,6 +93,7 @@ pub fn router_with(
         .route("/rlconfig", get(rlconfig))
         .route("/rlqs", get(rlqs))
         .route("/json", post(json))
+        .route("/reset", post(reset))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .with_state(limiter)
@@ -128,7 +137,11 @@ pub fn debug_router(limiter: Arc<Limiter>) -> Router {
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    let allowed = if uri.path() == "/json" { "POST" } else { "GET" };
+    let allowed = if matches!(uri.path(), "/json" | "/reset") {
+        "POST"
+    } else {
+        "GET"
+    };
     let mut r = error(
         StatusCode::METHOD_NOT_ALLOWED,
         &format!("{method} is not allowed on {}; use {allowed}", uri.path()),
@@ -143,7 +156,7 @@ async fn not_found(uri: axum::http::Uri) -> Response {
     error(
         StatusCode::NOT_FOUND,
         &format!(
-            "no endpoint {}; endpoints: /healthcheck, /livez, /metrics, /rlconfig (GET), /json (POST)",
+            "no endpoint {}; endpoints: /healthcheck, /livez, /metrics, /rlconfig, /rlqs (GET), /json, /reset (POST)",
             uri.path()
         ),
     )
@@ -201,11 +214,11 @@ async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> Response {
     json_response(StatusCode::OK, &view)
 }
 
-/// Whether a `/json` request's `Content-Type` is acceptable: absent, or
+/// Whether a `/json` or `/reset` request's `Content-Type` is acceptable: absent, or
 /// `application/json` (any parameters). The types a browser may send
 /// cross-site without asking first (`text/plain`, forms) are refused, so a
 /// web page cannot spend a client's budget through a visitor's browser.
-fn json_content_type_ok(headers: &axum::http::HeaderMap) -> Result<(), String> {
+fn json_content_type_ok(path: &str, headers: &axum::http::HeaderMap) -> Result<(), String> {
     let Some(v) = headers.get(header::CONTENT_TYPE) else {
         return Ok(());
     };
@@ -221,9 +234,32 @@ fn json_content_type_ok(headers: &axum::http::HeaderMap) -> Result<(), String> {
     } else {
         let shown: String = mime.chars().take(64).collect();
         Err(format!(
-            "POST /json takes Content-Type: application/json, not {shown:?} (curl: -H 'content-type: application/json')"
+            "POST {path} takes Content-Type: application/json, not {shown:?} (curl: -H 'content-type: application/json')"
         ))
     }
+}
+
+/// The request body of `/json` and `/reset`: its `Content-Type` checked,
+/// read whole and parsed; the error status and message otherwise.
+fn json_request(
+    path: &str,
+    headers: &axum::http::HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<json::JsonRequest, (StatusCode, String)> {
+    json_content_type_ok(path, headers).map_err(|msg| (StatusCode::UNSUPPORTED_MEDIA_TYPE, msg))?;
+    // A body over the limit (413) or one that fails to arrive: the same JSON
+    // error shape as every other answer.
+    let body = body.map_err(|r| (r.status(), r.body_text()))?;
+    json::JsonRequest::parse(&body).map_err(|msg| (StatusCode::BAD_REQUEST, msg))
+}
+
+/// The error response of a [`DecideError`]: 400 or 503.
+fn decide_error(e: &DecideError) -> Response {
+    let code = match e {
+        DecideError::Invalid(_) => StatusCode::BAD_REQUEST,
+        DecideError::Storage(_) | DecideError::NoConfig => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(code, &e.to_string())
 }
 
 async fn json(
@@ -231,18 +267,9 @@ async fn json(
     headers: axum::http::HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    if let Err(msg) = json_content_type_ok(&headers) {
-        return error(StatusCode::UNSUPPORTED_MEDIA_TYPE, &msg);
-    }
-    // A body over the limit (413) or one that fails to arrive: the same JSON
-    // error shape as every other answer.
-    let body = match body {
-        Ok(b) => b,
-        Err(r) => return error(r.status(), &r.body_text()),
-    };
-    let req = match json::JsonRequest::parse(&body) {
+    let req = match json_request("/json", &headers, body) {
         Ok(r) => r,
-        Err(msg) => return error(StatusCode::BAD_REQUEST, &msg),
+        Err((code, msg)) => return error(code, &msg),
     };
     match limiter.decide(&req.to_request()).await {
         Ok(decision) => {
@@ -253,13 +280,23 @@ async fn json(
             };
             json_response(code, &json::JsonResponse::from_decision(&decision))
         }
-        Err(e) => {
-            let code = match e {
-                DecideError::Invalid(_) => StatusCode::BAD_REQUEST,
-                DecideError::Storage(_) | DecideError::NoConfig => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            error(code, &e.to_string())
-        }
+        Err(e) => decide_error(&e),
+    }
+}
+
+/// `POST /reset`: makes full the buckets of the request's descriptors.
+async fn reset(
+    State(limiter): State<Arc<Limiter>>,
+    headers: axum::http::HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let req = match json_request("/reset", &headers, body) {
+        Ok(r) => r,
+        Err((code, msg)) => return error(code, &msg),
+    };
+    match limiter.reset(&req.to_request()).await {
+        Ok(outcome) => json_response(StatusCode::OK, &outcome),
+        Err(e) => decide_error(&e),
     }
 }
 

@@ -20,6 +20,7 @@ pub mod metadata;
 mod plan;
 pub mod quota;
 pub mod request;
+pub mod reset;
 pub mod verdict;
 
 pub use request::{Bounds, Descriptor, InvalidRequest, Override, Request};
@@ -202,7 +203,7 @@ impl Limiter {
     ///
     /// # Errors
     /// [`DecideError::Invalid`] for a malformed request (empty domain, no
-    /// descriptors, too many descriptors or entries, an override unit that
+    /// descriptors, too many descriptors, an override unit that
     /// is not `SECOND`..`YEAR`); [`DecideError::Storage`] when storage fails
     /// and the policy is `unavailable`.
     pub async fn decide(&self, req: &Request<'_>) -> Result<Decision, DecideError> {
@@ -228,7 +229,6 @@ impl Limiter {
     async fn decide_inner(&self, req: &Request<'_>) -> Result<Decision, DecideError> {
         req.validate(Bounds {
             max_descriptors: self.settings.max_descriptors,
-            max_entries: self.settings.max_entries,
         })?;
         if self.config.is_awaiting_first_config() {
             return Err(DecideError::NoConfig);

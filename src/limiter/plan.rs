@@ -54,21 +54,41 @@ pub(super) fn plan(
     settings: &ServiceSettings,
     labels: &ValueLabels,
 ) -> (Vec<Plan>, Vec<Charge>) {
-    // Pass 1: match every descriptor and collect `replaces`.
+    // Pass 1: match every descriptor and collect `replaces`. A descriptor
+    // longer than `max_entries` is deeper than any rule can be (a config
+    // nests about 30 levels before its parser's depth bound), so it is not
+    // looked up at all: answered OK without a limit, with no work that
+    // grows with its length (docs/design.md, "Matching descriptors").
+    let too_long = |d: &super::request::Descriptor<'_>| d.entries.len() > settings.max_entries;
     let matched: Vec<Option<matcher::Matched<'_>>> = req
         .descriptors
         .iter()
-        .map(|d| matcher::find(&domain.root, &d.entries))
+        .map(|d| {
+            if too_long(d) {
+                None
+            } else {
+                matcher::find(&domain.root, &d.entries)
+            }
+        })
         .collect();
-    let replaced: HashSet<&str> = matched
+    // As in the Go service, a descriptor with a `limit` override is not
+    // answered by its rule: it neither replaces nor is replaced.
+    let replaced: HashSet<&str> = req
+        .descriptors
         .iter()
-        .flatten()
+        .zip(&matched)
+        .filter(|(d, _)| d.limit.is_none())
+        .filter_map(|(_, m)| m.as_ref())
         .flat_map(|m| domain.rules[m.rule].replaces.iter().map(String::as_str))
         .collect();
     // Pass 2: build charges.
     let mut plans = Vec::with_capacity(req.descriptors.len());
     let mut charges = Vec::new();
     for (d, mt) in req.descriptors.iter().zip(&matched) {
+        if too_long(d) {
+            plans.push(Plan::NoLimit);
+            continue;
+        }
         let cost = d.cost(req.hits_addend);
         let kind = if d.is_negative_hits {
             ChargeKind::Refund
@@ -77,6 +97,7 @@ pub(super) fn plan(
         };
         let rule = mt.as_ref().map(|m| &domain.rules[m.rule]);
         if let Some(r) = rule
+            && d.limit.is_none()
             && r.name.as_deref().is_some_and(|n| replaced.contains(n))
         {
             plans.push(Plan::NoLimit);
@@ -106,18 +127,19 @@ pub(super) fn plan(
                         o.requests_per_unit.saturating_mul(settings.max_debt_bursts)
                     },
                 });
+                // As in the Go service (`GetLimit` builds the override's
+                // limit before looking at the rules): no name, no shadow
+                // mode (an override Envoy sends must be enforced), no quota
+                // mode, no metadata; `replaces` skips it (pass 1).
                 let current = CurrentLimit {
-                    name: rule.and_then(|r| r.name.clone()).unwrap_or_default(),
+                    name: String::new(),
                     requests_per_unit: o.requests_per_unit,
                     unit,
                 };
-                // As in the Go service, an override carries the rule's name
-                // but not its quota mode or metadata.
-                let shadow = rule.is_some_and(|r| r.shadow_mode);
                 // Its own bucket per rate: a bucket refills only at its own
                 // rate, never at an override's (docs/design.md, "Overrides").
                 let own = Some((o.requests_per_unit, unit.secs()));
-                (limit, current, shadow, false, None, own)
+                (limit, current, false, false, None, own)
             }
             (Some(r), None) => match (r.limit(settings), &r.policy) {
                 (
@@ -341,7 +363,7 @@ descriptors:
     }
 
     #[test]
-    fn an_override_sets_rate_and_capacity_and_keeps_the_rule_name() {
+    fn an_override_sets_rate_and_capacity_without_the_rules_name() {
         let d = domain(YAML);
         let mut o = Descriptor::new(vec![("ip", "1.2.3.4")]);
         o.limit = Some(Override {
@@ -363,7 +385,63 @@ descriptors:
         );
         assert_eq!(spec.kind, ChargeKind::Refund);
         assert_eq!(spec.cost, 0);
-        assert!(matches!(&plans[0], Plan::Limited { current, .. } if current.name == "per_ip"));
+        assert!(matches!(&plans[0], Plan::Limited { current, .. } if current.name.is_empty()));
+    }
+
+    /// As in the Go service, an override is built without the rule: its
+    /// shadow mode does not apply, and `replaces` neither drops it nor
+    /// comes from it.
+    #[test]
+    fn an_override_is_enforced_on_a_shadow_rule_and_outside_replaces() {
+        let d = domain(
+            "domain: d
+descriptors:
+  - key: ip
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per_ip}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 2, name: per_user, replaces: [{name: per_ip}]}
+",
+        );
+        let with = |entries| {
+            let mut o = Descriptor::new(entries);
+            o.limit = Some(Override {
+                requests_per_unit: 7,
+                unit: Ok(Unit::Minute),
+            });
+            o
+        };
+        let limited = |p: &Plan| match p {
+            Plan::Limited {
+                shadow, current, ..
+            } => Some((*shadow, current.requests_per_unit)),
+            _ => None,
+        };
+        // The shadow rule's override: enforced, with the override's rate,
+        // and not replaced by `per_user`.
+        let r = req(vec![
+            with(vec![("ip", "1.2.3.4")]),
+            Descriptor::new(vec![("user", "u")]),
+        ]);
+        let (plans, charges) = plan(&d, &r, &settings(), &ValueLabels::default());
+        assert_eq!(limited(&plans[0]), Some((false, 7)));
+        assert!(!charges[0].spec.shadow);
+        // An override on the replacing rule replaces nothing: `per_ip` is
+        // evaluated (in its own shadow mode).
+        let r = req(vec![
+            Descriptor::new(vec![("ip", "1.2.3.4")]),
+            with(vec![("user", "u")]),
+        ]);
+        let (plans, _) = plan(&d, &r, &settings(), &ValueLabels::default());
+        assert_eq!(limited(&plans[0]), Some((true, 5)));
+        assert_eq!(limited(&plans[1]), Some((false, 7)));
+        // Without overrides `replaces` applies as before.
+        let r = req(vec![
+            Descriptor::new(vec![("ip", "1.2.3.4")]),
+            Descriptor::new(vec![("user", "u")]),
+        ]);
+        let (plans, _) = plan(&d, &r, &settings(), &ValueLabels::default());
+        assert_eq!(plans[0], Plan::NoLimit);
     }
 
     #[test]

@@ -47,8 +47,6 @@ pub struct Override {
 pub struct Bounds {
     /// Most descriptors in one request.
     pub max_descriptors: usize,
-    /// Most entries in one descriptor.
-    pub max_entries: usize,
 }
 
 /// Why a request was refused before any rule was looked at (gRPC
@@ -62,15 +60,6 @@ pub enum InvalidRequest {
     /// More descriptors than [`Bounds::max_descriptors`].
     TooManyDescriptors {
         /// Descriptors in the request.
-        count: usize,
-        /// The bound.
-        max: usize,
-    },
-    /// A descriptor has more entries than [`Bounds::max_entries`].
-    TooManyEntries {
-        /// Index of the descriptor.
-        index: usize,
-        /// Entries in it.
         count: usize,
         /// The bound.
         max: usize,
@@ -95,10 +84,6 @@ impl fmt::Display for InvalidRequest {
                     "too many descriptors: {count} (at most {max} per request)"
                 )
             }
-            Self::TooManyEntries { index, count, max } => write!(
-                f,
-                "descriptors[{index}]: too many entries: {count} (at most {max})"
-            ),
             Self::OverrideUnit { index, unit } => write!(
                 f,
                 "descriptors[{index}].limit.unit must be SECOND..YEAR, got {unit}"
@@ -111,7 +96,9 @@ impl std::error::Error for InvalidRequest {}
 
 impl Request<'_> {
     /// Checks the request's shape: a domain, 1 to `max_descriptors`
-    /// descriptors of at most `max_entries` entries, override units known.
+    /// descriptors, override units known. A descriptor of any length is
+    /// valid: one longer than any rule is answered without a limit, as in
+    /// the Go service, so the request's other descriptors are still decided.
     /// The first problem found is reported, in that order.
     ///
     /// # Errors
@@ -130,13 +117,6 @@ impl Request<'_> {
             });
         }
         for (index, d) in self.descriptors.iter().enumerate() {
-            if d.entries.len() > bounds.max_entries {
-                return Err(InvalidRequest::TooManyEntries {
-                    index,
-                    count: d.entries.len(),
-                    max: bounds.max_entries,
-                });
-            }
             if let Some(Override { unit: Err(u), .. }) = &d.limit {
                 return Err(InvalidRequest::OverrideUnit {
                     index,
@@ -173,10 +153,7 @@ impl Descriptor<'_> {
 mod tests {
     use super::*;
 
-    const BOUNDS: Bounds = Bounds {
-        max_descriptors: 2,
-        max_entries: 1,
-    };
+    const BOUNDS: Bounds = Bounds { max_descriptors: 2 };
 
     fn req<'a>(domain: &'a str, descriptors: Vec<Descriptor<'a>>) -> Request<'a> {
         Request {
@@ -203,14 +180,6 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "too many descriptors: 3 (at most 2 per request)"
-        );
-        let wide = Descriptor::new(vec![("a", "1"), ("b", "2")]);
-        assert_eq!(
-            req("d", vec![d(), wide])
-                .validate(BOUNDS)
-                .unwrap_err()
-                .to_string(),
-            "descriptors[1]: too many entries: 2 (at most 1)"
         );
         let mut bad = d();
         bad.limit = Some(Override {

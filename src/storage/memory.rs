@@ -231,6 +231,20 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
+    async fn reset(&self, keys: &[&str]) -> Result<Vec<bool>, StorageError> {
+        let now = self.clock.now_us();
+        Ok(keys
+            .iter()
+            .map(|k| {
+                self.shards[self.shard_of(k)]
+                    .lock()
+                    .map
+                    .remove(*k)
+                    .is_some_and(|(_, full_at)| full_at > now)
+            })
+            .collect())
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }

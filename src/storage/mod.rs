@@ -159,6 +159,10 @@ pub enum BackendKind {
     /// A call the script could not compute exactly (an explicit `now_us`
     /// above 2^53); never sent.
     Argument,
+    /// The engine's clock inside scripts cannot be used (`TIME` answered
+    /// 0, refused, or far from this host's clock): calls are refused
+    /// without running the request script.
+    Clock,
     /// A failure inside this service (a request task that died).
     Internal,
     /// Any other Redis error.
@@ -168,7 +172,7 @@ pub enum BackendKind {
 impl BackendKind {
     /// The `kind` label of `storage_errors_total`: the Redis error code in
     /// capitals (`READONLY`, `CLUSTERDOWN`, ...), else lower case (`auth`,
-    /// `reply`, `script`, `argument`, `internal`, `redis`).
+    /// `reply`, `script`, `argument`, `clock`, `internal`, `redis`).
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -189,6 +193,7 @@ impl BackendKind {
             Self::Reply => "reply",
             Self::Script => "script",
             Self::Argument => "argument",
+            Self::Clock => "clock",
             Self::Internal => "internal",
             Self::Redis => "redis",
         }
@@ -203,6 +208,7 @@ impl BackendKind {
             self,
             Self::Script
                 | Self::Argument
+                | Self::Clock
                 | Self::Reply
                 | Self::NoScript
                 | Self::CrossSlot
@@ -235,6 +241,26 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// [`StorageError`] when the backend cannot answer; the caller must not
     /// assume anything was or was not applied after a timeout.
     async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError>;
+
+    /// Makes the buckets under `keys` full (`POST /reset`): forgets their
+    /// state, as a bucket never seen is full, and drops what the local
+    /// over-limit cache knows. Returns, per key in order, whether it held
+    /// state (was not full already). Not atomic across keys on a Cluster
+    /// (one `DEL` per key); nothing else is affected.
+    ///
+    /// # Errors
+    /// [`StorageError`] when the backend cannot answer; after a timeout the
+    /// keys may or may not have been reset (a retry is harmless: a reset is
+    /// idempotent). By default (a backend without stored buckets of its
+    /// own, such as a test wrapper) a [`BackendKind::Argument`] error; every
+    /// backend of the service implements it.
+    async fn reset(&self, keys: &[&str]) -> Result<Vec<bool>, StorageError> {
+        let _ = keys;
+        Err(StorageError::backend(
+            BackendKind::Argument,
+            "this storage backend cannot reset buckets",
+        ))
+    }
 
     /// Whether the backend answers at all (for `/healthcheck`).
     ///
@@ -364,6 +390,7 @@ mod tests {
             BackendKind::Reply,
             BackendKind::Script,
             BackendKind::Argument,
+            BackendKind::Clock,
             BackendKind::Internal,
             BackendKind::Redis,
         ]
@@ -397,6 +424,7 @@ mod tests {
                 ("reply", false),
                 ("script", false),
                 ("argument", false),
+                ("clock", false),
                 ("internal", true),
                 ("redis", true),
             ]

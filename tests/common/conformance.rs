@@ -46,6 +46,27 @@ impl Backend for MemoryBackend {
     }
 }
 
+/// The single-node Redis backend on a server of its own (`redis-server`,
+/// or `valkey-server` for the Valkey run), with the test-only explicit
+/// clock (the paused `ManualClock` is sent to the script as `now_us`).
+pub struct RedisBackend {
+    /// The server; stopped when the case ends.
+    pub server: super::redis::RedisServer,
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn storage(&self, clock: ManualClock) -> Arc<dyn Storage> {
+        // A generous timeout: these cases test answers, not latency.
+        let s = bucket_rls::storage::redis::RedisStorage::builder(self.server.url())
+            .timeout(Duration::from_secs(2))
+            .test_clock(Arc::new(clock))
+            .build()
+            .expect("valid URL");
+        Arc::new(s)
+    }
+}
+
 /// Wraps a storage and counts calls, to assert "no storage access".
 #[derive(Debug)]
 pub struct Counting {
@@ -61,6 +82,9 @@ impl Storage for Counting {
     }
     async fn ping(&self) -> Result<(), StorageError> {
         self.inner.ping().await
+    }
+    async fn reset(&self, keys: &[&str]) -> Result<Vec<bool>, StorageError> {
+        self.inner.reset(keys).await
     }
     fn name(&self) -> &'static str {
         self.inner.name()
@@ -1137,6 +1161,93 @@ pub async fn overrides(b: &dyn Backend) {
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 }
 
+/// `POST /reset` (the limiter's reset): the buckets a request maps to are
+/// made full, the same request is then admitted with `limit_remaining` =
+/// burst − cost, and no other bucket changes (a drained neighbour stays
+/// drained). On Redis the local over-limit cache, which learned the
+/// denial, is cleared with it.
+pub async fn a_reset_makes_the_requests_buckets_full(b: &dyn Backend) {
+    use bucket_rls::limiter::{Descriptor, Request};
+    let c = Case::new(
+        b,
+        "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5, name: per_user}
+  - key: route
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: vip
+    rate_limit: {unlimited: true}
+",
+    )
+    .await;
+    let both = || {
+        req(
+            "d",
+            vec![desc(&[("user", "bob")]), desc(&[("route", "r1")])],
+            3,
+        )
+    };
+    let r = c.call(both()).await;
+    assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 2), (OK, 7)));
+    let r = c.call(both()).await;
+    assert_eq!(r.overall_code, OVER);
+    // Twice, so a cached denial would answer the second.
+    assert_eq!(c.call(both()).await.overall_code, OVER);
+    // A neighbour drained too.
+    assert_eq!(cr(&c.one("d", &[("user", "eve")], 5).await, 0), (OK, 0));
+    let reset = Request {
+        domain: "d",
+        descriptors: vec![
+            Descriptor::new(vec![("user", "bob")]),
+            Descriptor::new(vec![("route", "r1")]),
+            Descriptor::new(vec![("user", "ann")]),
+            Descriptor::new(vec![("vip", "x")]),
+            Descriptor::new(vec![("nomatch", "x")]),
+        ],
+        hits_addend: 0,
+    };
+    let out = c.limiter.reset(&reset).await.expect("reset");
+    let summary: Vec<(usize, Option<&str>, Option<&str>, bool)> = out
+        .reset
+        .iter()
+        .map(|b| {
+            (
+                b.descriptor,
+                b.rule.as_deref(),
+                b.name.as_deref(),
+                b.was_drained,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (0, Some("d.user"), Some("per_user"), true),
+            (1, Some("d.route"), None, true),
+            (2, Some("d.user"), Some("per_user"), false),
+        ]
+    );
+    let not: Vec<(usize, &str)> = out
+        .not_reset
+        .iter()
+        .map(|n| (n.descriptor, n.reason))
+        .collect();
+    assert_eq!(not, [(3, "unlimited"), (4, "no limit")]);
+    // Full again: burst - cost.
+    let r = c.call(both()).await;
+    assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 2), (OK, 7)));
+    // The neighbour was not reset.
+    assert_eq!(c.one("d", &[("user", "eve")], 1).await.overall_code, OVER);
+    // An unknown domain resets nothing.
+    let unknown = Request {
+        domain: "nope",
+        ..reset
+    };
+    let out = c.limiter.reset(&unknown).await.expect("reset");
+    assert!(out.reset.is_empty() && out.not_reset.len() == 5, "{out:?}");
+}
+
 /// docs/cases.md, "Unknown and malformed domains": unknown domain is OK/no
 /// limit; empty domain or list is INVALID_ARGUMENT.
 pub async fn unknown_domain_ok_and_empty_request_invalid(b: &dyn Backend) {
@@ -1714,6 +1825,7 @@ macro_rules! conformance_tests {
             a_debt_charge_is_taken_once_when_quotas_ask_again
             an_override_never_refills_the_rules_bucket
             a_clock_stepped_back_never_freezes_a_bucket
+            a_reset_makes_the_requests_buckets_full
         );
     };
     (@cases $make:path; $($case:ident)*) => {

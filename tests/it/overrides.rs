@@ -1,5 +1,6 @@
-//! A `limit` override on a descriptor that matches no rule: what state it
-//! creates, and the setting that refuses to create any.
+//! `limit` overrides: on a descriptor that matches no rule, what state it
+//! creates and the setting that refuses to create any; on a rule, what it
+//! takes from the rule (nothing: not its shadow mode, name or `replaces`).
 
 use bucket_rls::grpc::ShouldRateLimit;
 use bucket_rls::limiter::Limiter;
@@ -81,4 +82,78 @@ async fn ignoring_unmatched_overrides_creates_no_state() {
         .as_ref()
         .expect("override applied");
     assert_eq!(cl.requests_per_unit, 3);
+}
+
+/// As in the Go service, a `limit` override is enforced on a rule in shadow
+/// mode (Envoy's per-tenant overrides keep working during a shadow rollout
+/// of the rule), carries no rule name, and is neither dropped by another
+/// rule's `replaces` nor drops the rule its own rule replaces.
+#[tokio::test]
+async fn overrides_are_enforced_on_shadow_rules_and_stay_outside_replaces() {
+    let yaml = "domain: sh
+descriptors:
+  - key: tenant
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: per_tenant}
+  - key: plan
+    value: gold
+    rate_limit: {unit: minute, requests_per_unit: 50, replaces: [{name: per_tenant}]}
+";
+    let l = Limiter::new(
+        crate::common::config(&[("sh.yaml", yaml)]),
+        Arc::new(MemoryStorage::default()),
+        ServiceSettings::default(),
+    );
+    let over = |entries: &[(&str, &str)], rpu: u32| {
+        let mut d = crate::common::desc(entries);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: rpu,
+            unit: RateLimitUnit::Minute as i32,
+        });
+        d
+    };
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = l
+            .should_rate_limit(&crate::common::req(
+                "sh",
+                vec![
+                    over(&[("tenant", "t1")], 2),
+                    crate::common::desc(&[("plan", "gold")]),
+                ],
+                1,
+            ))
+            .await
+            .expect("answer");
+        let cl = r.statuses[0]
+            .current_limit
+            .as_ref()
+            .expect("the override applies");
+        assert_eq!((cl.requests_per_unit, cl.name.as_str()), (2, ""));
+        codes.push((
+            r.overall_code,
+            r.statuses[0].code,
+            r.statuses[0].limit_remaining,
+        ));
+    }
+    // OK 1, OK 0, then enforced: OVER_LIMIT overall, not the shadow's OK.
+    assert_eq!(codes, [(1, 1, 1), (1, 1, 0), (2, 2, 0)]);
+    // The override on the replacing rule replaces nothing: the shadow rule
+    // is evaluated (and, in shadow mode, answers OK with what it has left).
+    let r = l
+        .should_rate_limit(&crate::common::req(
+            "sh",
+            vec![
+                crate::common::desc(&[("tenant", "t2")]),
+                over(&[("plan", "gold")], 5),
+            ],
+            1,
+        ))
+        .await
+        .expect("answer");
+    let cl = r.statuses[0].current_limit.as_ref().expect("not replaced");
+    assert_eq!(
+        (cl.name.as_str(), r.statuses[0].limit_remaining),
+        ("per_tenant", 0)
+    );
 }

@@ -49,6 +49,7 @@ pub(crate) mod hold;
 pub(crate) mod local_cache;
 pub mod quota_script;
 pub mod script;
+pub mod script_clock;
 pub mod sentinel;
 mod single;
 pub(crate) mod url;
@@ -278,6 +279,7 @@ impl<T> RedisBuilder<T> {
             epoch: Instant::now(),
             seen_reloads: std::sync::atomic::AtomicU64::new(0),
             holds: Arc::default(),
+            clock: script_clock::ScriptClock::default(),
         }
     }
 }
@@ -287,7 +289,7 @@ impl<T> RedisBuilder<T> {
 /// between a single node, Sentinel and a Cluster slot.
 pub(crate) trait ConnSource: Sync {
     /// The connection one call runs on.
-    type Conn: Send;
+    type Conn: Send + ::redis::aio::ConnectionLike;
     /// What [`ConnSource::after`] needs to know about the connection used
     /// (Sentinel: which master it was).
     type Tag: Copy + Send;
@@ -353,6 +355,8 @@ pub(crate) struct Pipeline {
     /// The reload holds of this backend, one at a time
     /// (`Storage::hold_existing`).
     pub(crate) holds: Arc<hold::HoldQueue>,
+    /// Whether the script's `TIME` can be trusted ([`script_clock`]).
+    clock: script_clock::ScriptClock,
 }
 
 impl Pipeline {
@@ -406,18 +410,28 @@ impl Pipeline {
         let attempt = async {
             let (t, mut conn) = source.connection().await?;
             tag = Some(t);
+            self.clock_gate_on(source, &mut conn).await?;
             Ok(source.eval(&mut conn, &self.script, call).await)
         };
         let result = match tokio::time::timeout(self.timeout, attempt).await {
             Err(_) if tag.is_none() => Err(source.no_connection(self.timeout)),
             Err(_) => Err(StorageError::Timeout(self.timeout)),
-            Ok(Err(not_connected)) => return Err(not_connected),
+            Ok(Err(not_connected)) if tag.is_none() => return Err(not_connected),
+            // The clock check refused the node, or could not run on it.
+            Ok(Err(gate)) => Err(gate),
             Ok(Ok(Err(e))) => Err(source.classify(self, &e)),
             Ok(Ok(Ok(v))) => call.parse_reply(&v),
         };
         match &result {
             Ok(_) => breaker.success(),
-            Err(e) if e.is_transient() => breaker.failure_of_call_started(started),
+            Err(e) if e.is_transient() => {
+                if matches!(e, StorageError::Unreachable { .. }) {
+                    // The connection comes back to a node that may be
+                    // another: its clock is checked again.
+                    self.clock.forget();
+                }
+                breaker.failure_of_call_started(started);
+            }
             Err(_) => {}
         }
         source.after(tag, &result, breaker);
@@ -425,6 +439,74 @@ impl Pipeline {
             span.end(result.as_ref().err().map(|e| e as &dyn std::fmt::Display));
         }
         result
+    }
+
+    /// Lets a call go when the script clock of the node behind `source`
+    /// is known to be good; checks it first when it is not known (after
+    /// a (re)connection, a failover or a script reload) or was bad more
+    /// than [`script_clock::RECHECK_AFTER`] ago ([`script_clock`]). With
+    /// the test-only explicit clock the script never reads `TIME`, and
+    /// nothing is checked. The backends' pings run it (the background
+    /// health ping, `/healthcheck`), so the check normally runs when a
+    /// connection is made, before the first request; a request's own call
+    /// runs it on its connection when the verdict is unknown.
+    ///
+    /// # Errors
+    /// A [`BackendKind::Clock`] error naming the engine problem, or the
+    /// check's own connection error or timeout (the verdict then stays
+    /// unknown).
+    pub(crate) async fn clock_gate<S: ConnSource>(&self, source: &S) -> Result<(), StorageError> {
+        if self.test_clock.is_some() || matches!(self.clock.gate(), script_clock::Gate::Pass) {
+            return Ok(());
+        }
+        let attempt = async {
+            let (_, mut conn) = source.connection().await?;
+            self.clock_gate_on(source, &mut conn).await
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .unwrap_or(Err(StorageError::Timeout(self.timeout)))
+    }
+
+    /// [`Pipeline::clock_gate`] on a connection already taken (within the
+    /// caller's timeout).
+    async fn clock_gate_on<S: ConnSource>(
+        &self,
+        source: &S,
+        conn: &mut S::Conn,
+    ) -> Result<(), StorageError> {
+        if self.test_clock.is_some() {
+            return Ok(());
+        }
+        match self.clock.gate() {
+            script_clock::Gate::Pass => return Ok(()),
+            script_clock::Gate::Refuse(e) => return Err(e),
+            script_clock::Gate::Check => {}
+        }
+        let reply = ::redis::cmd("EVAL")
+            .arg(script_clock::CHECK_SCRIPT)
+            .arg(0)
+            .query_async::<Value>(conn)
+            .await;
+        let script_us = match reply {
+            Err(e) => {
+                // An error reply about the script itself is the engine's
+                // refusal; anything else (connection, failover, loading)
+                // leaves the verdict unknown.
+                let e = source.classify(self, &e);
+                match e.backend_kind() {
+                    Some(BackendKind::NoPerm | BackendKind::Script | BackendKind::Redis) => {
+                        Err(e.to_string())
+                    }
+                    _ => return Err(e),
+                }
+            }
+            Ok(v) => script_clock::parse_reply(&v).ok_or_else(|| {
+                format!("TIME in a script answered {v:?}, not [seconds, microseconds]")
+            }),
+        };
+        self.clock
+            .record(script_clock::judge(script_us, script_clock::host_now_us()))
     }
 
     /// One quota report ([`crate::storage::Storage::report`]) over
@@ -491,6 +573,38 @@ impl Pipeline {
         }
     }
 
+    /// [`crate::storage::Storage::reset`] over `source`: one `DEL` per key
+    /// in one pipelined call (the keys of a single node or a Sentinel
+    /// master), bounded by the timeout, then the local over-limit cache is
+    /// cleared. Not behind the circuit breaker: an operator's reset is
+    /// tried even while requests fail fast, and its outcome does not count.
+    ///
+    /// # Errors
+    /// [`StorageError::Timeout`] (the keys may have been deleted) or the
+    /// classified error.
+    pub(crate) async fn reset<S: ConnSource>(
+        &self,
+        source: &S,
+        keys: &[&str],
+    ) -> Result<Vec<bool>, StorageError> {
+        let mut pipe = ::redis::pipe();
+        for k in keys {
+            pipe.del(*k);
+        }
+        let attempt = async {
+            let (_, mut conn) = source.connection().await?;
+            Ok(pipe.query_async::<Vec<u64>>(&mut conn).await)
+        };
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
+            Err(_) => Err(StorageError::Timeout(self.timeout)),
+            Ok(Err(not_connected)) => Err(not_connected),
+            Ok(Ok(Err(e))) => Err(source.classify(self, &e)),
+            Ok(Ok(Ok(deleted))) => Ok(deleted.into_iter().map(|n| n > 0).collect()),
+        };
+        self.clear_cache();
+        result
+    }
+
     /// [`errors::classify`] with this backend's timeout and password.
     pub(crate) fn classify(&self, e: &RedisError) -> StorageError {
         errors::classify(e, self.timeout, self.secret.as_deref())
@@ -515,6 +629,9 @@ impl Pipeline {
                 != reloads
             {
                 cache.clear();
+                // A node without the script: restarted, failed over or
+                // another engine; its clock is checked again.
+                self.clock.forget();
             }
             cache.record_between(charges, result, sent_us, self.local_now_us());
         }

@@ -506,6 +506,11 @@ impl Storage for RedisSentinelStorage {
         true
     }
 
+    async fn reset(&self, keys: &[&str]) -> Result<Vec<bool>, StorageError> {
+        let inner = &*self.inner;
+        inner.pipeline.reset(inner, keys).await
+    }
+
     async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
         self.apply(std::slice::from_ref(probe)).await.map(|_| ())
     }
@@ -535,7 +540,8 @@ impl Storage for RedisSentinelStorage {
                 let is_master = matches!(&v, ::redis::Value::Array(items)
                     if matches!(items.first(), Some(::redis::Value::BulkString(b)) if b == b"master"));
                 if is_master {
-                    Ok(())
+                    // The master's script clock, checked once per master.
+                    inner.pipeline.clock_gate(&**inner).await
                 } else {
                     Err(StorageError::backend(
                         BackendKind::ReadOnly,

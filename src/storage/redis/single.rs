@@ -283,6 +283,11 @@ impl Storage for RedisStorage {
         true
     }
 
+    async fn reset(&self, keys: &[&str]) -> Result<Vec<bool>, StorageError> {
+        let inner = &*self.inner;
+        inner.pipeline.reset(inner, keys).await
+    }
+
     async fn check_charges(&self, probe: &Charge) -> Result<(), StorageError> {
         self.apply(std::slice::from_ref(probe)).await.map(|_| ())
     }
@@ -300,7 +305,8 @@ impl Storage for RedisStorage {
             // A PONG says nothing about whether charges work (a replica or
             // a full `noeviction` node answers it): it never closes the
             // circuit breaker, only a charge that worked does.
-            Ok(Ok(_)) => Ok(()),
+            // The node's script clock, checked once per connection.
+            Ok(Ok(_)) => p.clock_gate(&**inner).await,
             Ok(Err(e)) => Err(p.classify(&e)),
             Err(_) => Err(StorageError::Timeout(p.timeout)),
         }

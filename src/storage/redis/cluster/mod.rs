@@ -566,12 +566,40 @@ impl Storage for RedisClusterStorage {
             )
             .await;
             match pong {
-                Ok(Ok(_)) => return Ok(()),
+                // The script clock of the nodes, checked once per
+                // connection (`/healthcheck` says why it is refused).
+                Ok(Ok(_)) => {
+                    let any = SlotSource { inner, slot: 0 };
+                    return inner.pipeline.clock_gate(&any).await;
+                }
                 Ok(Err(e)) => last = inner.pipeline.classify(&e),
                 Err(_) => last = StorageError::Timeout(timeout),
             }
         }
         Err(last)
+    }
+
+    async fn reset(&self, keys: &[&str]) -> Result<Vec<bool>, StorageError> {
+        let inner = &self.inner;
+        let pipeline = &inner.pipeline;
+        let mut conn = inner.connection()?;
+        // One `DEL` per key, routed by its slot (keys of one request may
+        // live on several masters).
+        let deletes = async {
+            let mut out = Vec::with_capacity(keys.len());
+            for k in keys {
+                let n: u64 = ::redis::cmd("DEL").arg(*k).query_async(&mut conn).await?;
+                out.push(n > 0);
+            }
+            Ok::<_, RedisError>(out)
+        };
+        let result = match tokio::time::timeout(pipeline.timeout, deletes).await {
+            Err(_) => Err(StorageError::Timeout(pipeline.timeout)),
+            Ok(Err(e)) => Err(pipeline.classify(&e)),
+            Ok(Ok(out)) => Ok(out),
+        };
+        pipeline.clear_cache();
+        result
     }
 
     fn name(&self) -> &'static str {
