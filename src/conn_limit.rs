@@ -1,4 +1,5 @@
-//! Connection caps for the two listening ports.
+//! Connection caps for the listening ports, and the process-wide budget of
+//! buffered request bytes ([`reserve_request_bytes`]).
 //!
 //! Each port accepts at most [`per_port_limit`] connections at once; past it
 //! the port stops accepting (new connections wait in the kernel's backlog)
@@ -393,4 +394,48 @@ impl axum::serve::Listener for LimitedListener {
     fn local_addr(&self) -> io::Result<Self::Addr> {
         self.inner.local_addr()
     }
+}
+
+/// The default of [`set_buffered_request_budget`]: 256 MiB, so that a
+/// process under the Kubernetes example's 512 Mi memory limit keeps room
+/// for its buckets and its own working set.
+pub const DEFAULT_BUFFERED_REQUEST_BYTES: usize = 256 << 20;
+
+/// The process-wide budget of request bytes held while calls are read and
+/// decided, on every port: a gRPC call reserves its message's declared
+/// length (5 + the length in its prefix) when that prefix arrives, an HTTP
+/// request to the admin port its `Content-Length` (or the 2 MiB body limit
+/// when it has none) before its body is read. Past the budget new calls are
+/// refused (gRPC `RESOURCE_EXHAUSTED`, HTTP 503) and the calls already
+/// admitted finish; the reservation is given back when the call ends. So
+/// however many connections hold unfinished bodies, the bytes they make the
+/// process buffer stay under the budget (plus each connection's HTTP/2
+/// receive window that is not read yet).
+static BUFFERED_REQUEST_BUDGET: std::sync::OnceLock<Semaphore> = std::sync::OnceLock::new();
+
+/// Sets the process-wide budget of buffered request bytes (at most
+/// `u32::MAX >> 1` bytes a reservation counts against it; see
+/// [`reserve_request_bytes`]). The first call wins; before any, the budget
+/// is [`DEFAULT_BUFFERED_REQUEST_BYTES`]. Returns whether this call set it.
+pub fn set_buffered_request_budget(bytes: usize) -> bool {
+    BUFFERED_REQUEST_BUDGET
+        .set(Semaphore::new(bytes.min(Semaphore::MAX_PERMITS)))
+        .is_ok()
+}
+
+fn request_budget() -> &'static Semaphore {
+    BUFFERED_REQUEST_BUDGET.get_or_init(|| Semaphore::new(DEFAULT_BUFFERED_REQUEST_BYTES))
+}
+
+/// Bytes of the process-wide request budget held by one call; given back
+/// when dropped.
+#[derive(Debug)]
+pub struct RequestBytes(#[allow(dead_code)] tokio::sync::SemaphorePermit<'static>);
+
+/// Reserves `bytes` of the process-wide request budget, or `None` when
+/// that many are not free now (the call is to be refused, never queued).
+#[must_use]
+pub fn reserve_request_bytes(bytes: usize) -> Option<RequestBytes> {
+    let n = u32::try_from(bytes).unwrap_or(u32::MAX);
+    request_budget().try_acquire_many(n).ok().map(RequestBytes)
 }

@@ -31,7 +31,8 @@
 //!     process signals.
 //!   - [`settings`]: process settings (request path, storage backend, config
 //!     source) and setup errors.
-//!   - [`conn_limit`]: connection caps for the listening ports.
+//!   - [`conn_limit`]: connection caps for the listening ports and the
+//!     process-wide budget of buffered request bytes.
 //!   - [`metrics`]: every metric name, the recorder, the zero series and the
 //!     native exposition.
 //!   - `otel` (private): OTLP tracing, the server span of a call and the

@@ -53,6 +53,7 @@ pub fn run(args: &ServeArgs) -> Result<(), ServeError> {
 
 async fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     crate::metrics::install();
+    crate::conn_limit::set_buffered_request_budget(args.max_buffered_request_bytes);
     let settings = Settings::try_from(args)?;
     let tracing = crate::otel::init(&settings.tracing)?;
     let (grpc_addr, http_addr) = (settings.grpc_addr, settings.http_addr);

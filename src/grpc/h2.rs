@@ -293,7 +293,8 @@ async fn unary<H: Unary>(
     let timeout = grpc_timeout(&parts.headers);
     let headers = parts.headers;
     let answer = async {
-        let msg = read_message(body, limits.max_message_bytes).await?;
+        // The reservation is held until the call is decided.
+        let (msg, _held) = read_message(body, limits.max_message_bytes).await?;
         handler.call(msg, headers).await
     };
     // One poll function drives the answer, the `grpc-timeout` and the
@@ -326,10 +327,16 @@ async fn unary<H: Unary>(
     };
 }
 
-/// The one length-prefixed message of a unary request body.
-async fn read_message(mut body: RecvStream, max_message_bytes: usize) -> Result<Bytes, Status> {
+/// The one length-prefixed message of a unary request body, and its
+/// reservation of the process-wide request budget (made when the length
+/// prefix arrives: `RESOURCE_EXHAUSTED` when the budget cannot hold it).
+async fn read_message(
+    mut body: RecvStream,
+    max_message_bytes: usize,
+) -> Result<(Bytes, crate::conn_limit::RequestBytes), Status> {
     let mut buf = BytesMut::new();
     let mut first: Option<Bytes> = None;
+    let mut held: Option<crate::conn_limit::RequestBytes> = None;
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|e| Status::internal(format!("h2 protocol error: {e}")))?;
         let _ = body.flow_control().release_capacity(chunk.len());
@@ -351,6 +358,15 @@ async fn read_message(mut body: RecvStream, max_message_bytes: usize) -> Result<
                     "Error, decoded message length too large: found {len} bytes, the limit is: {max_message_bytes} bytes"
                 )));
             }
+            if held.is_none() {
+                held = Some(crate::conn_limit::reserve_request_bytes(5 + len).ok_or_else(
+                    || {
+                        Status::resource_exhausted(
+                            "the service's memory budget for requests being read is used up; retry later",
+                        )
+                    },
+                )?);
+            }
             // The whole message is here: what else the body carries is not
             // read (as tonic reads one message of a unary call), so a client
             // cannot make the server hold more than one message per call.
@@ -364,9 +380,9 @@ async fn read_message(mut body: RecvStream, max_message_bytes: usize) -> Result<
         }
     }
     let mut all = first.unwrap_or_else(|| buf.freeze());
-    if all.len() < 5 {
+    let Some(held) = held else {
         return Err(Status::internal("Missing request message."));
-    }
+    };
     let flag = all[0];
     let len = u32::from_be_bytes([all[1], all[2], all[3], all[4]]) as usize;
     match flag {
@@ -388,7 +404,7 @@ async fn read_message(mut body: RecvStream, max_message_bytes: usize) -> Result<
     if all.len() < len {
         return Err(Status::internal("Missing request message."));
     }
-    Ok(all.split_to(len))
+    Ok((all.split_to(len), held))
 }
 
 /// `UNIMPLEMENTED` for a request body in a `grpc-encoding` other than

@@ -94,6 +94,7 @@ pub fn router_with(
         .route("/rlqs", get(rlqs))
         .route("/json", post(json))
         .route("/reset", post(reset))
+        .route_layer(axum::middleware::from_fn(within_request_budget))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .with_state(limiter)
@@ -237,6 +238,38 @@ fn json_content_type_ok(path: &str, headers: &axum::http::HeaderMap) -> Result<(
             "POST {path} takes Content-Type: application/json, not {shown:?} (curl: -H 'content-type: application/json')"
         ))
     }
+}
+
+/// The largest request body the admin port reads (axum's default body
+/// limit, 2 MiB).
+const BODY_LIMIT_BYTES: usize = 2 << 20;
+
+/// Reserves a request's body bytes of the process-wide request budget
+/// ([`crate::conn_limit::reserve_request_bytes`]) before the body is read:
+/// its `Content-Length` (at most the body limit), the body limit for a body
+/// of unknown length, nothing for a request without a body. 503 when the
+/// budget cannot hold it; the reservation is given back with the response.
+async fn within_request_budget(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let bytes = match declared {
+        Some(n) => n.min(BODY_LIMIT_BYTES),
+        None if req.headers().contains_key(header::TRANSFER_ENCODING) => BODY_LIMIT_BYTES,
+        None => 0,
+    };
+    let Some(_held) = crate::conn_limit::reserve_request_bytes(bytes) else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the service's memory budget for requests being read is used up; retry later",
+        );
+    };
+    next.run(req).await
 }
 
 /// The request body of `/json` and `/reset`: its `Content-Type` checked,

@@ -244,3 +244,92 @@ async fn a_request_that_does_not_decode_is_invalid_argument() {
         .expect("still serving");
     assert_eq!(r.into_inner().overall_code, 1);
 }
+
+/// The process-wide budget of buffered request bytes (5 MiB here): two
+/// gRPC calls that declare 2 MiB messages and never finish them hold 4 MiB;
+/// of three such calls exactly one is refused at once with
+/// `RESOURCE_EXHAUSTED`, a small call is still decided, and an admin
+/// request with a 1.5 MiB body gets 503 before its body is read. Once the
+/// unfinished calls are reset the budget is free again.
+#[tokio::test]
+async fn past_the_request_memory_budget_new_calls_are_refused_and_others_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(
+        &config,
+        &[
+            "--log-level",
+            "warn",
+            "--max-buffered-request-bytes",
+            "5242880",
+        ],
+    )
+    .await;
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.expect("ready");
+    // Three calls, each declaring a 2 MiB message and sending 1,000 bytes.
+    let mut big = Vec::new();
+    for _ in 0..3 {
+        let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+        let mut head = vec![0u8];
+        head.extend_from_slice(&(2u32 << 20).to_be_bytes());
+        head.extend_from_slice(&[0u8; 1000]);
+        body.send_data(Bytes::from(head), false)
+            .expect("part of a message");
+        big.push((resp, body));
+        client = client.ready().await.expect("ready");
+    }
+    let mut refused = 0;
+    let mut waiting = Vec::new();
+    for (resp, body) in big {
+        match tokio::time::timeout(Duration::from_secs(2), resp).await {
+            Ok(r) => {
+                let r = r.expect("response");
+                let status = r
+                    .headers()
+                    .get("grpc-status")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                assert_eq!(status.as_deref(), Some("8"), "{r:?}");
+                refused += 1;
+            }
+            Err(_) => waiting.push(body),
+        }
+    }
+    assert_eq!((refused, waiting.len()), (1, 2), "one of three refused");
+    // A small call fits in what is left.
+    let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+    body.send_data(frame(1), true).expect("message");
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("answered")
+        .expect("response");
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("grpc-status").is_none(), "{resp:?}");
+    // The admin port refuses a 1.5 MiB body before reading it.
+    let json = r#"{"domain":"flood","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let padded = format!("{}{json}", " ".repeat(3 << 19));
+    let r = crate::common::http::request(rls.http, "POST", "/json", Some(&padded)).await;
+    assert_eq!(r.status, 503, "{r:?}");
+    // The unfinished calls end: the budget is given back.
+    for mut b in waiting {
+        b.send_reset(h2::Reason::CANCEL);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = crate::common::http::request(rls.http, "POST", "/json", Some(&padded)).await;
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{r:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the budget was not given back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

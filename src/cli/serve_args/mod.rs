@@ -121,6 +121,8 @@ pub mod flag {
     pub const GO_METRICS_PATH: &str = "go-metrics-path";
     /// `--debug-addr`.
     pub const DEBUG_ADDR: &str = "debug-addr";
+    /// `--max-buffered-request-bytes`.
+    pub const MAX_BUFFERED_REQUEST_BYTES: &str = "max-buffered-request-bytes";
     /// `--log-level`.
     pub const LOG_LEVEL: &str = "log-level";
     /// `--log-format`.
@@ -435,6 +437,11 @@ pub struct ServeArgs {
     /// read by `egctl config envoy-ratelimit`) on this address.
     #[arg(long = flag::DEBUG_ADDR, env = "BUCKET_RLS_DEBUG_ADDR")]
     pub debug_addr: Option<SocketAddr>,
+    /// Process-wide budget of request bytes held while calls are read and
+    /// decided, on every port; past it new calls are refused (gRPC
+    /// `RESOURCE_EXHAUSTED`, HTTP 503) and admitted ones finish.
+    #[arg(long = flag::MAX_BUFFERED_REQUEST_BYTES, env = "BUCKET_RLS_MAX_BUFFERED_REQUEST_BYTES", default_value_t = crate::conn_limit::DEFAULT_BUFFERED_REQUEST_BYTES, value_parser = at_least_one)]
+    pub max_buffered_request_bytes: usize,
     /// After SIGTERM, report unhealthy for this many seconds while still
     /// serving, then drain (lets load balancers stop sending first).
     #[arg(long, env = "BUCKET_RLS_SHUTDOWN_DELAY_SECS", default_value_t = 0,
