@@ -411,31 +411,40 @@ pub const DEFAULT_BUFFERED_REQUEST_BYTES: usize = 256 << 20;
 /// however many connections hold unfinished bodies, the bytes they make the
 /// process buffer stay under the budget (plus each connection's HTTP/2
 /// receive window that is not read yet).
-static BUFFERED_REQUEST_BUDGET: std::sync::OnceLock<Semaphore> = std::sync::OnceLock::new();
+static BUFFERED_REQUEST_LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+/// Bytes reserved now against [`BUFFERED_REQUEST_LIMIT`] (one atomic: no
+/// lock on the request path).
+static BUFFERED_REQUEST_USED: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 
-/// Sets the process-wide budget of buffered request bytes (at most
-/// `u32::MAX >> 1` bytes a reservation counts against it; see
-/// [`reserve_request_bytes`]). The first call wins; before any, the budget
-/// is [`DEFAULT_BUFFERED_REQUEST_BYTES`]. Returns whether this call set it.
+/// Sets the process-wide budget of buffered request bytes. The first call
+/// wins; before any, the budget is [`DEFAULT_BUFFERED_REQUEST_BYTES`].
+/// Returns whether this call set it.
 pub fn set_buffered_request_budget(bytes: usize) -> bool {
-    BUFFERED_REQUEST_BUDGET
-        .set(Semaphore::new(bytes.min(Semaphore::MAX_PERMITS)))
-        .is_ok()
-}
-
-fn request_budget() -> &'static Semaphore {
-    BUFFERED_REQUEST_BUDGET.get_or_init(|| Semaphore::new(DEFAULT_BUFFERED_REQUEST_BYTES))
+    BUFFERED_REQUEST_LIMIT.set(bytes).is_ok()
 }
 
 /// Bytes of the process-wide request budget held by one call; given back
 /// when dropped.
 #[derive(Debug)]
-pub struct RequestBytes(#[allow(dead_code)] tokio::sync::SemaphorePermit<'static>);
+pub struct RequestBytes(usize);
+
+impl Drop for RequestBytes {
+    fn drop(&mut self) {
+        BUFFERED_REQUEST_USED.fetch_sub(self.0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 /// Reserves `bytes` of the process-wide request budget, or `None` when
 /// that many are not free now (the call is to be refused, never queued).
 #[must_use]
 pub fn reserve_request_bytes(bytes: usize) -> Option<RequestBytes> {
-    let n = u32::try_from(bytes).unwrap_or(u32::MAX);
-    request_budget().try_acquire_many(n).ok().map(RequestBytes)
+    use std::sync::atomic::Ordering::Relaxed;
+    let limit = *BUFFERED_REQUEST_LIMIT.get_or_init(|| DEFAULT_BUFFERED_REQUEST_BYTES);
+    BUFFERED_REQUEST_USED
+        .fetch_update(Relaxed, Relaxed, |used| {
+            used.checked_add(bytes).filter(|&after| after <= limit)
+        })
+        .ok()
+        .map(|_| RequestBytes(bytes))
 }
