@@ -68,6 +68,12 @@ pub struct Bounds {
     pub max_entries: usize,
     /// Bytes of one entry's key or value (256).
     pub max_text_bytes: usize,
+    /// Bytes of bucket state every stream of the process may hold together
+    /// (64 MiB), counted by [`track_cost`]: past it a report that adds
+    /// buckets ends its stream with `RESOURCE_EXHAUSTED`, so that many
+    /// streams, each within its own bounds, cannot take the process's
+    /// memory together.
+    pub max_process_bytes: usize,
 }
 
 impl Bounds {
@@ -76,6 +82,7 @@ impl Bounds {
         max_buckets: 1_000,
         max_entries: 32,
         max_text_bytes: 256,
+        max_process_bytes: 64 << 20,
     };
 }
 
@@ -100,6 +107,13 @@ fn per_bucket(subscriber: &str, id: &BucketId) -> String {
 /// One bucket id: its entries sorted by key (the canonical form of the
 /// unordered set Envoy sends).
 pub type BucketId = Vec<(String, String)>;
+
+/// The bytes one tracked bucket counts against [`Bounds::max_process_bytes`]:
+/// its id three times (the map key, the admin view's label, the storage
+/// keys made of it) and a fixed part for the rest of its state.
+fn track_cost(id: &BucketId) -> usize {
+    512 + 3 * id.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+}
 
 /// One bucket of a usage report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +175,10 @@ pub enum QuotaError {
     /// message names it.
     #[error("{0}")]
     Invalid(String),
+    /// The process holds as much quota state as [`Bounds::max_process_bytes`]
+    /// allows (gRPC `RESOURCE_EXHAUSTED`): the stream ends.
+    #[error("{0}")]
+    Exhausted(String),
     /// The storage backend keeps no quota subscribers (Redis Cluster):
     /// gRPC `FAILED_PRECONDITION`.
     #[error("{0}")]
@@ -194,6 +212,8 @@ pub struct Quotas {
     clock: Arc<dyn Clock>,
     unmatched: Unmatched,
     bounds: Bounds,
+    /// Bytes of bucket state all streams hold ([`track_cost`]).
+    held_bytes: AtomicU64,
 }
 
 impl Default for Quotas {
@@ -218,6 +238,7 @@ impl Quotas {
             clock,
             unmatched,
             bounds: Bounds::DEFAULT,
+            held_bytes: AtomicU64::new(0),
         }
     }
 
@@ -336,6 +357,8 @@ pub struct QuotaStream {
     domain: String,
     tracks: HashMap<BucketId, Track>,
     view: Arc<Mutex<StreamView>>,
+    /// This stream's part of [`Quotas::held_bytes`].
+    held_bytes: u64,
 }
 
 impl Limiter {
@@ -344,6 +367,14 @@ impl Limiter {
     #[must_use]
     pub fn with_quota_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.quotas.clock = clock;
+        self
+    }
+
+    /// Runs the quota service within `bounds` instead of
+    /// [`Bounds::DEFAULT`].
+    #[must_use]
+    pub fn with_quota_bounds(mut self, bounds: Bounds) -> Self {
+        self.quotas.bounds = bounds;
         self
     }
 
@@ -390,6 +421,7 @@ impl Limiter {
             domain: domain.to_owned(),
             tracks: HashMap::new(),
             view,
+            held_bytes: 0,
         })
     }
 }
@@ -400,6 +432,10 @@ impl Drop for QuotaStream {
         metrics::gauge!(m::RLQS_STREAMS).decrement(1.0);
         #[allow(clippy::cast_precision_loss)]
         metrics::gauge!(m::RLQS_BUCKETS).decrement(self.tracks.len() as f64);
+        self.limiter
+            .quotas
+            .held_bytes
+            .fetch_sub(self.held_bytes, Ordering::Relaxed);
     }
 }
 
@@ -466,6 +502,27 @@ impl QuotaStream {
                 bounds.max_buckets
             )));
         }
+        let new_bytes: u64 = merged
+            .iter()
+            .filter(|(id, ..)| !self.tracks.contains_key(id))
+            .map(|(id, ..)| track_cost(id) as u64)
+            .sum();
+        if new_bytes > 0 {
+            let max = bounds.max_process_bytes as u64;
+            self.limiter
+                .quotas
+                .held_bytes
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                    held.checked_add(new_bytes).filter(|&after| after <= max)
+                })
+                .map_err(|_| {
+                    QuotaError::Exhausted(format!(
+                        "the service holds as much quota bucket state as it may ({} MiB over all streams); a report adding {new} buckets is refused",
+                        max >> 20
+                    ))
+                })?;
+            self.held_bytes += new_bytes;
+        }
         if self.limiter.config.is_awaiting_first_config() {
             return Err(QuotaError::NoConfig);
         }
@@ -504,6 +561,12 @@ impl QuotaStream {
                     reports.push(leaving(last));
                 }
                 self.tracks.remove(&id);
+                let cost = track_cost(&id) as u64;
+                self.held_bytes -= cost;
+                self.limiter
+                    .quotas
+                    .held_bytes
+                    .fetch_sub(cost, Ordering::Relaxed);
                 metrics::gauge!(m::RLQS_BUCKETS).decrement(1.0);
                 self.view.lock().buckets.remove(&id_label(&id));
                 answers.push(BucketAnswer {

@@ -535,3 +535,67 @@ async fn a_report_of_too_many_buckets_is_refused_at_once() {
         "{e:?}"
     );
 }
+
+#[tokio::test]
+async fn streams_together_hold_at_most_the_process_bound_of_bucket_state() {
+    let (l, clock, storage) = setup(ServiceSettings::default());
+    let id = |v: &'static str| -> BucketId { vec![("tenant".into(), v.into())] };
+    let one = track_cost(&id("a1"));
+    let bounds = Bounds {
+        max_process_bytes: 3 * one,
+        ..Bounds::DEFAULT
+    };
+    let config = compile_texts(&[("t.yaml".into(), YAML.as_bytes().to_vec())]).expect("config");
+    let l2 = Arc::new(
+        Limiter::new(config, storage, ServiceSettings::default())
+            .with_quota_clock(Arc::new(clock.clone()))
+            .with_quota_bounds(bounds),
+    );
+    drop(l);
+    let mut a = l2.quota_stream("edge").expect("bound");
+    let mut b = l2.quota_stream("edge").expect("bound");
+    a.report(&[
+        usage(&[("tenant", "a1")], 1, 0),
+        usage(&[("tenant", "a2")], 1, 0),
+    ])
+    .await
+    .expect("within the bound");
+    let refused = b
+        .report(&[
+            usage(&[("tenant", "b1")], 1, 0),
+            usage(&[("tenant", "b2")], 1, 0),
+        ])
+        .await;
+    assert!(
+        matches!(refused, Err(QuotaError::Exhausted(_))),
+        "{refused:?}"
+    );
+    // Known buckets cost nothing more.
+    a.report(&[usage(&[("tenant", "a1")], 1, 0)])
+        .await
+        .expect("known bucket");
+    drop(a);
+    b.report(&[
+        usage(&[("tenant", "b1")], 1, 0),
+        usage(&[("tenant", "b2")], 1, 0),
+    ])
+    .await
+    .expect("a's state was given back");
+    // Abandoned buckets give theirs back too.
+    for _ in 0..3 {
+        clock.advance(REPORT_INTERVAL);
+        b.report(&[
+            usage(&[("tenant", "b1")], 1, 0),
+            usage(&[("tenant", "b2")], 0, 0),
+        ])
+        .await
+        .expect("answered");
+    }
+    assert_eq!(b.buckets(), 1, "b2 abandoned");
+    b.report(&[
+        usage(&[("tenant", "b3")], 1, 0),
+        usage(&[("tenant", "b4")], 1, 0),
+    ])
+    .await
+    .expect("b2's state was given back");
+}
