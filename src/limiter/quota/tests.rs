@@ -141,15 +141,22 @@ async fn one_rule_two_protocols_share_a_bucket() {
     assert_eq!(r.charges[0].remaining_micro, 5960 * 1_000_000);
 }
 
-#[tokio::test]
-async fn two_subscribers_share_by_demand() {
+/// Two streams of domain `edge` that have each reported `tenant=acme`
+/// once (100/s: F = 1 s, 100 tokens a fill, burst 100).
+async fn two_streams_on_acme() -> (Arc<Limiter>, ManualClock, QuotaStream, QuotaStream) {
     let (l, clock, _) = setup(ServiceSettings::default());
     let mut a = l.quota_stream("edge").expect("bound");
     let mut b = l.quota_stream("edge").expect("bound");
     let id: &[(&str, &str)] = &[("tenant", "acme")];
-    // 100/s: F = 1 s, 100 tokens a fill, burst 100.
     a.report(&[usage(id, 1, 0)]).await.expect("a");
     b.report(&[usage(id, 1, 0)]).await.expect("b");
+    (l, clock, a, b)
+}
+
+#[tokio::test]
+async fn two_subscribers_share_by_demand() {
+    let (l, clock, mut a, mut b) = two_streams_on_acme().await;
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
     let mut last = (None, None);
     for _ in 0..6 {
         clock.advance(REPORT_INTERVAL);
@@ -219,12 +226,8 @@ async fn records_of_acme(l: &Arc<Limiter>) -> usize {
 
 #[tokio::test]
 async fn a_stream_that_leaves_frees_its_share_at_once() {
-    let (l, clock, _) = setup(ServiceSettings::default());
-    let mut a = l.quota_stream("edge").expect("bound");
-    let mut b = l.quota_stream("edge").expect("bound");
+    let (l, clock, mut a, mut b) = two_streams_on_acme().await;
     let id: &[(&str, &str)] = &[("tenant", "acme")];
-    a.report(&[usage(id, 1, 0)]).await.expect("a");
-    b.report(&[usage(id, 1, 0)]).await.expect("b");
     for _ in 0..4 {
         clock.advance(REPORT_INTERVAL);
         a.report(&[usage(id, 450, 0)]).await.expect("a");
