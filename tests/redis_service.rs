@@ -608,8 +608,12 @@ async fn keys_are_gone_once_full_again() {
 async fn a_slowing_reload_keeps_drained_keys() {
     let server = RedisServer::start();
     let prefix = unique_prefix("hold");
+    // An unchanged rule beside it (`other`, 5 a minute) keeps its own expiry.
+    let other = "  - key: other\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
     let l = limiter(
-        "domain: hold\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 5}\n",
+        &format!(
+            "domain: hold\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 10, burst: 5}}\n{other}"
+        ),
         storage(&server),
         &prefix,
     );
@@ -617,9 +621,17 @@ async fn a_slowing_reload_keeps_drained_keys() {
     assert_eq!(st(&l.should_rate_limit(&drain).await.unwrap(), 0).1, 0);
     let key = keys(&server, &prefix).pop().expect("one key");
     assert!(pttl(&server, &key) <= 500, "expires when full: 0.5 s");
+    let one = req("hold", vec![desc_hits(&[("other", "x")], 1)], 0);
+    assert_eq!(st(&l.should_rate_limit(&one).await.unwrap(), 0).1, 4);
+    let other_key = keys(&server, &prefix)
+        .into_iter()
+        .find(|k| k != &key)
+        .expect("the other rule's key");
+    // One token at 5 a minute: full again within 12 s.
+    assert!(pttl(&server, &other_key) <= 12_000);
     l.swap_config(config(&[(
         "test.yaml",
-        "domain: hold\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, burst: 5}\n",
+        &format!("domain: hold\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: 1, burst: 5}}\n{other}"),
     )]));
     // The new longest time to full: 5 tokens at 1 per minute = 300 s.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -635,6 +647,13 @@ async fn a_slowing_reload_keeps_drained_keys() {
     let check = req("hold", vec![desc_hits(&[("k", "a")], 0)], 0);
     let r = l.should_rate_limit(&check).await.unwrap();
     assert_eq!((st(&r, 0).0, st(&r, 0).1), (OVER, 0), "{r:?}");
+    // The hold was k's alone: the unchanged rule's key was not pinned for
+    // k's 300 s (before, every key under the prefix was).
+    assert!(
+        pttl(&server, &other_key) <= 12_000,
+        "{}",
+        pttl(&server, &other_key)
+    );
 }
 
 const BUDGET: &str = r"

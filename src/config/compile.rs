@@ -508,6 +508,7 @@ fn compile_level(
                         .iter()
                         .any(|l| l.value_to_metric)
                         .then(|| chain.clone()),
+                    levels: chain.clone().into(),
                     source: source_of(cx.file, d.line),
                     counters: Arc::new(RuleCounters::new(composite.clone())),
                 });

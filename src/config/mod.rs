@@ -183,6 +183,10 @@ pub struct Rule {
     /// one of them sets `value_to_metric` (the metric label then carries the
     /// request's values at those levels).
     pub metric_levels: Option<Vec<MetricLevel>>,
+    /// The levels from the top of the tree down to this rule, always: what
+    /// a reload needs to name the storage keys of this rule's buckets
+    /// ([`crate::storage::key::rule_prefix`]).
+    pub levels: Arc<[MetricLevel]>,
     /// File the rule came from and its line, for `/rlconfig`.
     pub source: String,
     /// The counters of label [`Rule::path`], looked up once per config.
@@ -318,19 +322,16 @@ impl Config {
         old: &Config,
         settings: &crate::settings::ServiceSettings,
     ) -> Option<u64> {
-        self.loosened(old, settings).map(|(hold, _)| hold)
+        self.loosened(old, settings).map(|l| l.hold_us)
     }
 
-    /// [`Self::loosened_hold_us`], with what changed: one line per rule that
-    /// got slower or larger, with its own time to full (`edge.user:
-    /// 10/minute burst 10 -> 20/minute burst 40, full again within 120 s`),
-    /// sorted, at most 10.
+    /// [`Self::loosened_hold_us`], with what changed ([`Loosened`]).
     #[must_use]
     pub fn loosened(
         &self,
         old: &Config,
         settings: &crate::settings::ServiceSettings,
-    ) -> Option<(u64, Vec<String>)> {
+    ) -> Option<Loosened> {
         // Rules with a rate above 0 (a rate of 0 never fills).
         let limited = |r: &Rule| {
             r.limit(settings)
@@ -338,6 +339,7 @@ impl Config {
                 .filter(|l| l.requests_per_unit > 0)
         };
         let mut changed: Vec<String> = Vec::new();
+        let mut slowed: Vec<(String, Arc<[MetricLevel]>, u64)> = Vec::new();
         let mut hold: u128 = 0;
         for (name, d) in &self.domains {
             let before = old.domains.get(name);
@@ -390,6 +392,13 @@ impl Config {
                             Policy::Unlimited => "unlimited".into(),
                         };
                         hold = hold.max(rule_hold);
+                        if !slowed.iter().any(|(_, l, _)| Arc::ptr_eq(l, &r.levels)) {
+                            slowed.push((
+                                name.clone(),
+                                r.levels.clone(),
+                                u64::try_from(rule_hold).unwrap_or(MAX_HOLD_US),
+                            ));
+                        }
                         changed.push(format!(
                             "{}: {} -> {}, full again within {} s",
                             r.path,
@@ -407,8 +416,27 @@ impl Config {
         changed.sort_unstable();
         changed.truncate(10);
         let hold = u64::try_from(hold.min(u128::from(MAX_HOLD_US))).unwrap_or(MAX_HOLD_US);
-        Some((hold, changed))
+        Some(Loosened {
+            hold_us: hold,
+            lines: changed,
+            rules: slowed,
+        })
     }
+}
+
+/// What a reload lengthened ([`Config::loosened`]): the rules that now take
+/// longer to fill (a lower rate or a larger burst).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loosened {
+    /// The longest time to full among them, microseconds.
+    pub hold_us: u64,
+    /// One line per such rule, with its own time to full (`edge.user:
+    /// 10/minute burst 10 -> 20/minute burst 40, full again within 120 s`),
+    /// sorted, at most 10.
+    pub lines: Vec<String>,
+    /// Each such rule: its domain, its levels and its own time to full in
+    /// microseconds (at most [`MAX_HOLD_US`]).
+    pub rules: Vec<(String, Arc<[MetricLevel]>, u64)>,
 }
 
 /// Longest time a reload keeps existing buckets (366 days, in microseconds).
@@ -482,9 +510,10 @@ mod tests {
         };
         let old = load("{unit: minute, requests_per_unit: 10, burst: 10}");
         let new = load("{unit: hour, requests_per_unit: 1, burst: 10}");
-        let (_, changed) = new
+        let changed = new
             .loosened(&old, &crate::settings::ServiceSettings::default())
-            .expect("the slower k: a is seen");
+            .expect("the slower k: a is seen")
+            .lines;
         assert!(
             changed
                 .iter()
@@ -504,7 +533,11 @@ mod tests {
             None
         );
         // Faster but a larger burst: a drained bucket is further from full.
-        let (hold_us, rules) = config("{unit: minute, requests_per_unit: 20, burst: 40}")
+        let super::Loosened {
+            hold_us,
+            lines: rules,
+            ..
+        } = config("{unit: minute, requests_per_unit: 20, burst: 40}")
             .loosened(&old, &crate::settings::ServiceSettings::default())
             .unwrap();
         assert_eq!(
@@ -513,9 +546,10 @@ mod tests {
         );
         assert_eq!(hold_us, 120_000_000, "40 tokens at 20 per minute");
         // Slower.
-        let (_, rules) = config("{unit: hour, requests_per_unit: 10}")
+        let rules = config("{unit: hour, requests_per_unit: 10}")
             .loosened(&old, &crate::settings::ServiceSettings::default())
-            .unwrap();
+            .unwrap()
+            .lines;
         assert_eq!(
             rules,
             ["e.user: 10/minute burst 10 -> 10/hour burst 10, full again within 3600 s"]
@@ -531,9 +565,20 @@ mod tests {
             compile_texts(&[("e.yaml".into(), yaml.into_bytes())]).unwrap()
         };
         let old = load("{unit: minute, requests_per_unit: 10}");
-        let (hold_us, rules) = load("{unit: hour, requests_per_unit: 10}")
+        let super::Loosened {
+            hold_us,
+            lines: rules,
+            rules: slowed,
+        } = load("{unit: hour, requests_per_unit: 10}")
             .loosened(&old, &crate::settings::ServiceSettings::default())
             .unwrap();
+        // Only e.user's keys are held, for its own hour.
+        assert_eq!(slowed.len(), 1);
+        assert_eq!(slowed[0].2, 3_600_000_000);
+        assert_eq!(
+            crate::storage::key::rule_prefixes("p:", &slowed[0].0, &slowed[0].1),
+            ["p:d1:e|k4:user=".to_owned(), "p:d1:e#".to_owned()]
+        );
         // The unchanged 1/day rule takes a day to fill; only e.user slowed.
         assert_eq!(hold_us, 3_600_000_000);
         assert_eq!(

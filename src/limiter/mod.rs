@@ -493,13 +493,19 @@ fn after_swap(
 ) {
     storage.invalidate_local_cache();
     warn_value_labels(new);
-    if let Some((hold_us, changed)) = new.loosened(old, settings) {
+    if let Some(loosened) = new.loosened(old, settings) {
         tracing::info!(
-            hold_secs = hold_us / 1_000_000,
-            rules = ?changed,
-            "rules that now take longer to fill (a lower rate or a larger burst): existing buckets are kept until they are full under the new limits"
+            hold_secs = loosened.hold_us / 1_000_000,
+            rules = ?loosened.lines,
+            "rules that now take longer to fill (a lower rate or a larger burst): their existing buckets are kept until they are full under the new limits"
         );
-        storage.hold_existing(key_prefix, hold_us);
+        // Each slowed rule's keys, for its own time to full: the buckets of
+        // unchanged rules keep their own expiry.
+        for (domain, levels, hold_us) in &loosened.rules {
+            for start in crate::storage::key::rule_prefixes(key_prefix, domain, levels) {
+                storage.hold_existing(&start, *hold_us);
+            }
+        }
     }
 }
 

@@ -111,6 +111,50 @@ pub fn encode(prefix: &str, domain: &str, entries: &[(&str, KeyValue<'_>)]) -> S
     out
 }
 
+/// The starts of every bucket key a rule's buckets can have, from the
+/// rule's levels (top down): the key up to its first level whose value
+/// comes from the request (a key-only or per-value wildcard level), that
+/// level's key included (`<prefix>d4:edge|k4:user=`); the whole key when
+/// every level is fixed. A second start covers the domain's keys whose
+/// entries were too long and are stored hashed (`<prefix>d4:edge#`). Keys
+/// of the rule's descendants and of its overrides share the first start,
+/// so holding by these starts may hold more than the rule's own buckets,
+/// never fewer.
+#[must_use]
+pub fn rule_prefixes(
+    prefix: &str,
+    domain: &str,
+    levels: &[crate::config::MetricLevel],
+) -> [String; 2] {
+    use crate::config::MetricLevelKind as K;
+    let fixed: Vec<(&str, KeyValue<'_>)> = levels
+        .iter()
+        .map_while(|l| match &l.kind {
+            K::Exact(v) => Some((l.key.as_str(), KeyValue::Value(v))),
+            K::Wildcard {
+                pattern,
+                share_threshold: true,
+            } => Some((l.key.as_str(), KeyValue::Shared(pattern))),
+            K::KeyOnly | K::Wildcard { .. } => None,
+        })
+        .collect();
+    let mut hashed = String::with_capacity(prefix.len() + domain.len() + 8);
+    hashed.push_str(prefix);
+    push_escaped(&mut hashed, 'd', domain);
+    let mut start = encode(prefix, domain, &fixed);
+    if start.len() > hashed.len() && start.as_bytes()[hashed.len()] == b'#' {
+        // The fixed entries alone are hashed: every key of the rule is too.
+        start.truncate(hashed.len());
+        start.push('#');
+    } else if let Some(open) = levels.get(fixed.len()) {
+        start.push('|');
+        push_escaped(&mut start, 'k', &open.key);
+        start.push('=');
+    }
+    hashed.push('#');
+    [start, hashed]
+}
+
 /// Makes `key` (from [`encode`]) the bucket of a per-request `limit`
 /// override of `requests_per_unit` per `unit_secs`: appends
 /// `!<requests_per_unit>/<unit_secs>`. The encoded entries end in a

@@ -324,10 +324,12 @@ impl Storage for MemoryStorage {
         MemoryStorage::sweep(self);
     }
 
-    fn hold_existing(&self, _prefix: &str, hold_us: u64) {
+    fn hold_existing(&self, prefix: &str, hold_us: u64) {
         for shard in self.shards.iter() {
-            for (st, full_at) in shard.lock().map.values_mut() {
-                *full_at = (*full_at).max(st.updated_us().saturating_add(hold_us));
+            for (key, (st, full_at)) in &mut shard.lock().map {
+                if key.starts_with(prefix) {
+                    *full_at = (*full_at).max(st.updated_us().saturating_add(hold_us));
+                }
             }
         }
     }

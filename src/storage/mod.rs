@@ -331,11 +331,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// write (memory eviction, Redis `PX`); under the new limit it may still
     /// be far from full, and dropping it then would refill it for free
     /// (docs/design.md, "Reloads": a reload never refills a bucket). So every bucket stored
-    /// now (keys starting with `prefix`) is kept at least `hold_us` past its
-    /// last write or past now: the longest time to full of the rules the
-    /// reload slowed, under their new limits. Runs in the background where
-    /// it touches storage (on Redis one hold at a time, paced; a later one
-    /// replaces a waiting one). Default: nothing stored.
+    /// now with a key starting with `prefix` (the keys of one slowed rule,
+    /// [`key::rule_prefixes`]) is kept at least `hold_us` past its last
+    /// write or past now: that rule's time to full under its new limit.
+    /// Runs in the background where it touches storage (on Redis one hold
+    /// at a time, paced; a later one for the same prefix replaces a waiting
+    /// one). Default: nothing stored.
     fn hold_existing(&self, prefix: &str, hold_us: u64) {
         let _ = (prefix, hold_us);
     }

@@ -4,8 +4,9 @@
 //! of a Cluster ([`hold_cluster`]).
 //!
 //! One hold runs at a time per backend ([`HoldQueue`]): a hold asked while
-//! one runs waits, and a later one replaces the waiting one (keeping the
-//! longer hold), so a burst of reloads costs at most two scans. A hold's
+//! one runs waits, and a later one for the same key prefix (the same slowed
+//! rule) replaces the waiting one (keeping the longer hold), so a burst of
+//! reloads costs at most one more scan per rule. A hold's
 //! Redis work is paced: after each step (one `SCAN` of 500 and one script
 //! call) it pauses [`PACE`] times as long as the step took, so it takes at
 //! most a quarter of the time of the connection it shares with requests.
@@ -42,8 +43,9 @@ pub(crate) struct HoldQueue {
 #[derive(Default)]
 struct QueueState {
     running: bool,
-    /// The hold waiting for the running one: its hold and its run.
-    waiting: Option<(u64, HoldRun)>,
+    /// The holds waiting for the running one, in arrival order: the key
+    /// prefix each holds, its hold and its run.
+    waiting: Vec<(String, u64, HoldRun)>,
 }
 
 impl std::fmt::Debug for HoldQueue {
@@ -51,21 +53,26 @@ impl std::fmt::Debug for HoldQueue {
         let st = self.state.lock();
         f.debug_struct("HoldQueue")
             .field("running", &st.running)
-            .field("waiting_ms", &st.waiting.as_ref().map(|w| w.0))
+            .field("waiting", &st.waiting.len())
             .finish()
     }
 }
 
 impl HoldQueue {
-    /// Runs `run(hold_ms)` in the background now, or after the hold that
-    /// runs; a hold already waiting is replaced by this one, with the
-    /// longer of the two holds.
-    pub(crate) fn submit(self: &Arc<Self>, hold_ms: u64, run: HoldRun) {
+    /// Runs `run(hold_ms)` for the keys under `prefix` in the background
+    /// now, or after the holds before it; a hold already waiting for the
+    /// same prefix is replaced by this one, with the longer of the two
+    /// holds (so reloads in a burst wait as at most one hold per prefix).
+    pub(crate) fn submit(self: &Arc<Self>, prefix: &str, hold_ms: u64, run: HoldRun) {
         {
             let mut st = self.state.lock();
             if st.running {
-                let hold_ms = st.waiting.as_ref().map_or(hold_ms, |w| w.0.max(hold_ms));
-                st.waiting = Some((hold_ms, run));
+                if let Some(w) = st.waiting.iter_mut().find(|w| w.0 == prefix) {
+                    w.1 = w.1.max(hold_ms);
+                    w.2 = run;
+                } else {
+                    st.waiting.push((prefix.to_owned(), hold_ms, run));
+                }
                 return;
             }
             st.running = true;
@@ -76,13 +83,12 @@ impl HoldQueue {
             loop {
                 run(hold_ms).await;
                 let mut st = queue.state.lock();
-                match st.waiting.take() {
-                    Some((h, r)) => (hold_ms, run) = (h, r),
-                    None => {
-                        st.running = false;
-                        return;
-                    }
+                if st.waiting.is_empty() {
+                    st.running = false;
+                    return;
                 }
+                let (_, h, r) = st.waiting.remove(0);
+                (hold_ms, run) = (h, r);
             }
         });
     }
@@ -164,8 +170,10 @@ pub(crate) fn spawn_hold<C>(
 ) where
     C: ConnectionLike + Send + 'static,
 {
+    let key = prefix.to_owned();
     let prefix = prefix.to_owned();
     queue.submit(
+        &key,
         hold_us.div_ceil(1000),
         Box::new(move |hold_ms| {
             Box::pin(async move {
@@ -288,32 +296,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_burst_of_holds_runs_at_most_two_scans_with_the_longest_hold() {
+    async fn a_burst_of_holds_runs_one_more_scan_per_prefix_with_the_longest_hold() {
         let queue = Arc::new(HoldQueue::default());
         let runs = Arc::new(Mutex::new(Vec::new()));
         let done = Arc::new(AtomicUsize::new(0));
         let (open, gate) = tokio::sync::oneshot::channel();
-        queue.submit(1_000, run(&runs, Some(gate), &done));
+        queue.submit("p:a", 1_000, run(&runs, Some(gate), &done));
         while runs.lock().is_empty() {
             tokio::task::yield_now().await;
         }
-        // 100 reloads while the first scan runs: one waits, the longest.
+        // 100 reloads while the first scan runs, each holding the same two
+        // rules: one hold per prefix waits, with the longest asked.
         for i in 0..100u64 {
-            queue.submit(
-                if i == 37 { 9_000 } else { 2_000 + i },
-                run(&runs, None, &done),
-            );
+            let h = if i == 37 { 9_000 } else { 2_000 + i };
+            queue.submit("p:a", h, run(&runs, None, &done));
+            queue.submit("p:b", 3, run(&runs, None, &done));
         }
         let _ = open.send(());
-        while done.load(Ordering::SeqCst) < 2 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(*runs.lock(), vec![1_000, 9_000]);
-        // Idle again: the next hold runs at once.
-        queue.submit(5, run(&runs, None, &done));
         while done.load(Ordering::SeqCst) < 3 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(*runs.lock(), vec![1_000, 9_000, 5]);
+        assert_eq!(*runs.lock(), vec![1_000, 9_000, 3]);
+        // Idle again: the next hold runs at once.
+        queue.submit("p:a", 5, run(&runs, None, &done));
+        while done.load(Ordering::SeqCst) < 4 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*runs.lock(), vec![1_000, 9_000, 3, 5]);
     }
 }

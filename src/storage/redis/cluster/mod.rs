@@ -620,6 +620,7 @@ impl Storage for RedisClusterStorage {
         let prefix = prefix.to_owned();
         let secret = self.inner.pipeline.secret.clone();
         self.inner.pipeline.holds.submit(
+            &prefix.clone(),
             hold_us.div_ceil(1000),
             Box::new(move |hold_ms| {
                 Box::pin(async move {
