@@ -1,5 +1,6 @@
 --[[ request.lua: evaluate and charge every limit of one ShouldRateLimit
-request, atomically, whatever algorithm each limit uses.
+request, atomically, whatever algorithm each limit uses; or of each request
+of a batch in turn, each exactly as if it came alone.
 
 Why a script: the design (docs/design.md, "All-or-nothing requests") requires all-or-nothing per request (if any non-shadow
 descriptor lacks tokens, no key is charged) under concurrency, and docs/design.md, "Redis script",
@@ -40,14 +41,17 @@ All values are integers below 2^53 (Lua numbers are doubles).
 Units: amounts are micro-units (1 token = 1,000,000) and times are
 microseconds since the Unix epoch, all integers.
 
-KEYS[1..k]  distinct keys of the request (one per limit and client value).
+KEYS[1..k]  distinct keys of the request, or of every request of the batch
+            (one per limit and client value; a key several requests
+            charge is there once).
 ARGV[1]     explicit now in microseconds, TESTS ONLY; the service always sends
             "" and time comes from redis.call('TIME'), so service replicas with
             skewed clocks can never mint tokens (docs/design.md, "Time").
 ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none): with an
             explicit (paused) now, Redis still expires keys in real time, so
             test runs keep keys alive for longer than their algorithm asks.
-ARGV[3]     every charge, in request order, packed as one binary string of
+ARGV[3]     every charge, in request order (a batch: the requests one after
+            the other), packed as one binary string of
             32 bytes per charge, big-endian unsigned: algorithm (1 byte),
             key index (3), p1 (4), p2 (4), p3 (4), cost (8), flags (8).
             (One packed argument instead of several decimal strings per
@@ -64,7 +68,22 @@ ARGV[3]     every charge, in request order, packed as one binary string of
                          flags / 4 (floor): the algorithm's extra parameter x
                          (below 2^32; the token bucket's max_debt D).
 
-Reply: one binary string, big-endian, 1 + 9 n bytes:
+ARGV[4]     absent for one request. A batch: per request, in order, its
+            number of charges as a big-endian u32 (4 bytes each).
+
+Batch: the requests are evaluated one after the other, each exactly as if
+its own call came alone at the same now: it sees what the requests before it
+left in every key, it is all-or-nothing on its own, with its own verdicts
+and reply. Only the work is shared: one TIME, one MGET of every key, and
+each key written at most once, at the end (what the last request that
+wrote it left, with that write's expiry). A key that fails to read (a
+foreign value: WRONGTYPE) fails only the requests that charge it: their
+part of the reply is an error (below) and they write nothing.
+
+Reply: one binary string, big-endian. Of a batch: the replies of its
+requests one after the other, each as below, or for a request that failed
+the byte 2, then its error's length (u16) and the Redis error text
+(`WRONGTYPE ...`). Of one request, 1 + 9 n bytes:
   admitted   1 byte: 1 if every non-shadow consume charge had enough
              (then all were charged), else 0 (then only the charges that
              stand were written).
@@ -78,8 +97,9 @@ it in a few instructions, where an array of integers costs a parser step per
 element.)
 Durations and remaining counts are computed by the caller from these.
 
-Writes: a key whose level changed is written (SET with PX, its algorithm's
-encode; DEL when it is the same as missing) when the request is admitted;
+Writes (per request, then each key once at the end of the call): a key
+whose level changed is written (SET with PX, its algorithm's encode; DEL
+when it is the same as missing) when the request is admitted;
 when it is denied, only the keys of the charges that stand, with only those
 charges applied. A check (cost 0), a refund on a full bucket and a denied
 request write nothing and refresh no TTL. A key stored with a time after now
@@ -96,8 +116,9 @@ local MAX_TTL_MS = 1000000000000000
 local min_ttl = tonumber(ARGV[2]) or 0
 -- Library functions as locals: a local is one VM register, a global a table
 -- lookup per use.
-local rcall = redis.call
+local rcall, pcall_redis = redis.call, redis.pcall
 local spack, sunpack = struct.pack, struct.unpack
+local schar = string.char
 -- Positions of an algorithm's functions in its array (see the header).
 local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE = 1, 2, 3, 4, 5, 6
 
@@ -109,8 +130,12 @@ else
   now = tonumber(t[1]) * MICRO + tonumber(t[2])
 end
 
+-- ARGV[4]: the request sizes of a batch (absent: one request).
+local sizes = ARGV[4]
+local batch = sizes ~= nil
+
 -- Every key in one MGET (in slices, to stay inside Lua's stack for a
--- request with very many descriptors). MGET reads a key of another type as
+-- call with very many keys). MGET reads a key of another type as
 -- missing, so a key it reports missing is read again with GET, which fails
 -- with WRONGTYPE on a foreign key instead of letting it be overwritten; a
 -- hot key exists, so that second read is paid by new keys only.
@@ -134,87 +159,42 @@ else
   end
 end
 
--- Per key k (index into KEYS): the stored string RAW[k] (false: missing),
--- the working level W[k] and whether it changed (DIRTY[k]), the algorithm
--- and limit of its last charge (LA, L1, L2, L3), the level after only the
--- charges that stand (DW[k], written when the request is denied), and for
--- a key stored after now the level read before any charge (STALE[k]).
-local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
--- Per charge: its key and whether it had enough.
-local KEY, ENOUGH = {}, {}
+-- Per key k (index into KEYS): its stored string as the requests so far
+-- left it (CUR[k], false: missing; nil: not read yet), and what to write at
+-- the end (OUT[k], false: DEL; its expiry OUTTTL[k]), for the keys in
+-- ORDER.
+local CUR, OUT, OUTTTL, ORDER = {}, {}, {}, {}
+local nw = 0
 
--- ARGV[3]: the charges (see the header), taken in order.
-local packed = ARGV[3]
-local n = #packed / 32
-local admitted = true
-local pos = 1
-for c = 1, n do
-  local a, k, p1, p2, p3, cost, flags
-  a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
-  local alg = ALGORITHMS[a]
-  KEY[c] = k
-  -- Exact: flags < 2^35 and the divisors are powers of two.
-  local low = flags % 4
-  local refund = low % 2 == 1
-  local shadow = low >= 2
-  local w = W[k]
-  if w == nil then
-    local s = vals[k]
-    if not s then
-      -- Missing, or another type: GET tells them apart (WRONGTYPE).
+-- The stored string of key k (false: missing), or nil and the error of
+-- reading it. In a batch the error fails only the requests that read k.
+local function stored(k)
+  local s = CUR[k]
+  if s ~= nil then
+    return s
+  end
+  s = vals[k]
+  if not s then
+    -- Missing, or another type: GET tells them apart (WRONGTYPE).
+    if batch then
+      s = pcall_redis('GET', KEYS[k])
+      if type(s) == 'table' then
+        return nil, s.err
+      end
+    else
       s = rcall('GET', KEYS[k])
     end
-    RAW[k] = s
-    local stale
-    w, stale = alg[READ](s, p1, p2, p3, now)
-    if stale then
-      STALE[k] = w
-    end
-    DIRTY[k] = false
-  else
-    w = alg[REBASE](w, p1, p2, p3)
   end
-  LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
-  if refund then
-    local changed
-    w, changed = alg[REFUND](w, cost, p1, p2, p3)
-    if changed then
-      DIRTY[k] = true
-    end
-    ENOUGH[c] = 1
-  else
-    local x = (flags - low) / 4
-    local ok, changed, stands
-    w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
-    if ok then
-      ENOUGH[c] = 1
-    else
-      ENOUGH[c] = 0
-      if not shadow then
-        admitted = false
-      end
-    end
-    if changed then
-      DIRTY[k] = true
-    end
-    if stands then
-      local d = DW[k]
-      if d == nil then
-        d = alg[READ](RAW[k], p1, p2, p3, now)
-      else
-        d = alg[REBASE](d, p1, p2, p3)
-      end
-      DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
-    end
-  end
-  W[k] = w
+  CUR[k] = s
+  return s
 end
 
--- Writes `level` for key k, stamped now, under the limit of its last charge.
-local function put(k, level)
-  local value, ttl = LA[k][ENCODE](level, now, L1[k], L2[k], L3[k])
+-- Writes `level` for key k, stamped now, under the given limit: what the
+-- next request reads, and what is stored at the end.
+local function put(k, alg, p1, p2, p3, level)
+  local value, ttl = alg[ENCODE](level, now, p1, p2, p3)
   if value == nil then
-    rcall('DEL', KEYS[k])
+    value = false
   else
     if ttl < min_ttl then
       ttl = min_ttl
@@ -222,46 +202,193 @@ local function put(k, level)
     if ttl > MAX_TTL_MS then
       ttl = MAX_TTL_MS
     end
-    rcall('SET', KEYS[k], value, 'PX', string.format('%d', ttl))
+    OUTTTL[k] = ttl
+  end
+  CUR[k] = value
+  if OUT[k] == nil then
+    nw = nw + 1
+    ORDER[nw] = k
+  end
+  OUT[k] = value
+end
+
+-- One request of n charges starting at byte `first` of ARGV[3]: its reply
+-- (see the header), or nil and the error of reading one of its keys.
+local packed = ARGV[3]
+local function run(first, n)
+  if n == 1 then
+    -- One charge (the usual request): the general path below without its
+    -- tables.
+    local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
+    local alg = ALGORITHMS[a]
+    local s, err = stored(k)
+    if s == nil then
+      return nil, err
+    end
+    local low = flags % 4
+    local w, stale = alg[READ](s, p1, p2, p3, now)
+    local after, ok, changed, stands
+    if low % 2 == 1 then
+      after, changed = alg[REFUND](w, cost, p1, p2, p3)
+      ok = true
+    else
+      after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, (flags - low) / 4)
+    end
+    if ok or low >= 2 then
+      if changed then
+        put(k, alg, p1, p2, p3, after)
+      elseif stale then
+        put(k, alg, p1, p2, p3, w)
+      end
+      return spack('>BBi8', 1, ok and 1 or 0, alg[REPORT](after))
+    end
+    if stands then
+      put(k, alg, p1, p2, p3, after)
+    elseif stale then
+      put(k, alg, p1, p2, p3, w)
+    end
+    return spack('>BBi8', 0, 0, alg[REPORT](w))
+  end
+
+  -- Per key k of this request: the stored string RAW[k] (false: missing),
+  -- the working level W[k] and whether it changed (DIRTY[k]), the algorithm
+  -- and limit of its last charge (LA, L1, L2, L3), the level after only the
+  -- charges that stand (DW[k], written when the request is denied), and for
+  -- a key stored after now the level read before any charge (STALE[k]).
+  local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
+  -- Per charge: its key and whether it had enough.
+  local KEY, ENOUGH = {}, {}
+  local admitted = true
+  local pos = first
+  for c = 1, n do
+    local a, k, p1, p2, p3, cost, flags
+    a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
+    local alg = ALGORITHMS[a]
+    KEY[c] = k
+    -- Exact: flags < 2^35 and the divisors are powers of two.
+    local low = flags % 4
+    local refund = low % 2 == 1
+    local shadow = low >= 2
+    local w = W[k]
+    if w == nil then
+      local s, err = stored(k)
+      if s == nil then
+        return nil, err
+      end
+      RAW[k] = s
+      local stale
+      w, stale = alg[READ](s, p1, p2, p3, now)
+      if stale then
+        STALE[k] = w
+      end
+      DIRTY[k] = false
+    else
+      w = alg[REBASE](w, p1, p2, p3)
+    end
+    LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
+    if refund then
+      local changed
+      w, changed = alg[REFUND](w, cost, p1, p2, p3)
+      if changed then
+        DIRTY[k] = true
+      end
+      ENOUGH[c] = 1
+    else
+      local x = (flags - low) / 4
+      local ok, changed, stands
+      w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
+      if ok then
+        ENOUGH[c] = 1
+      else
+        ENOUGH[c] = 0
+        if not shadow then
+          admitted = false
+        end
+      end
+      if changed then
+        DIRTY[k] = true
+      end
+      if stands then
+        local d = DW[k]
+        if d == nil then
+          d = alg[READ](RAW[k], p1, p2, p3, now)
+        else
+          d = alg[REBASE](d, p1, p2, p3)
+        end
+        DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
+      end
+    end
+    W[k] = w
+  end
+
+  -- (`DIRTY` has every key of the request as a key.)
+  local reply = { 0 }
+  if admitted then
+    reply[1] = 1
+    for k, d in pairs(DIRTY) do
+      if d then
+        put(k, LA[k], L1[k], L2[k], L3[k], W[k])
+      elseif STALE[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
+      end
+    end
+    for c = 1, n do
+      local k = KEY[c]
+      reply[2 * c] = ENOUGH[c]
+      reply[2 * c + 1] = LA[k][REPORT](W[k])
+    end
+  else
+    for k in pairs(DIRTY) do
+      if DW[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
+      elseif STALE[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
+      end
+    end
+    -- What each key had before the request, under each charge's own limit.
+    pos = first
+    for c = 1, n do
+      local a, k, p1, p2, p3
+      a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
+      pos = pos + 32
+      local alg = ALGORITHMS[a]
+      reply[2 * c] = ENOUGH[c]
+      reply[2 * c + 1] = alg[REPORT]((alg[READ](RAW[k], p1, p2, p3, now)))
+    end
+  end
+  return spack('>B' .. string.rep('Bi8', n), unpack(reply))
+end
+
+-- Stores what the requests left: each key written once.
+local function flush()
+  for i = 1, nw do
+    local k = ORDER[i]
+    local value = OUT[k]
+    if value then
+      rcall('SET', KEYS[k], value, 'PX', string.format('%d', OUTTTL[k]))
+    else
+      rcall('DEL', KEYS[k])
+    end
   end
 end
 
--- (`DIRTY` has every key of the request as a key.)
-local reply = { 0 }
-if admitted then
-  reply[1] = 1
-  for k, d in pairs(DIRTY) do
-    if d then
-      put(k, W[k])
-    elseif STALE[k] then
-      put(k, STALE[k])
-    end
-  end
-  for c = 1, n do
-    local k = KEY[c]
-    reply[2 * c] = ENOUGH[c]
-    reply[2 * c + 1] = LA[k][REPORT](W[k])
-  end
-else
-  for k in pairs(DIRTY) do
-    if DW[k] then
-      put(k, DW[k])
-    elseif STALE[k] then
-      put(k, STALE[k])
-    end
-  end
-  -- What each key had before the request, under each charge's own limit.
-  pos = 1
-  for c = 1, n do
-    local a, k, p1, p2, p3
-    a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
-    pos = pos + 32
-    local alg = ALGORITHMS[a]
-    reply[2 * c] = ENOUGH[c]
-    reply[2 * c + 1] = alg[REPORT]((alg[READ](RAW[k], p1, p2, p3, now)))
-  end
+if not batch then
+  local reply = run(1, #packed / 32)
+  flush()
+  return reply
 end
-if n == 1 then
-  return spack('>BBi8', reply[1], reply[2], reply[3])
+
+local parts = {}
+local first = 1
+for r = 1, #sizes / 4 do
+  local n = sunpack('>I4', sizes, 4 * r - 3)
+  local reply, err = run(first, n)
+  if reply == nil then
+    err = string.sub(err, 1, 1000)
+    reply = schar(2) .. spack('>I2', #err) .. err
+  end
+  parts[r] = reply
+  first = first + 32 * n
 end
-return spack('>B' .. string.rep('Bi8', n), unpack(reply))
+flush()
+return table.concat(parts)

@@ -9,6 +9,7 @@
 //! restarted while idle) and closes the circuit breaker once Redis answers
 //! again. Every call goes through the shared [`Pipeline`].
 
+use super::batch::{BatchQueue, BatchTarget};
 use super::breaker::CircuitBreaker;
 use super::errors::redact;
 use super::script::{BucketScript, ScriptCall};
@@ -81,11 +82,12 @@ impl RedisBuilder<SingleNode> {
         let conn =
             ConnectionManager::new_lazy_with_config(client, config).map_err(|e| invalid(&e))?;
         let storage = RedisStorage {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
                 conn,
                 breaker: self.options.breaker(),
                 url: redact_url(url),
                 pipeline: self.pipeline(secret),
+                queue: BatchQueue::spawn(me.clone()),
             }),
         };
         storage.spawn_health_task();
@@ -100,6 +102,8 @@ struct Inner {
     breaker: CircuitBreaker,
     /// The URL with its password redacted, for logs.
     url: String,
+    /// The queue of the script calls (many requests per call).
+    queue: BatchQueue,
 }
 
 /// Token buckets in one Redis node. Cheap to clone (shared state).
@@ -264,11 +268,22 @@ impl ConnSource for Inner {
     }
 }
 
+impl BatchTarget for Inner {
+    type Source = Self;
+
+    fn parts(&self) -> (&Self, &Pipeline, &CircuitBreaker) {
+        (self, &self.pipeline, &self.breaker)
+    }
+}
+
 #[async_trait]
 impl Storage for RedisStorage {
     async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
         let inner = &*self.inner;
-        inner.pipeline.apply(inner, &inner.breaker, charges).await
+        inner
+            .pipeline
+            .apply(inner, &inner.queue, &inner.breaker, charges)
+            .await
     }
 
     async fn report(
