@@ -521,3 +521,126 @@ async fn a_latency_spike_does_not_open_the_breaker() {
     let r = call(&l, &[("k", "v")]).await.expect("Redis answers again");
     assert_eq!(r.overall_code, OK);
 }
+
+/// A charge of 1 on `key`, a bucket of `burst` tokens refilled once an hour.
+fn hourly(key: &str, burst: u32) -> bucket_rls::storage::Charge {
+    let mut c = charge(key, 1);
+    c.spec.limit = bucket_rls::storage::Limit::TokenBucket(bucket_rls::storage::BucketLimit {
+        requests_per_unit: burst,
+        unit_secs: std::num::NonZeroU64::new(3600).expect("an hour"),
+        burst,
+        max_debt: 0,
+    });
+    c
+}
+
+/// A backend through `proxy` with the local cache off, warmed up (connected,
+/// script loaded), and its server's command statistics reset.
+async fn warm_through(server: &RedisServer, proxy: &FaultProxy, timeout_ms: u64) -> Arc<RedisStorage> {
+    let s = Arc::new(
+        RedisStorage::builder(proxy.url())
+            .timeout(Duration::from_millis(timeout_ms))
+            .local_cache_size(0)
+            .build()
+            .expect("valid URL"),
+    );
+    wait_ready(&s).await;
+    s.apply(&[hourly("warm", 10)]).await.expect("warm-up call");
+    let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
+    s
+}
+
+/// Requests that arrive while a script call is in flight go together in the
+/// next call, and each is answered as if alone: of 61 requests on one
+/// bucket of 40 tokens, exactly 40 are admitted, each told a different
+/// balance, in two script calls (the first request alone, the 60 queued
+/// behind it together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_behind_a_call_share_the_next_one() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port()).await;
+    let s = warm_through(&server, &proxy, 5_000).await;
+    proxy.delay_replies_ms(300);
+    let apply = |s: Arc<RedisStorage>| tokio::spawn(async move { s.apply(&[hourly("hot", 40)]).await });
+    let first = apply(s.clone());
+    // The first call is in flight (its reply held 300 ms).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let queued: Vec<_> = (0..60).map(|_| apply(s.clone())).collect();
+    let mut left = vec![first.await.expect("task").expect("answer")];
+    for t in queued {
+        left.push(t.await.expect("task").expect("answer"));
+    }
+    let mut admitted: Vec<i64> = left
+        .iter()
+        .filter(|r| r.admitted)
+        .map(|r| r.charges[0].remaining_micro / 1_000_000)
+        .collect();
+    admitted.sort_unstable();
+    assert_eq!(admitted, (0..40).collect::<Vec<i64>>());
+    assert!(
+        left.iter()
+            .filter(|r| !r.admitted)
+            .all(|r| r.charges[0].remaining_micro < 1_000_000),
+        "{left:?}"
+    );
+    assert_eq!(server.command_calls("evalsha"), 2);
+}
+
+/// A request that gives up while queued behind a call in flight (its
+/// caller went away) is never sent: only the call in flight charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_queued_is_never_sent() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port()).await;
+    let s = warm_through(&server, &proxy, 5_000).await;
+    proxy.delay_replies_ms(300);
+    let in_flight = tokio::spawn({
+        let s = s.clone();
+        async move { s.apply(&[hourly("gone", 10)]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let queued = tokio::spawn({
+        let s = s.clone();
+        async move { s.apply(&[hourly("gone", 10)]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    queued.abort();
+    let r = in_flight.await.expect("task").expect("answer");
+    assert_eq!(r.charges[0].remaining_micro, 9_000_000);
+    proxy.delay_replies_ms(0);
+    let after = s.apply(&[hourly("gone", 10)]).await.expect("answer");
+    assert_eq!(after.charges[0].remaining_micro, 8_000_000);
+    assert_eq!(server.command_calls("evalsha"), 2);
+}
+
+/// A request's timeout counts from its own arrival, not from the call it
+/// waits behind: queued 100 ms after a call that never returns, it fails
+/// with a timeout no earlier than its own timeout after it arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_times_out_from_its_own_arrival() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port()).await;
+    let s = warm_through(&server, &proxy, 300).await;
+    proxy.hold(true);
+    let held = tokio::spawn({
+        let s = s.clone();
+        async move { s.apply(&[hourly("held", 10)]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let arrived = Instant::now();
+    let queued = s.apply(&[hourly("held", 10)]).await;
+    let took = arrived.elapsed();
+    assert!(
+        matches!(queued, Err(bucket_rls::storage::StorageError::Timeout(_))),
+        "{queued:?}"
+    );
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(matches!(
+        held.await.expect("task"),
+        Err(bucket_rls::storage::StorageError::Timeout(_))
+    ));
+    proxy.hold(false);
+}

@@ -4,7 +4,10 @@
 //! ([`cluster::RedisClusterStorage`]).
 //!
 //! Design:
-//! - **One script call per request** (per hash slot on a Cluster).
+//! - **At most one script call per request** (per hash slot on a Cluster);
+//!   on a single node and Sentinel, the requests that arrive while a call
+//!   is in flight share the next call (`batch`, docs/design.md, "Batched
+//!   script calls"), each evaluated by the script exactly as if alone.
 //!   [`script`] wraps the request script (`lua/request.lua` with the
 //!   algorithms' parts, `lua/algorithms/`), which reads, decides and writes
 //!   every key of a request atomically (all-or-nothing, docs/design.md, "All-or-nothing requests") with
