@@ -212,6 +212,30 @@ local function put(k, alg, p1, p2, p3, level)
   OUT[k] = value
 end
 
+-- The working tables of the request being evaluated (general path), per
+-- key k (index into KEYS): the stored string RAW[k] (false: missing), the
+-- working level W[k] and whether it changed (DIRTY[k]), the algorithm and
+-- limit of its last charge (LA, L1, L2, L3), the level after only the
+-- charges that stand (DW[k], written when the request is denied), and for a
+-- key stored after now the level read before any charge (STALE[k]); the
+-- request's keys in RK; per charge c its key KEY[c] and whether it had
+-- enough (ENOUGH[c]); the reply's values (REPLY). Emptied after each
+-- request (`clear`), so each request starts from nothing, as alone.
+local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local RK, KEY, ENOUGH, REPLY = {}, {}, {}, {}
+-- Reply formats by number of charges.
+local FORMATS = {}
+
+-- Empties the working tables of the request's nr keys (the per-charge
+-- tables are overwritten by the next request).
+local function clear(nr)
+  for i = 1, nr do
+    local k = RK[i]
+    RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k] =
+      nil, nil, nil, nil, nil, nil, nil, nil, nil
+  end
+end
+
 -- One request of n charges starting at byte `first` of ARGV[3]: its reply
 -- (see the header), or nil and the error of reading one of its keys.
 local packed = ARGV[3]
@@ -250,15 +274,10 @@ local function run(first, n)
     return spack('>BBi8', 0, 0, alg[REPORT](w))
   end
 
-  -- Per key k of this request: the stored string RAW[k] (false: missing),
-  -- the working level W[k] and whether it changed (DIRTY[k]), the algorithm
-  -- and limit of its last charge (LA, L1, L2, L3), the level after only the
-  -- charges that stand (DW[k], written when the request is denied), and for
-  -- a key stored after now the level read before any charge (STALE[k]).
-  local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
-  -- Per charge: its key and whether it had enough.
-  local KEY, ENOUGH = {}, {}
+  -- The general path, in the tables below (made once per call, emptied
+  -- after each request: no table is built per request).
   local admitted = true
+  local nr = 0
   local pos = first
   for c = 1, n do
     local a, k, p1, p2, p3, cost, flags
@@ -273,8 +292,11 @@ local function run(first, n)
     if w == nil then
       local s, err = stored(k)
       if s == nil then
+        clear(nr)
         return nil, err
       end
+      nr = nr + 1
+      RK[nr] = k
       RAW[k] = s
       local stale
       w, stale = alg[READ](s, p1, p2, p3, now)
@@ -321,12 +343,13 @@ local function run(first, n)
     W[k] = w
   end
 
-  -- (`DIRTY` has every key of the request as a key.)
-  local reply = { 0 }
+  -- (`RK` lists every key of the request.)
+  local reply = REPLY
   if admitted then
     reply[1] = 1
-    for k, d in pairs(DIRTY) do
-      if d then
+    for i = 1, nr do
+      local k = RK[i]
+      if DIRTY[k] then
         put(k, LA[k], L1[k], L2[k], L3[k], W[k])
       elseif STALE[k] then
         put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
@@ -338,7 +361,9 @@ local function run(first, n)
       reply[2 * c + 1] = LA[k][REPORT](W[k])
     end
   else
-    for k in pairs(DIRTY) do
+    reply[1] = 0
+    for i = 1, nr do
+      local k = RK[i]
       if DW[k] then
         put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
       elseif STALE[k] then
@@ -356,7 +381,13 @@ local function run(first, n)
       reply[2 * c + 1] = alg[REPORT]((alg[READ](RAW[k], p1, p2, p3, now)))
     end
   end
-  return spack('>B' .. string.rep('Bi8', n), unpack(reply))
+  clear(nr)
+  local fmt = FORMATS[n]
+  if fmt == nil then
+    fmt = '>B' .. string.rep('Bi8', n)
+    FORMATS[n] = fmt
+  end
+  return spack(fmt, unpack(reply, 1, 2 * n + 1))
 end
 
 -- Stores what the requests left: each key written once.

@@ -55,12 +55,12 @@ evalsha() {
 shape() { case $1 in 1) echo "1 1" ;; 16) echo "4 4" ;; 64) echo "4 16" ;; *) echo "4 $(($1 / 4))" ;; esac; }
 # row NAME STREAMS N RPS T0 T1 [C0 U0 C1 U1]
 row() {
-  awk -v name="$1" -v s="$2" -v n="$3" -v rps="$4" -v d=$(($6 - $5)) -v hz="$hz" \
+  awk -v scen="$SCEN" -v name="$1" -v s="$2" -v n="$3" -v rps="$4" -v d=$(($6 - $5)) -v hz="$hz" \
     -v c0="${7:-}" -v u0="${8:-}" -v c1="${9:-}" -v u1="${10:-}" 'BEGIN {
       calls = "-"; inside = "-"
       if (c0 != "") { calls = sprintf("%.3f", (c1 - c0) / n); inside = sprintf("%.2f", (u1 - u0) / n) }
       printf "%-9s %-8s %7s %10.0f %10.2f %10s %10s\n", scen, name, s, rps, d / hz / n * 1e6, calls, inside
-    }' scen="$SCEN"
+    }'
 }
 printf '%-9s %-8s %7s %10s %10s %10s %10s\n' scenario server streams "dec/s" "redis us" "calls/dec" "script us"
 for SCEN in $SCENARIOS; do
