@@ -607,11 +607,12 @@ async fn a_request_dropped_while_queued_is_never_sent() {
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     queued.abort();
+    // Whole tokens: the bucket refills a little meanwhile.
     let r = in_flight.await.expect("task").expect("answer");
-    assert_eq!(r.charges[0].remaining_micro, 9_000_000);
+    assert_eq!(r.charges[0].remaining_micro / 1_000_000, 9);
     proxy.delay_replies_ms(0);
     let after = s.apply(&[hourly("gone", 10)]).await.expect("answer");
-    assert_eq!(after.charges[0].remaining_micro, 8_000_000);
+    assert_eq!(after.charges[0].remaining_micro / 1_000_000, 8);
     assert_eq!(server.command_calls("evalsha"), 2);
 }
 
