@@ -536,7 +536,11 @@ fn hourly(key: &str, burst: u32) -> bucket_rls::storage::Charge {
 
 /// A backend through `proxy` with the local cache off, warmed up (connected,
 /// script loaded), and its server's command statistics reset.
-async fn warm_through(server: &RedisServer, proxy: &FaultProxy, timeout_ms: u64) -> Arc<RedisStorage> {
+async fn warm_through(
+    server: &RedisServer,
+    proxy: &FaultProxy,
+    timeout_ms: u64,
+) -> Arc<RedisStorage> {
     let s = Arc::new(
         RedisStorage::builder(proxy.url())
             .timeout(Duration::from_millis(timeout_ms))
@@ -562,7 +566,8 @@ async fn requests_queued_behind_a_call_share_the_next_one() {
     let proxy = FaultProxy::start(server.port()).await;
     let s = warm_through(&server, &proxy, 5_000).await;
     proxy.delay_replies_ms(300);
-    let apply = |s: Arc<RedisStorage>| tokio::spawn(async move { s.apply(&[hourly("hot", 40)]).await });
+    let apply =
+        |s: Arc<RedisStorage>| tokio::spawn(async move { s.apply(&[hourly("hot", 40)]).await });
     let first = apply(s.clone());
     // The first call is in flight (its reply held 300 ms).
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -83,10 +83,7 @@ impl BatchQueue {
     }
 
     /// Queues `call`; the receiver gets its outcome.
-    pub(crate) fn push(
-        &self,
-        call: ScriptCall,
-    ) -> oneshot::Receiver<Outcome> {
+    pub(crate) fn push(&self, call: ScriptCall) -> oneshot::Receiver<Outcome> {
         let (reply, rx) = oneshot::channel();
         // The task ends only after the queue is dropped: the send cannot
         // fail while `self` lives; if it did, the dropped sender answers

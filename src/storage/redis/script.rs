@@ -261,12 +261,16 @@ impl ScriptCall {
                 let head = u32::from_be_bytes([charge[0], charge[1], charge[2], charge[3]]);
                 let own = usize::try_from(head & 0x00ff_ffff).unwrap_or(0);
                 let key_no = local.get(own.wrapping_sub(1)).copied().unwrap_or(0);
-                let head = (head & 0xff00_0000)
-                    | u32::try_from(key_no.min(MAX_KEY_NO)).unwrap_or(0);
+                let head =
+                    (head & 0xff00_0000) | u32::try_from(key_no.min(MAX_KEY_NO)).unwrap_or(0);
                 packed.extend_from_slice(&head.to_be_bytes());
                 packed.extend_from_slice(&charge[4..]);
             }
-            sizes.extend_from_slice(&u32::try_from(call.charges).unwrap_or(u32::MAX).to_be_bytes());
+            sizes.extend_from_slice(
+                &u32::try_from(call.charges)
+                    .unwrap_or(u32::MAX)
+                    .to_be_bytes(),
+            );
             requests.push(call.charges);
         }
         let first = calls.first().map(|c| c.args.as_slice()).unwrap_or_default();
@@ -308,7 +312,7 @@ impl ScriptCall {
                     let Some(part) = rest.get(..len) else {
                         return Err(bad("too short"));
                     };
-                    out.push(Ok(parse_packed(part, n).map_err(|e| bad(e))?));
+                    out.push(Ok(parse_packed(part, n).map_err(&bad)?));
                     rest = &rest[len..];
                 }
                 Some(2) => {
@@ -462,7 +466,10 @@ fn parse_packed(bytes: &[u8], charges: usize) -> Result<RequestResult, &'static 
 fn server_error(text: &[u8]) -> RedisError {
     let mut wire = Vec::with_capacity(text.len() + 3);
     wire.push(b'-');
-    wire.extend(text.iter().map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+    wire.extend(
+        text.iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
     wire.extend_from_slice(b"\r\n");
     match ::redis::parse_redis_value(&wire).and_then(Value::extract_error) {
         Err(e) => e,
