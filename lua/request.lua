@@ -16,7 +16,7 @@ Assembly: src/storage/redis/script.rs builds the script text at build time
 as `local ALGORITHMS = {`, then per algorithm
 `[id] = (function() <lua/algorithms/<name>.lua> end)(),`, then `}` and
 this file. So one EVALSHA serves any mix of algorithms, and this file names
-none. Each algorithm part returns an array of six functions, in this order,
+none. Each algorithm part returns an array of seven functions, in this order,
 over its limit's three parameters p1, p2, p3 and its extra parameter x (see
 ARGV[3]), and over a *level*: the working value of one key during a request,
 opaque here:
@@ -36,6 +36,12 @@ opaque here:
   encode(level, now, p1, p2, p3) -> value, ttl_ms
       the string to store and its expiry in ms (at least 1); value nil:
       the key is the same as missing and is deleted.
+  kept(level, p1, p2, p3) -> boolean
+      whether encode stores a value for level (false: it deletes the key).
+      A level written by one request of a batch is read by the next one
+      without being encoded: as missing when not kept, else through rebase
+      under the reader's limit, which must equal read, at the same now, of
+      the string encode stored (a level stored at now has not refilled).
 All values are integers below 2^53 (Lua numbers are doubles).
 
 Units: amounts are micro-units (1 token = 1,000,000) and times are
@@ -97,6 +103,10 @@ it in a few instructions, where an array of integers costs a parser step per
 element.)
 Durations and remaining counts are computed by the caller from these.
 
+Reads: one MGET of every key; the keys it finds missing are checked with
+one EXISTS, and read again with GET only when some of them exist (a value
+of another type, which GET refuses with WRONGTYPE).
+
 Writes (per request, then each key once at the end of the call): a key
 whose level changed is written (SET with PX, its algorithm's encode; DEL
 when it is the same as missing) when the request is admitted;
@@ -120,7 +130,7 @@ local rcall, pcall_redis = redis.call, redis.pcall
 local spack, sunpack = struct.pack, struct.unpack
 local schar = string.char
 -- Positions of an algorithm's functions in its array (see the header).
-local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE = 1, 2, 3, 4, 5, 6
+local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT = 1, 2, 3, 4, 5, 6, 7
 
 local now
 if ARGV[1] ~= '' then
@@ -136,9 +146,10 @@ local batch = sizes ~= nil
 
 -- Every key in one MGET (in slices, to stay inside Lua's stack for a
 -- call with very many keys). MGET reads a key of another type as
--- missing, so a key it reports missing is read again with GET, which fails
--- with WRONGTYPE on a foreign key instead of letting it be overwritten; a
--- hot key exists, so that second read is paid by new keys only.
+-- missing, so the keys it reports missing are checked with one EXISTS;
+-- only when some of them exist is each read again with GET, which fails
+-- with WRONGTYPE on a foreign key instead of letting it be overwritten. A
+-- hot key exists, so the check is paid by calls with new keys only.
 local nk = #KEYS
 local vals
 if nk == 0 then
@@ -159,22 +170,42 @@ else
   end
 end
 
--- Per key k (index into KEYS): its stored string as the requests so far
--- left it (CUR[k], false: missing; nil: not read yet), and what to write at
--- the end (OUT[k], false: DEL; its expiry OUTTTL[k]), for the keys in
--- ORDER.
-local CUR, OUT, OUTTTL, ORDER = {}, {}, {}, {}
+local absent, na = {}, 0
+for i = 1, nk do
+  if not vals[i] then
+    na = na + 1
+    absent[na] = KEYS[i]
+  end
+end
+local foreign = false
+for i = 1, na, 512 do
+  local j = i + 511
+  if j > na then
+    j = na
+  end
+  if rcall('EXISTS', unpack(absent, i, j)) > 0 then
+    foreign = true
+  end
+end
+
+-- Per key k (index into KEYS): its stored string as read (CUR[k], false:
+-- missing; nil: not read yet; true: written by a request of this call);
+-- for a written key its level (PL[k]), whether encode keeps it (PK[k]), and
+-- the algorithm and limit it was written under (PA, P1, P2, P3), encoded
+-- once at the end; the written keys in ORDER.
+local CUR, PL, PK, PA, P1, P2, P3, ORDER = {}, {}, {}, {}, {}, {}, {}, {}
 local nw = 0
 
--- The stored string of key k (false: missing), or nil and the error of
--- reading it. In a batch the error fails only the requests that read k.
+-- The stored string of key k (false: missing; true: written in this call),
+-- or nil and the error of reading it. In a batch the error fails only the
+-- requests that read k.
 local function stored(k)
   local s = CUR[k]
   if s ~= nil then
     return s
   end
   s = vals[k]
-  if not s then
+  if not s and foreign then
     -- Missing, or another type: GET tells them apart (WRONGTYPE).
     if batch then
       s = pcall_redis('GET', KEYS[k])
@@ -189,27 +220,27 @@ local function stored(k)
   return s
 end
 
+-- The level at now of key k, from `s` (what `stored` gave), under the given
+-- limit, and whether it was stored after now.
+local function readk(alg, k, s, p1, p2, p3)
+  if s == true then
+    if PK[k] then
+      return alg[REBASE](PL[k], p1, p2, p3), false
+    end
+    return alg[READ](false, p1, p2, p3, now)
+  end
+  return alg[READ](s, p1, p2, p3, now)
+end
+
 -- Writes `level` for key k, stamped now, under the given limit: what the
 -- next request reads, and what is stored at the end.
 local function put(k, alg, p1, p2, p3, level)
-  local value, ttl = alg[ENCODE](level, now, p1, p2, p3)
-  if value == nil then
-    value = false
-  else
-    if ttl < min_ttl then
-      ttl = min_ttl
-    end
-    if ttl > MAX_TTL_MS then
-      ttl = MAX_TTL_MS
-    end
-    OUTTTL[k] = ttl
-  end
-  CUR[k] = value
-  if OUT[k] == nil then
+  if CUR[k] ~= true then
+    CUR[k] = true
     nw = nw + 1
     ORDER[nw] = k
   end
-  OUT[k] = value
+  PL[k], PK[k], PA[k], P1[k], P2[k], P3[k] = level, alg[KEPT](level, p1, p2, p3), alg, p1, p2, p3
 end
 
 -- The working tables of the request being evaluated (general path), per
@@ -250,7 +281,7 @@ local function run(first, n)
       return nil, err
     end
     local low = flags % 4
-    local w, stale = alg[READ](s, p1, p2, p3, now)
+    local w, stale = readk(alg, k, s, p1, p2, p3)
     local after, ok, changed, stands
     if low % 2 == 1 then
       after, changed = alg[REFUND](w, cost, p1, p2, p3)
@@ -299,7 +330,7 @@ local function run(first, n)
       RK[nr] = k
       RAW[k] = s
       local stale
-      w, stale = alg[READ](s, p1, p2, p3, now)
+      w, stale = readk(alg, k, s, p1, p2, p3)
       if stale then
         STALE[k] = w
       end
@@ -333,7 +364,7 @@ local function run(first, n)
       if stands then
         local d = DW[k]
         if d == nil then
-          d = alg[READ](RAW[k], p1, p2, p3, now)
+          d = readk(alg, k, RAW[k], p1, p2, p3)
         else
           d = alg[REBASE](d, p1, p2, p3)
         end
@@ -362,15 +393,8 @@ local function run(first, n)
     end
   else
     reply[1] = 0
-    for i = 1, nr do
-      local k = RK[i]
-      if DW[k] then
-        put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
-      elseif STALE[k] then
-        put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
-      end
-    end
-    -- What each key had before the request, under each charge's own limit.
+    -- What each key had before the request, under each charge's own limit
+    -- (read before this request's writes).
     pos = first
     for c = 1, n do
       local a, k, p1, p2, p3
@@ -378,7 +402,15 @@ local function run(first, n)
       pos = pos + 32
       local alg = ALGORITHMS[a]
       reply[2 * c] = ENOUGH[c]
-      reply[2 * c + 1] = alg[REPORT]((alg[READ](RAW[k], p1, p2, p3, now)))
+      reply[2 * c + 1] = alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)))
+    end
+    for i = 1, nr do
+      local k = RK[i]
+      if DW[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
+      elseif STALE[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
+      end
     end
   end
   clear(nr)
@@ -390,15 +422,22 @@ local function run(first, n)
   return spack(fmt, unpack(reply, 1, 2 * n + 1))
 end
 
--- Stores what the requests left: each key written once.
+-- Stores what the requests left: each key written once, with the expiry
+-- of its last write.
 local function flush()
   for i = 1, nw do
     local k = ORDER[i]
-    local value = OUT[k]
-    if value then
-      rcall('SET', KEYS[k], value, 'PX', string.format('%d', OUTTTL[k]))
-    else
+    local value, ttl = PA[k][ENCODE](PL[k], now, P1[k], P2[k], P3[k])
+    if value == nil then
       rcall('DEL', KEYS[k])
+    else
+      if ttl < min_ttl then
+        ttl = min_ttl
+      end
+      if ttl > MAX_TTL_MS then
+        ttl = MAX_TTL_MS
+      end
+      rcall('SET', KEYS[k], value, 'PX', string.format('%d', ttl))
     end
   end
 end
