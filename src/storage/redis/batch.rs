@@ -19,10 +19,9 @@
 //! when it runs out is never sent) and the cache record. A failed call fails
 //! each of its requests with the error it would have had alone.
 
-use super::breaker::CircuitBreaker;
 use super::script::ScriptCall;
-use super::{ConnSource, Pipeline};
 use crate::storage::{BackendKind, RequestResult, StorageError};
+use std::future::Future;
 use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{mpsc, oneshot};
@@ -46,7 +45,7 @@ pub(crate) struct Queued {
 }
 
 /// The queue of one node's batching task.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct BatchQueue {
     tx: mpsc::UnboundedSender<Queued>,
     /// Whether the task is waiting for a connection (Sentinel: no master
@@ -55,22 +54,23 @@ pub(crate) struct BatchQueue {
     connecting: std::sync::Arc<AtomicBool>,
 }
 
-/// What the batching task needs of the backend it serves: the connection
-/// source, its pipeline and its circuit breaker.
+/// What the batching task serves: a node (or a Cluster hash slot) that
+/// runs one script call for the queued requests `batch`, through
+/// [`Pipeline::call_batch`], and answers one [`Outcome`] per request, in
+/// order. `connecting` is set while the call waits for a connection.
 pub(crate) trait BatchTarget: Send + Sync + 'static {
-    /// The connection source of the calls.
-    type Source: ConnSource;
-    /// The source, the pipeline and the breaker of one call.
-    fn parts(&self) -> (&Self::Source, &Pipeline, &CircuitBreaker);
+    /// One call for `batch`.
+    fn call_batch<'a>(
+        &'a self,
+        batch: &'a [Queued],
+        connecting: &'a AtomicBool,
+    ) -> impl Future<Output = Vec<Outcome>> + Send + 'a;
 }
 
 impl BatchQueue {
     /// A queue and its task, which serves `target` while it lives and ends
     /// when the queue is dropped. Must be called inside a Tokio runtime.
-    pub(crate) fn spawn<T: BatchTarget>(target: Weak<T>) -> Self
-    where
-        <T::Source as ConnSource>::Tag: Sync,
-    {
+    pub(crate) fn spawn<T: BatchTarget>(target: Weak<T>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let connecting = std::sync::Arc::new(AtomicBool::new(false));
         tokio::spawn(drive(target, rx, connecting.clone()));
@@ -99,9 +99,7 @@ async fn drive<T: BatchTarget>(
     target: Weak<T>,
     mut rx: mpsc::UnboundedReceiver<Queued>,
     connecting: std::sync::Arc<AtomicBool>,
-) where
-    <T::Source as ConnSource>::Tag: Sync,
-{
+) {
     let mut carry: Option<Queued> = None;
     loop {
         let first = match carry.take() {
@@ -131,10 +129,7 @@ async fn drive<T: BatchTarget>(
         let Some(owner) = target.upgrade() else {
             return;
         };
-        let (source, pipeline, breaker) = owner.parts();
-        let outcomes = pipeline
-            .call_batch(source, breaker, &batch, &connecting)
-            .await;
+        let outcomes = owner.call_batch(&batch, &connecting).await;
         for (q, outcome) in batch.into_iter().zip(outcomes) {
             let _ = q.reply.send(outcome);
         }

@@ -385,8 +385,32 @@ impl Pipeline {
         if !breaker.allow() {
             return Err(StorageError::CircuitOpen);
         }
-        let started = Instant::now();
         let sent_us = self.local_now_us();
+        let result = self.queued(source, queue, breaker, call, deadline).await;
+        if let Ok(r) = &result {
+            self.record(charges, r, sent_us);
+        }
+        result
+    }
+
+    /// Queues `call` on `queue` and waits for its outcome until `deadline`,
+    /// then tells `breaker` (a success closes it; a transient failure of a
+    /// call that was sent counts). Does not ask `breaker` whether the call
+    /// may go (the caller did).
+    ///
+    /// # Errors
+    /// [`StorageError::Timeout`] (or the source's
+    /// [`ConnSource::no_connection`] while no connection is at hand) when no
+    /// answer came by `deadline`; the call's error otherwise.
+    pub(crate) async fn queued<S: ConnSource>(
+        &self,
+        source: &S,
+        queue: &batch::BatchQueue,
+        breaker: &CircuitBreaker,
+        call: ScriptCall,
+        deadline: tokio::time::Instant,
+    ) -> Result<RequestResult, StorageError> {
+        let started = Instant::now();
         let answer = queue.push(call);
         let (result, sent) = match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(outcome)) => outcome,
@@ -395,10 +419,7 @@ impl Pipeline {
             Err(_) => (Err(StorageError::Timeout(self.timeout)), true),
         };
         match &result {
-            Ok(r) => {
-                breaker.success();
-                self.record(charges, r, sent_us);
-            }
+            Ok(_) => breaker.success(),
             Err(e) if sent && e.is_transient() => breaker.failure_of_call_started(started),
             Err(_) => {}
         }
@@ -449,39 +470,6 @@ impl Pipeline {
             c.store(false, Ordering::Relaxed);
         }
         Ok((tag, result))
-    }
-
-    /// One script call over `source`, bounded by the timeout: classifies the
-    /// error or parses the reply, records the outcome in `breaker` (a
-    /// success closes it; a transient failure counts) and lets the source
-    /// react ([`ConnSource::after`]). Does not ask `breaker` whether the
-    /// call may go (the caller did).
-    ///
-    /// # Errors
-    /// [`StorageError::Timeout`] when no reply came within the timeout (the
-    /// call may have run, and is not replayed), else the classified error.
-    pub(crate) async fn call<S: ConnSource>(
-        &self,
-        source: &S,
-        breaker: &CircuitBreaker,
-        call: &ScriptCall,
-    ) -> Result<RequestResult, StorageError> {
-        let started = Instant::now();
-        let span = crate::otel::RedisSpan::start(call.keys.len());
-        // Without a connection nothing was sent: not a failure the breaker
-        // counts.
-        let (tag, reply) = self.exchange(source, call, None).await?;
-        let result = reply.and_then(|v| call.parse_reply(&v));
-        match &result {
-            Ok(_) => breaker.success(),
-            Err(e) if e.is_transient() => breaker.failure_of_call_started(started),
-            Err(_) => {}
-        }
-        source.after(tag, &result, breaker);
-        if let Some(span) = span {
-            span.end(result.as_ref().err().map(|e| e as &dyn std::fmt::Display));
-        }
-        result
     }
 
     /// One script call for the queued requests `batch` (one request: its

@@ -33,7 +33,7 @@
 //! - While no master is known, the task retries every 250 ms; calls wait for
 //!   it within their own timeout.
 
-use super::batch::{BatchQueue, BatchTarget};
+use super::batch::{BatchQueue, BatchTarget, Outcome, Queued};
 use super::breaker::CircuitBreaker;
 use super::errors::redact;
 use super::script::{BucketScript, ScriptCall};
@@ -49,6 +49,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
@@ -492,10 +493,13 @@ impl ConnSource for Inner {
 }
 
 impl BatchTarget for Inner {
-    type Source = Self;
-
-    fn parts(&self) -> (&Self, &Pipeline, &CircuitBreaker) {
-        (self, &self.pipeline, &self.breaker)
+    fn call_batch<'a>(
+        &'a self,
+        batch: &'a [Queued],
+        connecting: &'a AtomicBool,
+    ) -> impl Future<Output = Vec<Outcome>> + Send + 'a {
+        self.pipeline
+            .call_batch(self, &self.breaker, batch, connecting)
     }
 }
 

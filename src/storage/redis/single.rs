@@ -9,7 +9,7 @@
 //! restarted while idle) and closes the circuit breaker once Redis answers
 //! again. Every call goes through the shared [`Pipeline`].
 
-use super::batch::{BatchQueue, BatchTarget};
+use super::batch::{BatchQueue, BatchTarget, Outcome, Queued};
 use super::breaker::CircuitBreaker;
 use super::errors::redact;
 use super::script::{BucketScript, ScriptCall};
@@ -24,6 +24,7 @@ use ::redis::{RedisError, Value};
 use async_trait::async_trait;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// The topology of [`RedisStorage`]: one node's URL.
@@ -269,10 +270,13 @@ impl ConnSource for Inner {
 }
 
 impl BatchTarget for Inner {
-    type Source = Self;
-
-    fn parts(&self) -> (&Self, &Pipeline, &CircuitBreaker) {
-        (self, &self.pipeline, &self.breaker)
+    fn call_batch<'a>(
+        &'a self,
+        batch: &'a [Queued],
+        connecting: &'a AtomicBool,
+    ) -> impl Future<Output = Vec<Outcome>> + Send + 'a {
+        self.pipeline
+            .call_batch(self, &self.breaker, batch, connecting)
     }
 }
 
