@@ -2,7 +2,7 @@
 //! one Redis node is in flight are sent together in the next call
 //! (docs/design.md, "Batched script calls").
 //!
-//! Each node (a single node, the Sentinel master, one Cluster hash slot) has
+//! Each node (a single node, the Sentinel master) and each Cluster hash slot has
 //! one [`BatchQueue`] and one task that drains it: it waits for a request,
 //! takes every request queued behind it (at most [`MAX_BATCH_REQUESTS`]
 //! requests and [`MAX_BATCH_CHARGES`] charges), sends them as one script

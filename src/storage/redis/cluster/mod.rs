@@ -9,9 +9,11 @@
 //! and each script call carries the keys of exactly one slot, all in `KEYS`.
 //!
 //! # All-or-nothing across slots: reservation and refund
-//! A request whose keys all share one slot is one script call, exactly as on a
-//! single node (through the same `Pipeline`, with the
-//! slot's node as the connection source). Otherwise (`reserve`, written over
+//! A request whose keys all share one slot is evaluated in one script call,
+//! exactly as on a single node (through the same `Pipeline`, with the
+//! slot's node as the connection source; each slot has its own queue, so
+//! the requests of one slot that arrive while its call is in flight share
+//! the next call, `batch`). Otherwise (`reserve`, written over
 //! a "call one slot" trait and unit-tested with one memory backend per slot):
 //!
 //! 1. **Reserve.** Every slot that holds a consume charge gets one script call
