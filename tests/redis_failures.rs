@@ -554,11 +554,14 @@ async fn warm_through(
     s
 }
 
-/// Requests that arrive while a script call is in flight go together in the
-/// next call, and each is answered as if alone: of 61 requests on one
-/// bucket of 40 tokens, exactly 40 are admitted, each told a different
-/// balance, in two script calls (the first request alone, the 60 queued
-/// behind it together).
+/// Calls of one backend in flight at once.
+const IN_FLIGHT: usize = bucket_rls::storage::redis::MAX_IN_FLIGHT;
+
+/// Requests that arrive while the script calls in flight fill the room go
+/// together in the next call, and each is answered as if alone: of 62
+/// requests on one bucket of 40 tokens, exactly 40 are admitted, each told a
+/// different balance, in three script calls (the first two requests alone,
+/// the 60 queued behind them together).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_queued_behind_a_call_share_the_next_one() {
     let _serial = SERIAL.lock().await;
@@ -568,12 +571,15 @@ async fn requests_queued_behind_a_call_share_the_next_one() {
     proxy.delay_replies_ms(300);
     let apply =
         |s: Arc<RedisStorage>| tokio::spawn(async move { s.apply(&[hourly("hot", 40)]).await });
-    let first = apply(s.clone());
-    // The first call is in flight (its reply held 300 ms).
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Calls in flight, each alone (their replies held 300 ms).
+    let mut first = Vec::new();
+    for _ in 0..IN_FLIGHT {
+        first.push(apply(s.clone()));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let queued: Vec<_> = (0..60).map(|_| apply(s.clone())).collect();
-    let mut left = vec![first.await.expect("task").expect("answer")];
-    for t in queued {
+    let mut left = Vec::new();
+    for t in first.into_iter().chain(queued) {
         left.push(t.await.expect("task").expect("answer"));
     }
     let mut admitted: Vec<i64> = left
@@ -589,11 +595,11 @@ async fn requests_queued_behind_a_call_share_the_next_one() {
             .all(|r| r.charges[0].remaining_micro < 1_000_000),
         "{left:?}"
     );
-    assert_eq!(server.command_calls("evalsha"), 2);
+    assert_eq!(server.command_calls("evalsha"), IN_FLIGHT as u64 + 1);
 }
 
-/// A request that gives up while queued behind a call in flight (its
-/// caller went away) is never sent: only the call in flight charges.
+/// A request that gives up while queued behind the calls in flight (its
+/// caller went away) is never sent: only the calls in flight charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_dropped_while_queued_is_never_sent() {
     let _serial = SERIAL.lock().await;
@@ -601,28 +607,33 @@ async fn a_request_dropped_while_queued_is_never_sent() {
     let proxy = FaultProxy::start(server.port()).await;
     let s = warm_through(&server, &proxy, 5_000).await;
     proxy.delay_replies_ms(300);
-    let in_flight = tokio::spawn({
-        let s = s.clone();
-        async move { s.apply(&[hourly("gone", 10)]).await }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut in_flight = Vec::new();
+    for _ in 0..IN_FLIGHT {
+        in_flight.push(tokio::spawn({
+            let s = s.clone();
+            async move { s.apply(&[hourly("gone", 10)]).await }
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let queued = tokio::spawn({
         let s = s.clone();
         async move { s.apply(&[hourly("gone", 10)]).await }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     queued.abort();
-    // Whole tokens: the bucket refills a little meanwhile.
-    let r = in_flight.await.expect("task").expect("answer");
-    assert_eq!(r.charges[0].remaining_micro / 1_000_000, 9);
+    for t in in_flight {
+        assert!(t.await.expect("task").expect("answer").admitted);
+    }
     proxy.delay_replies_ms(0);
+    // Whole tokens: the bucket refills a little meanwhile.
     let after = s.apply(&[hourly("gone", 10)]).await.expect("answer");
-    assert_eq!(after.charges[0].remaining_micro / 1_000_000, 8);
-    assert_eq!(server.command_calls("evalsha"), 2);
+    let charged = IN_FLIGHT as i64 + 1;
+    assert_eq!(after.charges[0].remaining_micro / 1_000_000, 10 - charged);
+    assert_eq!(server.command_calls("evalsha"), IN_FLIGHT as u64 + 1);
 }
 
-/// A request's timeout counts from its own arrival, not from the call it
-/// waits behind: queued 100 ms after a call that never returns, it fails
+/// A request's timeout counts from its own arrival, not from the calls it
+/// waits behind: queued 100 ms after calls that never return, it fails
 /// with a timeout no earlier than its own timeout after it arrived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_request_times_out_from_its_own_arrival() {
@@ -631,10 +642,13 @@ async fn a_queued_request_times_out_from_its_own_arrival() {
     let proxy = FaultProxy::start(server.port()).await;
     let s = warm_through(&server, &proxy, 300).await;
     proxy.hold(true);
-    let held = tokio::spawn({
-        let s = s.clone();
-        async move { s.apply(&[hourly("held", 10)]).await }
-    });
+    let mut held = Vec::new();
+    for _ in 0..IN_FLIGHT {
+        held.push(tokio::spawn({
+            let s = s.clone();
+            async move { s.apply(&[hourly("held", 10)]).await }
+        }));
+    }
     tokio::time::sleep(Duration::from_millis(100)).await;
     let arrived = Instant::now();
     let queued = s.apply(&[hourly("held", 10)]).await;
@@ -644,9 +658,11 @@ async fn a_queued_request_times_out_from_its_own_arrival() {
         "{queued:?}"
     );
     assert!(took >= Duration::from_millis(300), "{took:?}");
-    assert!(matches!(
-        held.await.expect("task"),
-        Err(bucket_rls::storage::StorageError::Timeout(_))
-    ));
+    for t in held {
+        assert!(matches!(
+            t.await.expect("task"),
+            Err(bucket_rls::storage::StorageError::Timeout(_))
+        ));
+    }
     proxy.hold(false);
 }

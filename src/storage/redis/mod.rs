@@ -57,6 +57,7 @@ pub mod sentinel;
 mod single;
 pub(crate) mod url;
 
+pub use batch::{MAX_BATCH_CHARGES, MAX_BATCH_REQUESTS, MAX_IN_FLIGHT};
 pub use single::{RedisStorage, RedisStorageBuilder, SingleNode};
 pub use url::redact_url;
 
