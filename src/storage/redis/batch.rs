@@ -1,5 +1,5 @@
-//! Many requests per script call: the requests that arrive while a call to
-//! one Redis node is in flight are sent together in the next call
+//! Many requests per script call: the requests that arrive while the calls
+//! to one Redis node are in flight are sent together in the next call
 //! (docs/design.md, "Batched script calls").
 //!
 //! Each node (a single node, the Sentinel master) and each Cluster hash slot has

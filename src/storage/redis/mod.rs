@@ -5,9 +5,9 @@
 //!
 //! Design:
 //! - **At most one script call per request** (per hash slot on a Cluster);
-//!   the requests that arrive while a call to a node (a Cluster slot) is in
-//!   flight share the next call (`batch`, docs/design.md, "Batched script
-//!   calls"), each evaluated by the script exactly as if alone.
+//!   the requests that arrive while two calls to a node (a Cluster slot)
+//!   are in flight share the next call (`batch`, docs/design.md, "Batched
+//!   script calls"), each evaluated by the script exactly as if alone.
 //!   [`script`] wraps the request script (`lua/request.lua` with the
 //!   algorithms' parts, `lua/algorithms/`), which reads, decides and writes
 //!   every key of a request atomically (all-or-nothing, docs/design.md, "All-or-nothing requests") with
