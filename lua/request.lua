@@ -1,5 +1,6 @@
 --[[ request.lua: evaluate and charge every limit of one ShouldRateLimit
-request, atomically, whatever algorithm each limit uses.
+request, atomically, whatever algorithm each limit uses; or of each request
+of a batch in turn, each exactly as if it came alone.
 
 Why a script: the design (docs/design.md, "All-or-nothing requests") requires all-or-nothing per request (if any non-shadow
 descriptor lacks tokens, no key is charged) under concurrency, and docs/design.md, "Redis script",
@@ -15,7 +16,7 @@ Assembly: src/storage/redis/script.rs builds the script text at build time
 as `local ALGORITHMS = {`, then per algorithm
 `[id] = (function() <lua/algorithms/<name>.lua> end)(),`, then `}` and
 this file. So one EVALSHA serves any mix of algorithms, and this file names
-none. Each algorithm part returns an array of six functions, in this order,
+none. Each algorithm part returns an array of seven functions, in this order,
 over its limit's three parameters p1, p2, p3 and its extra parameter x (see
 ARGV[3]), and over a *level*: the working value of one key during a request,
 opaque here:
@@ -35,19 +36,28 @@ opaque here:
   encode(level, now, p1, p2, p3) -> value, ttl_ms
       the string to store and its expiry in ms (at least 1); value nil:
       the key is the same as missing and is deleted.
+  kept(level, p1, p2, p3) -> boolean
+      whether encode stores a value for level (false: it deletes the key).
+      A level written by one request of a batch is read by the next one
+      without being encoded: as missing when not kept, else through rebase
+      under the reader's limit, which must equal read, at the same now, of
+      the string encode stored (a level stored at now has not refilled).
 All values are integers below 2^53 (Lua numbers are doubles).
 
 Units: amounts are micro-units (1 token = 1,000,000) and times are
 microseconds since the Unix epoch, all integers.
 
-KEYS[1..k]  distinct keys of the request (one per limit and client value).
+KEYS[1..k]  distinct keys of the request, or of every request of the batch
+            (one per limit and client value; a key several requests
+            charge is there once).
 ARGV[1]     explicit now in microseconds, TESTS ONLY; the service always sends
             "" and time comes from redis.call('TIME'), so service replicas with
             skewed clocks can never mint tokens (docs/design.md, "Time").
 ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none): with an
             explicit (paused) now, Redis still expires keys in real time, so
             test runs keep keys alive for longer than their algorithm asks.
-ARGV[3]     every charge, in request order, packed as one binary string of
+ARGV[3]     every charge, in request order (a batch: the requests one after
+            the other), packed as one binary string of
             32 bytes per charge, big-endian unsigned: algorithm (1 byte),
             key index (3), p1 (4), p2 (4), p3 (4), cost (8), flags (8).
             (One packed argument instead of several decimal strings per
@@ -64,7 +74,22 @@ ARGV[3]     every charge, in request order, packed as one binary string of
                          flags / 4 (floor): the algorithm's extra parameter x
                          (below 2^32; the token bucket's max_debt D).
 
-Reply: one binary string, big-endian, 1 + 9 n bytes:
+ARGV[4]     absent for one request. A batch: per request, in order, its
+            number of charges as a big-endian u32 (4 bytes each).
+
+Batch: the requests are evaluated one after the other, each exactly as if
+its own call came alone at the same now: it sees what the requests before it
+left in every key, it is all-or-nothing on its own, with its own verdicts
+and reply. Only the work is shared: one TIME, one MGET of every key, and
+each key written at most once, at the end (what the last request that
+wrote it left, with that write's expiry). A key that fails to read (a
+foreign value: WRONGTYPE) fails only the requests that charge it: their
+part of the reply is an error (below) and they write nothing.
+
+Reply: one binary string, big-endian. Of a batch: the replies of its
+requests one after the other, each as below, or for a request that failed
+the byte 2, then its error's length (u16) and the Redis error text
+(`WRONGTYPE ...`). Of one request, 1 + 9 n bytes:
   admitted   1 byte: 1 if every non-shadow consume charge had enough
              (then all were charged), else 0 (then only the charges that
              stand were written).
@@ -78,8 +103,13 @@ it in a few instructions, where an array of integers costs a parser step per
 element.)
 Durations and remaining counts are computed by the caller from these.
 
-Writes: a key whose level changed is written (SET with PX, its algorithm's
-encode; DEL when it is the same as missing) when the request is admitted;
+Reads: one MGET of every key; the keys it finds missing are checked with
+one EXISTS, and read again with GET only when some of them exist (a value
+of another type, which GET refuses with WRONGTYPE).
+
+Writes (per request, then each key once at the end of the call): a key
+whose level changed is written (SET with PX, its algorithm's encode; DEL
+when it is the same as missing) when the request is admitted;
 when it is denied, only the keys of the charges that stand, with only those
 charges applied. A check (cost 0), a refund on a full bucket and a denied
 request write nothing and refresh no TTL. A key stored with a time after now
@@ -96,10 +126,11 @@ local MAX_TTL_MS = 1000000000000000
 local min_ttl = tonumber(ARGV[2]) or 0
 -- Library functions as locals: a local is one VM register, a global a table
 -- lookup per use.
-local rcall = redis.call
+local rcall, pcall_redis = redis.call, redis.pcall
 local spack, sunpack = struct.pack, struct.unpack
+local schar = string.char
 -- Positions of an algorithm's functions in its array (see the header).
-local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE = 1, 2, 3, 4, 5, 6
+local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT = 1, 2, 3, 4, 5, 6, 7
 
 local now
 if ARGV[1] ~= '' then
@@ -109,11 +140,16 @@ else
   now = tonumber(t[1]) * MICRO + tonumber(t[2])
 end
 
+-- ARGV[4]: the request sizes of a batch (absent: one request).
+local sizes = ARGV[4]
+local batch = sizes ~= nil
+
 -- Every key in one MGET (in slices, to stay inside Lua's stack for a
--- request with very many descriptors). MGET reads a key of another type as
--- missing, so a key it reports missing is read again with GET, which fails
--- with WRONGTYPE on a foreign key instead of letting it be overwritten; a
--- hot key exists, so that second read is paid by new keys only.
+-- call with very many keys). MGET reads a key of another type as
+-- missing, so the keys it reports missing are checked with one EXISTS;
+-- only when some of them exist is each read again with GET, which fails
+-- with WRONGTYPE on a foreign key instead of letting it be overwritten. A
+-- hot key exists, so the check is paid by calls with new keys only.
 local nk = #KEYS
 local vals
 if nk == 0 then
@@ -134,134 +170,295 @@ else
   end
 end
 
--- Per key k (index into KEYS): the stored string RAW[k] (false: missing),
--- the working level W[k] and whether it changed (DIRTY[k]), the algorithm
--- and limit of its last charge (LA, L1, L2, L3), the level after only the
--- charges that stand (DW[k], written when the request is denied), and for
--- a key stored after now the level read before any charge (STALE[k]).
-local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
--- Per charge: its key and whether it had enough.
-local KEY, ENOUGH = {}, {}
+local absent, na = {}, 0
+for i = 1, nk do
+  if not vals[i] then
+    na = na + 1
+    absent[na] = KEYS[i]
+  end
+end
+local foreign = false
+for i = 1, na, 512 do
+  local j = i + 511
+  if j > na then
+    j = na
+  end
+  if rcall('EXISTS', unpack(absent, i, j)) > 0 then
+    foreign = true
+  end
+end
 
--- ARGV[3]: the charges (see the header), taken in order.
-local packed = ARGV[3]
-local n = #packed / 32
-local admitted = true
-local pos = 1
-for c = 1, n do
-  local a, k, p1, p2, p3, cost, flags
-  a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
-  local alg = ALGORITHMS[a]
-  KEY[c] = k
-  -- Exact: flags < 2^35 and the divisors are powers of two.
-  local low = flags % 4
-  local refund = low % 2 == 1
-  local shadow = low >= 2
-  local w = W[k]
-  if w == nil then
-    local s = vals[k]
-    if not s then
-      -- Missing, or another type: GET tells them apart (WRONGTYPE).
+-- Per key k (index into KEYS): its stored string as read (CUR[k], false:
+-- missing; nil: not read yet; true: written by a request of this call);
+-- for a written key its level (PL[k]), whether encode keeps it (PK[k]), and
+-- the algorithm and limit it was written under (PA, P1, P2, P3), encoded
+-- once at the end; the written keys in ORDER.
+local CUR, PL, PK, PA, P1, P2, P3, ORDER = {}, {}, {}, {}, {}, {}, {}, {}
+local nw = 0
+
+-- The stored string of key k (false: missing; true: written in this call),
+-- or nil and the error of reading it. In a batch the error fails only the
+-- requests that read k.
+local function stored(k)
+  local s = CUR[k]
+  if s ~= nil then
+    return s
+  end
+  s = vals[k]
+  if not s and foreign then
+    -- Missing, or another type: GET tells them apart (WRONGTYPE).
+    if batch then
+      s = pcall_redis('GET', KEYS[k])
+      if type(s) == 'table' then
+        return nil, s.err
+      end
+    else
       s = rcall('GET', KEYS[k])
     end
-    RAW[k] = s
-    local stale
-    w, stale = alg[READ](s, p1, p2, p3, now)
-    if stale then
-      STALE[k] = w
-    end
-    DIRTY[k] = false
-  else
-    w = alg[REBASE](w, p1, p2, p3)
   end
-  LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
-  if refund then
-    local changed
-    w, changed = alg[REFUND](w, cost, p1, p2, p3)
-    if changed then
-      DIRTY[k] = true
+  CUR[k] = s
+  return s
+end
+
+-- The level at now of key k, from `s` (what `stored` gave), under the given
+-- limit, and whether it was stored after now.
+local function readk(alg, k, s, p1, p2, p3)
+  if s == true then
+    if PK[k] then
+      return alg[REBASE](PL[k], p1, p2, p3), false
     end
-    ENOUGH[c] = 1
-  else
-    local x = (flags - low) / 4
-    local ok, changed, stands
-    w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
-    if ok then
-      ENOUGH[c] = 1
+    return alg[READ](false, p1, p2, p3, now)
+  end
+  return alg[READ](s, p1, p2, p3, now)
+end
+
+-- Writes `level` for key k, stamped now, under the given limit: what the
+-- next request reads, and what is stored at the end.
+local function put(k, alg, p1, p2, p3, level)
+  if CUR[k] ~= true then
+    CUR[k] = true
+    nw = nw + 1
+    ORDER[nw] = k
+  end
+  PL[k], PK[k], PA[k], P1[k], P2[k], P3[k] = level, alg[KEPT](level, p1, p2, p3), alg, p1, p2, p3
+end
+
+-- The working tables of the request being evaluated (general path), per
+-- key k (index into KEYS): the stored string RAW[k] (false: missing), the
+-- working level W[k] and whether it changed (DIRTY[k]), the algorithm and
+-- limit of its last charge (LA, L1, L2, L3), the level after only the
+-- charges that stand (DW[k], written when the request is denied), and for a
+-- key stored after now the level read before any charge (STALE[k]); the
+-- request's keys in RK; per charge c its key KEY[c] and whether it had
+-- enough (ENOUGH[c]); the reply's values (REPLY). Emptied after each
+-- request (`clear`), so each request starts from nothing, as alone.
+local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
+local RK, KEY, ENOUGH, REPLY = {}, {}, {}, {}
+-- Reply formats by number of charges.
+local FORMATS = {}
+
+-- Empties the working tables of the request's nr keys (the per-charge
+-- tables are overwritten by the next request).
+local function clear(nr)
+  for i = 1, nr do
+    local k = RK[i]
+    RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k] =
+      nil, nil, nil, nil, nil, nil, nil, nil, nil
+  end
+end
+
+-- One request of n charges starting at byte `first` of ARGV[3]: its reply
+-- (see the header), or nil and the error of reading one of its keys.
+local packed = ARGV[3]
+local function run(first, n)
+  if n == 1 then
+    -- One charge (the usual request): the general path below without its
+    -- tables.
+    local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
+    local alg = ALGORITHMS[a]
+    local s, err = stored(k)
+    if s == nil then
+      return nil, err
+    end
+    local low = flags % 4
+    local w, stale = readk(alg, k, s, p1, p2, p3)
+    local after, ok, changed, stands
+    if low % 2 == 1 then
+      after, changed = alg[REFUND](w, cost, p1, p2, p3)
+      ok = true
     else
-      ENOUGH[c] = 0
-      if not shadow then
-        admitted = false
-      end
+      after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, (flags - low) / 4)
     end
-    if changed then
-      DIRTY[k] = true
+    if ok or low >= 2 then
+      if changed then
+        put(k, alg, p1, p2, p3, after)
+      elseif stale then
+        put(k, alg, p1, p2, p3, w)
+      end
+      return spack('>BBi8', 1, ok and 1 or 0, alg[REPORT](after))
     end
     if stands then
-      local d = DW[k]
-      if d == nil then
-        d = alg[READ](RAW[k], p1, p2, p3, now)
-      else
-        d = alg[REBASE](d, p1, p2, p3)
-      end
-      DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
+      put(k, alg, p1, p2, p3, after)
+    elseif stale then
+      put(k, alg, p1, p2, p3, w)
     end
+    return spack('>BBi8', 0, 0, alg[REPORT](w))
   end
-  W[k] = w
-end
 
--- Writes `level` for key k, stamped now, under the limit of its last charge.
-local function put(k, level)
-  local value, ttl = LA[k][ENCODE](level, now, L1[k], L2[k], L3[k])
-  if value == nil then
-    rcall('DEL', KEYS[k])
-  else
-    if ttl < min_ttl then
-      ttl = min_ttl
-    end
-    if ttl > MAX_TTL_MS then
-      ttl = MAX_TTL_MS
-    end
-    rcall('SET', KEYS[k], value, 'PX', string.format('%d', ttl))
-  end
-end
-
--- (`DIRTY` has every key of the request as a key.)
-local reply = { 0 }
-if admitted then
-  reply[1] = 1
-  for k, d in pairs(DIRTY) do
-    if d then
-      put(k, W[k])
-    elseif STALE[k] then
-      put(k, STALE[k])
-    end
-  end
+  -- The general path, in the tables below (made once per call, emptied
+  -- after each request: no table is built per request).
+  local admitted = true
+  local nr = 0
+  local pos = first
   for c = 1, n do
-    local k = KEY[c]
-    reply[2 * c] = ENOUGH[c]
-    reply[2 * c + 1] = LA[k][REPORT](W[k])
-  end
-else
-  for k in pairs(DIRTY) do
-    if DW[k] then
-      put(k, DW[k])
-    elseif STALE[k] then
-      put(k, STALE[k])
-    end
-  end
-  -- What each key had before the request, under each charge's own limit.
-  pos = 1
-  for c = 1, n do
-    local a, k, p1, p2, p3
-    a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
-    pos = pos + 32
+    local a, k, p1, p2, p3, cost, flags
+    a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
     local alg = ALGORITHMS[a]
-    reply[2 * c] = ENOUGH[c]
-    reply[2 * c + 1] = alg[REPORT]((alg[READ](RAW[k], p1, p2, p3, now)))
+    KEY[c] = k
+    -- Exact: flags < 2^35 and the divisors are powers of two.
+    local low = flags % 4
+    local refund = low % 2 == 1
+    local shadow = low >= 2
+    local w = W[k]
+    if w == nil then
+      local s, err = stored(k)
+      if s == nil then
+        clear(nr)
+        return nil, err
+      end
+      nr = nr + 1
+      RK[nr] = k
+      RAW[k] = s
+      local stale
+      w, stale = readk(alg, k, s, p1, p2, p3)
+      if stale then
+        STALE[k] = w
+      end
+      DIRTY[k] = false
+    else
+      w = alg[REBASE](w, p1, p2, p3)
+    end
+    LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
+    if refund then
+      local changed
+      w, changed = alg[REFUND](w, cost, p1, p2, p3)
+      if changed then
+        DIRTY[k] = true
+      end
+      ENOUGH[c] = 1
+    else
+      local x = (flags - low) / 4
+      local ok, changed, stands
+      w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
+      if ok then
+        ENOUGH[c] = 1
+      else
+        ENOUGH[c] = 0
+        if not shadow then
+          admitted = false
+        end
+      end
+      if changed then
+        DIRTY[k] = true
+      end
+      if stands then
+        local d = DW[k]
+        if d == nil then
+          d = readk(alg, k, RAW[k], p1, p2, p3)
+        else
+          d = alg[REBASE](d, p1, p2, p3)
+        end
+        DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
+      end
+    end
+    W[k] = w
+  end
+
+  -- (`RK` lists every key of the request.)
+  local reply = REPLY
+  if admitted then
+    reply[1] = 1
+    for i = 1, nr do
+      local k = RK[i]
+      if DIRTY[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], W[k])
+      elseif STALE[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
+      end
+    end
+    for c = 1, n do
+      local k = KEY[c]
+      reply[2 * c] = ENOUGH[c]
+      reply[2 * c + 1] = LA[k][REPORT](W[k])
+    end
+  else
+    reply[1] = 0
+    -- What each key had before the request, under each charge's own limit
+    -- (read before this request's writes).
+    pos = first
+    for c = 1, n do
+      local a, k, p1, p2, p3
+      a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
+      pos = pos + 32
+      local alg = ALGORITHMS[a]
+      reply[2 * c] = ENOUGH[c]
+      reply[2 * c + 1] = alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)))
+    end
+    for i = 1, nr do
+      local k = RK[i]
+      if DW[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
+      elseif STALE[k] then
+        put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
+      end
+    end
+  end
+  clear(nr)
+  local fmt = FORMATS[n]
+  if fmt == nil then
+    fmt = '>B' .. string.rep('Bi8', n)
+    FORMATS[n] = fmt
+  end
+  return spack(fmt, unpack(reply, 1, 2 * n + 1))
+end
+
+-- Stores what the requests left: each key written once, with the expiry
+-- of its last write.
+local function flush()
+  for i = 1, nw do
+    local k = ORDER[i]
+    local value, ttl = PA[k][ENCODE](PL[k], now, P1[k], P2[k], P3[k])
+    if value == nil then
+      rcall('DEL', KEYS[k])
+    else
+      if ttl < min_ttl then
+        ttl = min_ttl
+      end
+      if ttl > MAX_TTL_MS then
+        ttl = MAX_TTL_MS
+      end
+      rcall('SET', KEYS[k], value, 'PX', string.format('%d', ttl))
+    end
   end
 end
-if n == 1 then
-  return spack('>BBi8', reply[1], reply[2], reply[3])
+
+if not batch then
+  local reply = run(1, #packed / 32)
+  flush()
+  return reply
 end
-return spack('>B' .. string.rep('Bi8', n), unpack(reply))
+
+local parts = {}
+local first = 1
+for r = 1, #sizes / 4 do
+  local n = sunpack('>I4', sizes, 4 * r - 3)
+  local reply, err = run(first, n)
+  if reply == nil then
+    err = string.sub(err, 1, 1000)
+    reply = schar(2) .. spack('>I2', #err) .. err
+  end
+  parts[r] = reply
+  first = first + 32 * n
+end
+flush()
+return table.concat(parts)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Redis's own time per call of the token bucket script, for 1 and N buckets.
 
-Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [NAME=FILE.lua ...]
+Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B] [NAME=FILE.lua ...]
 
 Starts its own redis-server on a free loopback port (no persistence), loads
 each script (default: the request script as `script`, assembled as
@@ -16,6 +16,10 @@ of any script that keeps the same guarantees (every bucket read, every
 charged bucket written with its own expiry): `floor-none` (returns at once),
 `floor-read` (TIME and one MGET), `floor-io` (TIME, one MGET, one SET with
 PX per key, a packed reply).
+
+With --batch B (B > 1) each call carries B requests on the same buckets
+(lua/request.lua, "Batch": ARGV[4]), and the times printed are per request
+(usec_per_call / B); the reference scripts are left out.
 
 The argument format is the script's own (lua/request.lua, ARGV[3]).
 """
@@ -98,15 +102,19 @@ def charges(n):
     return b"".join(struct.pack(">IIIIQQ", i + 1, 1_000_000, 1, 1_000_000, 1, 0) for i in range(n))
 
 
-def usec_per_call(conn, sha, keys, calls):
-    packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)))
+def usec_per_call(conn, sha, keys, calls, batch=1):
+    if batch > 1:
+        sizes = struct.pack(">I", len(keys)) * batch
+        packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)) * batch, sizes)
+    else:
+        packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)))
     conn.many(packed, 2000)  # warm-up: the buckets exist from here on
     conn.cmd("CONFIG", "RESETSTAT")
     for _ in range(calls // 200):
         conn.many(packed, 200)
     for line in conn.cmd("INFO", "commandstats").decode().splitlines():
         if line.startswith("cmdstat_evalsha:"):
-            return float(line.split("usec_per_call=")[1].split(",")[0])
+            return float(line.split("usec_per_call=")[1].split(",")[0]) / batch
     raise RuntimeError("no EVALSHA in INFO commandstats")
 
 
@@ -118,13 +126,15 @@ def free_port():
 
 def main():
     args = sys.argv[1:]
-    nkeys, calls, scripts = 5, 20000, {}
+    nkeys, calls, batch, scripts = 5, 20000, 1, {}
     while args:
         a = args.pop(0)
         if a == "--keys":
             nkeys = int(args.pop(0))
         elif a == "--calls":
             calls = int(args.pop(0))
+        elif a == "--batch":
+            batch = int(args.pop(0))
         elif "=" in a:
             name, path = a.split("=", 1)
             scripts[name] = open(path).read()
@@ -140,7 +150,8 @@ def main():
             + "\nend)(),\n}\n"
             + open(os.path.join(lua, "request.lua")).read()
         )
-    scripts.update(FLOORS)
+    if batch == 1:
+        scripts.update(FLOORS)
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         server = subprocess.Popen(
@@ -161,8 +172,8 @@ def main():
             print(f"{'script':<12} {'1 key':>9} {str(nkeys) + ' keys':>9}  ratio")
             for name, src in scripts.items():
                 sha = conn.cmd("SCRIPT", "LOAD", src).decode()
-                one = usec_per_call(conn, sha, [f"cost:{name}:0"], calls)
-                many = usec_per_call(conn, sha, [f"cost:{name}:{i}" for i in range(nkeys)], calls)
+                one = usec_per_call(conn, sha, [f"cost:{name}:0"], calls, batch)
+                many = usec_per_call(conn, sha, [f"cost:{name}:{i}" for i in range(nkeys)], calls, batch)
                 print(f"{name:<12} {one:7.2f} us {many:7.2f} us  {many / one:.2f}")
         finally:
             server.terminate()

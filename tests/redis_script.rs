@@ -3,7 +3,9 @@
 //! bucket): random request sequences through the script
 //! (test-only explicit now) and through the model give identical replies and
 //! identical stored state; every written key expires no earlier than its
-//! bucket is full again. Also the stored size of a bucket (BENCHMARKS.md).
+//! bucket is full again; random batches of requests in one call give what
+//! the same requests give one at a time. Also the stored size of a bucket
+//! (BENCHMARKS.md).
 
 mod common;
 
@@ -137,84 +139,132 @@ fn check_sequence(
     limits: &[BucketLimit],
     steps: &[(i64, Vec<ChargeGen>)],
 ) -> Result<(), TestCaseError> {
+    let batches: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
+        .iter()
+        .map(|(dt, gens)| (*dt, vec![gens.clone()]))
+        .collect();
+    check_batches(conn, script, case, limits, &batches)
+}
+
+/// The charges of one generated request on the buckets of test case `case`.
+fn charges_of(case: u64, limits: &[BucketLimit], gens: &[ChargeGen]) -> Vec<Charge> {
+    gens.iter()
+        .map(|(k, own, cost, refund, shadow)| Charge {
+            key: format!("prop:{case}:{k}"),
+            spec: ChargeSpec {
+                limit: own.unwrap_or(limits[*k]).into(),
+                cost: *cost,
+                kind: if *refund {
+                    ChargeKind::Refund
+                } else {
+                    ChargeKind::Consume
+                },
+                shadow: *shadow,
+            },
+        })
+        .collect()
+}
+
+/// Runs each step's requests as one script call (one batch, at the step's
+/// time) and, one at a time, through the model at that same time: every
+/// request's reply, every stored bucket and every expiry written must be
+/// what the model gives.
+fn check_batches(
+    conn: &mut redis::Connection,
+    script: &BucketScript,
+    case: u64,
+    limits: &[BucketLimit],
+    steps: &[(i64, Vec<Vec<ChargeGen>>)],
+) -> Result<(), TestCaseError> {
     let mut model = Model::new();
     let mut now = T0_US;
-    for (dt, gens) in steps {
+    for (dt, requests) in steps {
         now = now.saturating_add_signed(*dt);
-        let charges: Vec<Charge> = gens
+        let requests: Vec<Vec<Charge>> = requests
             .iter()
-            .map(|(k, own, cost, refund, shadow)| Charge {
-                key: format!("prop:{case}:{k}"),
-                spec: ChargeSpec {
-                    limit: own.unwrap_or(limits[*k]).into(),
-                    cost: *cost,
-                    kind: if *refund {
-                        ChargeKind::Refund
-                    } else {
-                        ChargeKind::Consume
-                    },
-                    shadow: *shadow,
-                },
+            .map(|gens| charges_of(case, limits, gens))
+            .collect();
+        // The model, one request after the other; per key written, the
+        // limit of the last charge of the last request that wrote it.
+        let mut expected = Vec::new();
+        let mut last_limit: HashMap<String, Limit> = HashMap::new();
+        for charges in &requests {
+            let (r, written) = run_model(&mut model, charges, now);
+            for key in written {
+                let l = charges
+                    .iter()
+                    .rev()
+                    .find(|c| c.key == key)
+                    .map(|c| c.spec.limit)
+                    .expect("a written key is charged");
+                last_limit.insert(key, l);
+            }
+            expected.push(r);
+        }
+        let calls: Vec<ScriptCall> = requests
+            .iter()
+            .map(|charges| {
+                ScriptCall::new(charges, Some(now))
+                    .expect("encodable")
+                    .with_min_ttl_ms(0)
             })
             .collect();
-        let (expected, written) = run_model(&mut model, &charges, now);
-        let call = ScriptCall::new(&charges, Some(now))
-            .expect("encodable")
-            .with_min_ttl_ms(0);
+        let call = ScriptCall::batch(&calls.iter().collect::<Vec<_>>());
         // One transaction: the script, then GET, PTTL and PERSIST of every
         // bucket, so no key can expire in real time between them.
-        let (keys, indexed) = group_by_key(&charges);
         let mut pipe = redis::pipe();
         pipe.atomic().add_command(script.evalsha_cmd(&call));
-        for key in &keys {
-            pipe.cmd("GET").arg(*key).cmd("PTTL").arg(*key);
+        for key in &call.keys {
+            pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
             // Keep it: Redis expires in real time, the model in test time.
-            pipe.cmd("PERSIST").arg(*key).ignore();
+            pipe.cmd("PERSIST").arg(key).ignore();
         }
         let replies: Vec<redis::Value> = pipe
             .query(conn)
             .map_err(|e| TestCaseError::fail(format!("script failed: {e}")))?;
-        let got = call
-            .parse_reply(&replies[0])
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        prop_assert_eq!(&got, &expected, "reply at now={} for {:?}", now, charges);
-        // Stored state and expiry of every bucket of the request.
-        for (i, key) in keys.iter().enumerate() {
+        let got: Vec<RequestResult> = if call.requests.is_empty() {
+            vec![
+                call.parse_reply(&replies[0])
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?,
+            ]
+        } else {
+            call.parse_batch_reply(&replies[0])
+                .map_err(|e| TestCaseError::fail(e.to_string()))?
+                .into_iter()
+                .map(|r| r.map_err(|e| TestCaseError::fail(e.to_string())))
+                .collect::<Result<_, _>>()?
+        };
+        prop_assert_eq!(&got, &expected, "replies at now={} for {:?}", now, requests);
+        // Stored state and expiry of every bucket of the batch.
+        for (i, key) in call.keys.iter().enumerate() {
             let raw: Option<Vec<u8>> =
                 redis::from_redis_value(replies[1 + 2 * i].clone()).expect("GET reply");
             let pttl: i64 =
                 redis::from_redis_value(replies[2 + 2 * i].clone()).expect("PTTL reply");
             let stored = raw.as_deref().map(decode_bucket);
-            let want = model.get(*key).map(|s| (s.tokens_micro, s.updated_us));
+            let want = model.get(key).map(|s| (s.tokens_micro, s.updated_us));
             prop_assert_eq!(stored, want, "stored state of {}", key);
-            if let Some(st) = model.get(*key).filter(|_| written.iter().any(|w| w == key)) {
+            // Written in this batch: the TTL follows the last write's limit.
+            if let (Some(st), Some(l)) = (model.get(key), last_limit.get(key)) {
                 // >= 0: a 1 ms expiry may read 0 once the millisecond ticks.
                 prop_assert!(pttl >= 0, "{} has PTTL {} (no expiry)", key, pttl);
-                // Written by this request: the TTL follows the last charge's limit.
-                let last = indexed
-                    .iter()
-                    .rev()
-                    .find(|(j, _)| *j == i)
-                    .map(|(_, s)| s.limit);
-                if let Some(l) = last {
-                    let px = expected_px_ms(&l, st, now);
-                    let pttl = u128::try_from(pttl).unwrap_or(0);
-                    // Exact except for years-long waits (computed with a margin).
-                    prop_assert!(
-                        pttl <= px + px / 100_000_000 + 2,
-                        "{} PTTL {} above expected {}",
-                        key,
-                        pttl,
-                        px
-                    );
-                    prop_assert!(
-                        pttl + 1000 >= px,
-                        "{} PTTL {} below time to full {}",
-                        key,
-                        pttl,
-                        px
-                    );
-                }
+                let px = expected_px_ms(l, st, now);
+                let pttl = u128::try_from(pttl).unwrap_or(0);
+                // Exact except for years-long waits (computed with a margin).
+                prop_assert!(
+                    pttl <= px + px / 100_000_000 + 2,
+                    "{} PTTL {} above expected {}",
+                    key,
+                    pttl,
+                    px
+                );
+                prop_assert!(
+                    pttl + 1000 >= px,
+                    "{} PTTL {} below time to full {}",
+                    key,
+                    pttl,
+                    px
+                );
             }
         }
     }
@@ -253,6 +303,104 @@ fn lua_matches_reference_model() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// Random request sequences split into random batches: each batch is one
+/// script call, and every request in it gets the reply it gets alone, one
+/// request after the other at the batch's time (the model), with the same
+/// stored state and expiries; requests of one batch share buckets.
+#[test]
+fn batches_give_the_replies_of_one_request_at_a_time() {
+    let (_server, conn) = server_with_script();
+    let conn = RefCell::new(conn);
+    let script = BucketScript::new();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 600,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let batches = (
+        prop::collection::vec(limit(), 3),
+        prop::collection::vec(
+            (
+                step_us(),
+                prop::collection::vec(prop::collection::vec(charge(), 1..5), 1..8),
+            ),
+            1..8,
+        ),
+    );
+    let result = runner.run(&batches, |(limits, steps)| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        check_batches(&mut conn.borrow_mut(), &script, n, &limits, &steps)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// A foreign value under one bucket's name fails only the requests of a
+/// batch that charge it, with the error their own calls get (`WRONGTYPE`);
+/// the other requests are answered and written as alone.
+#[test]
+fn a_foreign_key_fails_only_its_requests_in_a_batch() {
+    let (_server, mut conn) = server_with_script();
+    let script = BucketScript::new();
+    let _: () = redis::cmd("LPUSH")
+        .arg("foreign")
+        .arg("x")
+        .query(&mut conn)
+        .expect("LPUSH");
+    let limit = BucketLimit {
+        requests_per_unit: 10,
+        unit_secs: NonZeroU64::new(60).expect("a unit"),
+        burst: 10,
+        max_debt: 0,
+    };
+    let charge = |key: &str| Charge {
+        key: key.into(),
+        spec: ChargeSpec {
+            limit: limit.into(),
+            cost: 3,
+            kind: ChargeKind::Consume,
+            shadow: false,
+        },
+    };
+    let requests = [
+        vec![charge("good")],
+        vec![charge("good"), charge("foreign")],
+        vec![charge("foreign")],
+        vec![charge("good")],
+    ];
+    let calls: Vec<ScriptCall> = requests
+        .iter()
+        .map(|c| ScriptCall::new(c, Some(T0_US)).expect("encodable"))
+        .collect();
+    // Alone, a request on the foreign key fails with WRONGTYPE.
+    let alone = script
+        .evalsha_cmd(&calls[2])
+        .query::<redis::Value>(&mut conn)
+        .expect_err("WRONGTYPE");
+    assert_eq!(alone.code(), Some("WRONGTYPE"), "{alone}");
+    let call = ScriptCall::batch(&calls.iter().collect::<Vec<_>>());
+    let reply: redis::Value = script.evalsha_cmd(&call).query(&mut conn).expect("script");
+    let got = call.parse_batch_reply(&reply).expect("batch reply");
+    let ok = |r: &Result<RequestResult, redis::RedisError>| {
+        r.as_ref()
+            .map(|r| (r.admitted, r.charges[0].remaining_micro))
+            .map_err(|e| e.code().map(str::to_owned))
+    };
+    assert_eq!(
+        got.iter().map(ok).collect::<Vec<_>>(),
+        vec![
+            Ok((true, 7_000_000)),
+            Err(Some("WRONGTYPE".into())),
+            Err(Some("WRONGTYPE".into())),
+            Ok((true, 4_000_000)),
+        ]
+    );
+    let raw: Vec<u8> = redis::cmd("GET").arg("good").query(&mut conn).expect("GET");
+    assert_eq!(decode_bucket(&raw), (4_000_000, T0_US));
 }
 
 /// Pinned extremes (also reachable by the property test, kept as named cases).

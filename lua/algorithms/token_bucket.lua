@@ -261,6 +261,13 @@ local function encode_state(w, now, R, U, C)
   return encode(w, now), ttl_ms(R, U, cap, w)
 end
 
+-- Whether encode_state stores a value (a bucket below its capacity under a
+-- rate above 0). A stored balance read at the time it was stamped has not
+-- refilled: read gives min(balance, capacity), which is rebase.
+local function kept(w, R, U, C)
+  return R > 0 and w < C * MICRO
+end
+
 -- In the order of lua/request.lua's contract (an array: cheaper to build
 -- on every call than a table with named fields).
-return { read, rebase, consume, refund, report, encode_state }
+return { read, rebase, consume, refund, report, encode_state, kept }

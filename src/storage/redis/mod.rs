@@ -4,7 +4,10 @@
 //! ([`cluster::RedisClusterStorage`]).
 //!
 //! Design:
-//! - **One script call per request** (per hash slot on a Cluster).
+//! - **At most one script call per request** (per hash slot on a Cluster);
+//!   the requests that arrive while two calls to a node (a Cluster slot)
+//!   are in flight share the next call (`batch`, docs/design.md, "Batched
+//!   script calls"), each evaluated by the script exactly as if alone.
 //!   [`script`] wraps the request script (`lua/request.lua` with the
 //!   algorithms' parts, `lua/algorithms/`), which reads, decides and writes
 //!   every key of a request atomically (all-or-nothing, docs/design.md, "All-or-nothing requests") with
@@ -42,6 +45,7 @@
 //! - **Keys** are built by the service ([`key`](crate::storage::key)); each
 //!   stores 7 to 14 bytes and expires when its bucket would be full again.
 
+pub(crate) mod batch;
 pub(crate) mod breaker;
 pub mod cluster;
 pub(crate) mod errors;
@@ -54,6 +58,7 @@ pub mod sentinel;
 mod single;
 pub(crate) mod url;
 
+pub use batch::{MAX_BATCH_CHARGES, MAX_BATCH_REQUESTS, MAX_IN_FLIGHT};
 pub use single::{RedisStorage, RedisStorageBuilder, SingleNode};
 pub use url::redact_url;
 
@@ -361,19 +366,27 @@ pub(crate) struct Pipeline {
 
 impl Pipeline {
     /// One request on one node: answered from the local cache when certain,
-    /// else one script call ([`Pipeline::call`]) behind the circuit breaker,
-    /// whose answer the cache then learns (with the times the call was sent
-    /// and its reply received).
+    /// else queued for the node's next script call (`queue`, its batching
+    /// task: docs/design.md, "Batched script calls") behind the circuit
+    /// breaker, whose answer the cache then learns (with the times the
+    /// request was queued and its answer received). The timeout counts
+    /// from the request's arrival; a request still queued when it runs out
+    /// is never sent.
     ///
     /// # Errors
     /// [`StorageError::CircuitOpen`] without a call while `breaker` is open;
-    /// the call's error otherwise.
+    /// [`StorageError::Timeout`] (or the source's
+    /// [`ConnSource::no_connection`] while no connection is at hand) when no
+    /// answer came in time; the call's error otherwise, as the request's
+    /// own call would have had it.
     pub(crate) async fn apply<S: ConnSource>(
         &self,
         source: &S,
+        queue: &batch::BatchQueue,
         breaker: &CircuitBreaker,
         charges: &[Charge],
     ) -> Result<RequestResult, StorageError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
         if let Some(r) = self.cached_answer(charges) {
             return Ok(r);
         }
@@ -382,33 +395,71 @@ impl Pipeline {
             return Err(StorageError::CircuitOpen);
         }
         let sent_us = self.local_now_us();
-        let result = self.call(source, breaker, &call).await;
+        let result = self.queued(source, queue, breaker, call, deadline).await;
         if let Ok(r) = &result {
             self.record(charges, r, sent_us);
         }
         result
     }
 
-    /// One script call over `source`, bounded by the timeout: classifies the
-    /// error or parses the reply, records the outcome in `breaker` (a
-    /// success closes it; a transient failure counts) and lets the source
-    /// react ([`ConnSource::after`]). Does not ask `breaker` whether the
-    /// call may go (the caller did).
+    /// Queues `call` on `queue` and waits for its outcome until `deadline`,
+    /// then tells `breaker` (a success closes it; a transient failure of a
+    /// call that was sent counts). Does not ask `breaker` whether the call
+    /// may go (the caller did).
     ///
     /// # Errors
-    /// [`StorageError::Timeout`] when no reply came within the timeout (the
-    /// call may have run, and is not replayed), else the classified error.
-    pub(crate) async fn call<S: ConnSource>(
+    /// [`StorageError::Timeout`] (or the source's
+    /// [`ConnSource::no_connection`] while no connection is at hand) when no
+    /// answer came by `deadline`; the call's error otherwise.
+    pub(crate) async fn queued<S: ConnSource>(
         &self,
         source: &S,
+        queue: &batch::BatchQueue,
         breaker: &CircuitBreaker,
-        call: &ScriptCall,
+        call: ScriptCall,
+        deadline: tokio::time::Instant,
     ) -> Result<RequestResult, StorageError> {
         let started = Instant::now();
-        let span = crate::otel::RedisSpan::start(call.keys.len());
+        let answer = queue.push(call);
+        let (result, sent) = match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => (Err(batch::lost()), true),
+            Err(_) if queue.connecting() => (Err(source.no_connection(self.timeout)), true),
+            Err(_) => (Err(StorageError::Timeout(self.timeout)), true),
+        };
+        match &result {
+            Ok(_) => breaker.success(),
+            Err(e) if sent && e.is_transient() => breaker.failure_of_call_started(started),
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// Sends `call` over `source`, bounded by the timeout: the connection
+    /// it ran on (`None`: none came in time) and the reply, or the
+    /// classified error. `connecting` is set while waiting for the
+    /// connection.
+    ///
+    /// # Errors
+    /// The source's error when it has no connection to give
+    /// ([`ConnSource::connection`]): nothing was sent.
+    async fn exchange<S: ConnSource>(
+        &self,
+        source: &S,
+        call: &ScriptCall,
+        connecting: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<(Option<S::Tag>, Result<Value, StorageError>), StorageError> {
+        use std::sync::atomic::Ordering;
         let mut tag = None;
         let attempt = async {
-            let (t, mut conn) = source.connection().await?;
+            if let Some(c) = connecting {
+                c.store(true, Ordering::Relaxed);
+            }
+            let got = source.connection().await;
+            if let Some(c) = connecting {
+                c.store(false, Ordering::Relaxed);
+            }
+            let (t, mut conn) = got?;
             tag = Some(t);
             self.clock_gate_on(source, &mut conn).await?;
             Ok(source.eval(&mut conn, &self.script, call).await)
@@ -416,29 +467,78 @@ impl Pipeline {
         let result = match tokio::time::timeout(self.timeout, attempt).await {
             Err(_) if tag.is_none() => Err(source.no_connection(self.timeout)),
             Err(_) => Err(StorageError::Timeout(self.timeout)),
-            Ok(Err(not_connected)) if tag.is_none() => return Err(not_connected),
+            Ok(Err(not_connected)) if tag.is_none() => {
+                if let Some(c) = connecting {
+                    c.store(false, Ordering::Relaxed);
+                }
+                return Err(not_connected);
+            }
             // The clock check refused the node, or could not run on it.
             Ok(Err(gate)) => Err(gate),
             Ok(Ok(Err(e))) => Err(source.classify(self, &e)),
-            Ok(Ok(Ok(v))) => call.parse_reply(&v),
+            Ok(Ok(Ok(v))) => Ok(v),
         };
-        match &result {
-            Ok(_) => breaker.success(),
-            Err(e) if e.is_transient() => {
-                if matches!(e, StorageError::Unreachable { .. }) {
-                    // The connection comes back to a node that may be
-                    // another: its clock is checked again.
-                    self.clock.forget();
-                }
-                breaker.failure_of_call_started(started);
+        if matches!(result, Err(StorageError::Unreachable { .. })) {
+            // The connection comes back to a node that may be another: its
+            // clock is checked again.
+            self.clock.forget();
+        }
+        if let Some(c) = connecting {
+            c.store(false, Ordering::Relaxed);
+        }
+        Ok((tag, result))
+    }
+
+    /// One script call for the queued requests `batch` (one request: its
+    /// own call, unchanged): one outcome per request, in order, each what
+    /// the request's own call would have given (a failed call fails every
+    /// request with its error). Lets the source react once
+    /// ([`ConnSource::after`]); the breaker is told by each request.
+    pub(crate) async fn call_batch<S: ConnSource>(
+        &self,
+        source: &S,
+        breaker: &CircuitBreaker,
+        batch: &[batch::Queued],
+        connecting: &std::sync::atomic::AtomicBool,
+    ) -> Vec<batch::Outcome> {
+        let calls: Vec<&ScriptCall> = batch.iter().map(|q| &q.call).collect();
+        let call = ScriptCall::batch(&calls);
+        let span = crate::otel::RedisSpan::start(call.keys.len());
+        let (tag, reply) = match self.exchange(source, &call, Some(connecting)).await {
+            Ok(sent) => sent,
+            // Nothing was sent.
+            Err(e) => {
+                return batch
+                    .iter()
+                    .map(|_| (Err(batch::share(&e)), false))
+                    .collect();
             }
-            Err(_) => {}
-        }
-        source.after(tag, &result, breaker);
+        };
+        let outcomes: Vec<Result<RequestResult, StorageError>> = match reply {
+            Err(e) => batch.iter().map(|_| Err(batch::share(&e))).collect(),
+            Ok(v) if call.requests.is_empty() => vec![call.parse_reply(&v)],
+            Ok(v) => match call.parse_batch_reply(&v) {
+                Ok(each) => each
+                    .into_iter()
+                    .map(|r| r.map_err(|e| source.classify(self, &e)))
+                    .collect(),
+                Err(e) => batch.iter().map(|_| Err(batch::share(&e))).collect(),
+            },
+        };
+        // The source reacts to the call's outcome: its first failure.
+        let first_error = outcomes.iter().find_map(|o| o.as_ref().err());
+        let overall = match first_error {
+            Some(e) => Err(batch::share(e)),
+            None => Ok(RequestResult {
+                admitted: true,
+                charges: Vec::new(),
+            }),
+        };
+        source.after(tag, &overall, breaker);
         if let Some(span) = span {
-            span.end(result.as_ref().err().map(|e| e as &dyn std::fmt::Display));
+            span.end(overall.as_ref().err().map(|e| e as &dyn std::fmt::Display));
         }
-        result
+        outcomes.into_iter().map(|o| (o, true)).collect()
     }
 
     /// Lets a call go when the script clock of the node behind `source`

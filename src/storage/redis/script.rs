@@ -159,17 +159,27 @@ impl BucketScript {
     }
 }
 
-/// The KEYS and ARGV of one script call (one request, or one slot's part of it).
+/// The KEYS and ARGV of one script call: one request (or one slot's part
+/// of it), or a batch of requests ([`ScriptCall::batch`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScriptCall {
     /// Distinct bucket keys (KEYS).
     pub keys: Vec<String>,
     /// ARGV: explicit now (or empty), shortest expiry in ms (or empty), then
-    /// every charge packed in one binary argument ([`CHARGE_BYTES`] each).
+    /// every charge packed in one binary argument ([`CHARGE_BYTES`] each),
+    /// and for a batch the charges per request (4 bytes each).
     pub args: Vec<Vec<u8>>,
-    /// Number of charges (the reply has `1 + 9 * charges` bytes).
+    /// Number of charges (the reply of one request has `1 + 9 * charges`
+    /// bytes).
     pub charges: usize,
+    /// Charges of each request of a batch, in order; empty for one request.
+    pub requests: Vec<usize>,
 }
+
+/// Why one request of a batch failed where the others did not: the Redis
+/// error the script caught for it (a `WRONGTYPE` read of one of its keys),
+/// exactly as the request's own call would have raised it.
+pub type BatchItemError = RedisError;
 
 impl ScriptCall {
     /// Encodes `charges` for the script. `now_us` is the explicit test clock
@@ -211,7 +221,116 @@ impl ScriptCall {
             keys: keys.into_iter().map(str::to_owned).collect(),
             args,
             charges: indexed.len(),
+            requests: Vec::new(),
         })
+    }
+
+    /// One call for several requests, each prepared alone by
+    /// [`ScriptCall::new`] with the same explicit `now_us` (and shortest
+    /// expiry): the keys of all of them once each (a key several requests
+    /// charge is read and written once), their charges one request after
+    /// the other with the key numbers of the batch, and the charges per
+    /// request (`ARGV[4]`). The script evaluates the requests in turn, each
+    /// as if alone (lua/request.lua, "Batch"). A single request stays its
+    /// own call, unchanged.
+    #[must_use]
+    pub fn batch(calls: &[&Self]) -> Self {
+        if let [one] = calls {
+            return (*one).clone();
+        }
+        let total: usize = calls.iter().map(|c| c.charges).sum();
+        let mut keys: Vec<String> = Vec::with_capacity(total);
+        let mut index: std::collections::HashMap<&str, usize> =
+            std::collections::HashMap::with_capacity(total);
+        let mut packed = Vec::with_capacity(CHARGE_BYTES * total);
+        let mut sizes = Vec::with_capacity(4 * calls.len());
+        let mut requests = Vec::with_capacity(calls.len());
+        // Per request: its key numbers in the batch.
+        let mut local: Vec<usize> = Vec::new();
+        for call in calls {
+            local.clear();
+            for k in &call.keys {
+                let next = index.len();
+                let i = *index.entry(k.as_str()).or_insert(next);
+                if i == next {
+                    keys.push(k.clone());
+                }
+                local.push(i + 1);
+            }
+            for charge in call.args[2].chunks_exact(CHARGE_BYTES) {
+                let head = u32::from_be_bytes([charge[0], charge[1], charge[2], charge[3]]);
+                let own = usize::try_from(head & 0x00ff_ffff).unwrap_or(0);
+                let key_no = local.get(own.wrapping_sub(1)).copied().unwrap_or(0);
+                let head =
+                    (head & 0xff00_0000) | u32::try_from(key_no.min(MAX_KEY_NO)).unwrap_or(0);
+                packed.extend_from_slice(&head.to_be_bytes());
+                packed.extend_from_slice(&charge[4..]);
+            }
+            sizes.extend_from_slice(
+                &u32::try_from(call.charges)
+                    .unwrap_or(u32::MAX)
+                    .to_be_bytes(),
+            );
+            requests.push(call.charges);
+        }
+        let first = calls.first().map(|c| c.args.as_slice()).unwrap_or_default();
+        let arg = |i: usize| first.get(i).cloned().unwrap_or_default();
+        Self {
+            keys,
+            args: vec![arg(0), arg(1), packed, sizes],
+            charges: total,
+            requests,
+        }
+    }
+
+    /// Parses the reply of a call made by [`ScriptCall::batch`] of several
+    /// requests: one outcome per request, in order (an error that only one
+    /// request met, as its own call would have raised it).
+    ///
+    /// # Errors
+    /// [`StorageError::Backend`] (`reply`) when the reply does not have the
+    /// documented shape.
+    pub fn parse_batch_reply(
+        &self,
+        reply: &Value,
+    ) -> Result<Vec<Result<RequestResult, BatchItemError>>, StorageError> {
+        let bad = |what: &str| {
+            StorageError::backend(
+                BackendKind::Reply,
+                format!("unexpected token bucket script batch reply ({what})"),
+            )
+        };
+        let Value::BulkString(bytes) = reply else {
+            return Err(bad("not a string"));
+        };
+        let mut out = Vec::with_capacity(self.requests.len());
+        let mut rest = bytes.as_slice();
+        for &n in &self.requests {
+            match rest.first() {
+                Some(0 | 1) => {
+                    let len = 1 + 9 * n;
+                    let Some(part) = rest.get(..len) else {
+                        return Err(bad("too short"));
+                    };
+                    out.push(Ok(parse_packed(part, n).map_err(&bad)?));
+                    rest = &rest[len..];
+                }
+                Some(2) => {
+                    let len = rest
+                        .get(1..3)
+                        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+                        .ok_or_else(|| bad("error length"))?;
+                    let text = rest.get(3..3 + len).ok_or_else(|| bad("error text"))?;
+                    out.push(Err(server_error(text)));
+                    rest = &rest[3 + len..];
+                }
+                _ => return Err(bad("request flag")),
+            }
+        }
+        if !rest.is_empty() {
+            return Err(bad("too long"));
+        }
+        Ok(out)
     }
 
     /// Sets the shortest expiry the script writes, in ms (0: none, exactly the
@@ -308,18 +427,23 @@ pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult
             format!("unexpected token bucket script reply ({what}): {reply:?}"),
         )
     };
-    // One packed string: the admitted byte, then per charge an enough byte
-    // and what is left as a big-endian i64 (lua/request.lua, "Reply").
     let Value::BulkString(bytes) = reply else {
         return Err(bad("not a string"));
     };
+    parse_packed(bytes, charges).map_err(bad)
+}
+
+/// One request's packed reply: the admitted byte, then per charge an enough
+/// byte and what is left as a big-endian i64 (lua/request.lua, "Reply");
+/// `Err` names what is wrong.
+fn parse_packed(bytes: &[u8], charges: usize) -> Result<RequestResult, &'static str> {
     if bytes.len() != 1 + 9 * charges {
-        return Err(bad("wrong length"));
+        return Err("wrong length");
     }
-    let flag = |b: u8, what: &str| match b {
+    let flag = |b: u8, what: &'static str| match b {
         0 => Ok(false),
         1 => Ok(true),
-        _ => Err(bad(what)),
+        _ => Err(what),
     };
     let admitted = flag(bytes[0], "admitted flag")?;
     let mut out = Vec::with_capacity(charges);
@@ -335,6 +459,26 @@ pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult
         admitted,
         charges: out,
     })
+}
+
+/// The Redis error of `text` (`WRONGTYPE Operation against ...`), as the
+/// client reports a server error reply with that text.
+fn server_error(text: &[u8]) -> RedisError {
+    let mut wire = Vec::with_capacity(text.len() + 3);
+    wire.push(b'-');
+    wire.extend(
+        text.iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
+    wire.extend_from_slice(b"\r\n");
+    match ::redis::parse_redis_value(&wire).and_then(Value::extract_error) {
+        Err(e) => e,
+        Ok(_) => RedisError::from((
+            ErrorKind::Extension,
+            "script error",
+            String::from_utf8_lossy(text).into_owned(),
+        )),
+    }
 }
 
 #[cfg(test)]

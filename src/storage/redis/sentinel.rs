@@ -33,6 +33,7 @@
 //! - While no master is known, the task retries every 250 ms; calls wait for
 //!   it within their own timeout.
 
+use super::batch::{BatchQueue, BatchTarget, Outcome, Queued};
 use super::breaker::CircuitBreaker;
 use super::errors::redact;
 use super::script::{BucketScript, ScriptCall};
@@ -48,6 +49,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
@@ -108,12 +110,13 @@ impl RedisBuilder<SentinelMaster> {
             .map_err(|e| invalid(redact(&e, secret.as_deref())))?;
         let (ready, _) = watch::channel(0u64);
         let storage = RedisSentinelStorage {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
                 master: Mutex::new(None),
                 wake: Notify::new(),
                 ready,
                 breaker: self.options.breaker(),
                 pipeline: self.pipeline(self.target.master_password.clone()),
+                queue: BatchQueue::spawn(me.clone()),
                 sentinel_secret: secret,
                 sentinels: shown,
                 master_name: self.target.master_name,
@@ -227,6 +230,8 @@ struct Inner {
     /// The calls (redacting the master's password from their errors).
     pipeline: Pipeline,
     breaker: CircuitBreaker,
+    /// The queue of the master's script calls (many requests per call).
+    queue: BatchQueue,
     /// The Sentinels' password (redacted from discovery errors).
     sentinel_secret: Option<String>,
     /// Sentinel addresses with passwords redacted, for logs.
@@ -487,11 +492,25 @@ impl ConnSource for Inner {
     }
 }
 
+impl BatchTarget for Inner {
+    fn call_batch<'a>(
+        &'a self,
+        batch: &'a [Queued],
+        connecting: &'a AtomicBool,
+    ) -> impl Future<Output = Vec<Outcome>> + Send + 'a {
+        self.pipeline
+            .call_batch(self, &self.breaker, batch, connecting)
+    }
+}
+
 #[async_trait]
 impl Storage for RedisSentinelStorage {
     async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
         let inner = &*self.inner;
-        inner.pipeline.apply(inner, &inner.breaker, charges).await
+        inner
+            .pipeline
+            .apply(inner, &inner.queue, &inner.breaker, charges)
+            .await
     }
 
     async fn report(

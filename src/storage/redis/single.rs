@@ -9,6 +9,7 @@
 //! restarted while idle) and closes the circuit breaker once Redis answers
 //! again. Every call goes through the shared [`Pipeline`].
 
+use super::batch::{BatchQueue, BatchTarget, Outcome, Queued};
 use super::breaker::CircuitBreaker;
 use super::errors::redact;
 use super::script::{BucketScript, ScriptCall};
@@ -23,6 +24,7 @@ use ::redis::{RedisError, Value};
 use async_trait::async_trait;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// The topology of [`RedisStorage`]: one node's URL.
@@ -81,11 +83,12 @@ impl RedisBuilder<SingleNode> {
         let conn =
             ConnectionManager::new_lazy_with_config(client, config).map_err(|e| invalid(&e))?;
         let storage = RedisStorage {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
                 conn,
                 breaker: self.options.breaker(),
                 url: redact_url(url),
                 pipeline: self.pipeline(secret),
+                queue: BatchQueue::spawn(me.clone()),
             }),
         };
         storage.spawn_health_task();
@@ -100,6 +103,8 @@ struct Inner {
     breaker: CircuitBreaker,
     /// The URL with its password redacted, for logs.
     url: String,
+    /// The queue of the script calls (many requests per call).
+    queue: BatchQueue,
 }
 
 /// Token buckets in one Redis node. Cheap to clone (shared state).
@@ -264,11 +269,25 @@ impl ConnSource for Inner {
     }
 }
 
+impl BatchTarget for Inner {
+    fn call_batch<'a>(
+        &'a self,
+        batch: &'a [Queued],
+        connecting: &'a AtomicBool,
+    ) -> impl Future<Output = Vec<Outcome>> + Send + 'a {
+        self.pipeline
+            .call_batch(self, &self.breaker, batch, connecting)
+    }
+}
+
 #[async_trait]
 impl Storage for RedisStorage {
     async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
         let inner = &*self.inner;
-        inner.pipeline.apply(inner, &inner.breaker, charges).await
+        inner
+            .pipeline
+            .apply(inner, &inner.queue, &inner.breaker, charges)
+            .await
     }
 
     async fn report(

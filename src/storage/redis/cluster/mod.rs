@@ -9,9 +9,11 @@
 //! and each script call carries the keys of exactly one slot, all in `KEYS`.
 //!
 //! # All-or-nothing across slots: reservation and refund
-//! A request whose keys all share one slot is one script call, exactly as on a
-//! single node (through the same `Pipeline`, with the
-//! slot's node as the connection source). Otherwise (`reserve`, written over
+//! A request whose keys all share one slot is evaluated in one script call,
+//! exactly as on a single node (through the same `Pipeline`, with the
+//! slot's node as the connection source; each slot has its own queue, so
+//! the requests of one slot that arrive while its call is in flight share
+//! the next call, `batch`). Otherwise (`reserve`, written over
 //! a "call one slot" trait and unit-tested with one memory backend per slot):
 //!
 //! 1. **Reserve.** Every slot that holds a consume charge gets one script call
@@ -97,6 +99,7 @@
 //! [`RedisStorage`](super::RedisStorage).
 
 use self::reserve::{SlotCall, SlotOutcome};
+use super::batch::{BatchQueue, BatchTarget, Outcome, Queued, lost};
 use super::breaker::CircuitBreaker;
 use super::errors::redact;
 use super::script::{BucketScript, ScriptCall};
@@ -114,8 +117,8 @@ use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -183,10 +186,12 @@ impl RedisBuilder<ClusterNodes> {
             message: redact(&e.to_string(), secret.as_deref()),
         })?;
         let storage = RedisClusterStorage {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
+                me: me.clone(),
                 conn: RwLock::new(None),
                 refresh: Notify::new(),
                 breakers: Mutex::new(HashMap::new()),
+                queues: Mutex::new(HashMap::new()),
                 options: self.options.clone(),
                 pipeline: self.pipeline(secret),
                 compensations: AtomicU64::new(0),
@@ -210,11 +215,16 @@ impl std::fmt::Debug for Conn {
 
 #[derive(Debug)]
 struct Inner {
+    /// This backend, for the batching tasks of its slots.
+    me: Weak<Inner>,
     conn: RwLock<Option<Conn>>,
     /// Wakes the connection task to reconnect (fresh slot map).
     refresh: Notify,
     /// One breaker per hash slot, made on first use (at most [`SLOTS`]).
     breakers: Mutex<HashMap<u16, Arc<CircuitBreaker>>>,
+    /// One queue of script calls per hash slot (many requests per call),
+    /// made on first use, with what its task serves.
+    queues: Mutex<HashMap<u16, (Arc<SlotBatch>, BatchQueue)>>,
     /// The options the breakers are made with.
     options: super::RedisOptions,
     pipeline: Pipeline,
@@ -383,14 +393,41 @@ impl Inner {
             .ok_or_else(|| StorageError::unreachable("not connected to the Redis Cluster yet"))
     }
 
-    /// One atomic script call for `charges`, all in hash slot `slot`, through
-    /// the shared pipeline with the slot's own breaker (asked beforehand, by
-    /// the request).
+    /// The queue of script calls of `slot`, made on first use.
+    fn queue(&self, slot: u16) -> BatchQueue {
+        self.queues
+            .lock()
+            .entry(slot)
+            .or_insert_with(|| {
+                let target = Arc::new(SlotBatch {
+                    inner: self.me.clone(),
+                    slot,
+                });
+                let queue = BatchQueue::spawn(Arc::downgrade(&target));
+                (target, queue)
+            })
+            .1
+            .clone()
+    }
+
+    /// `charges`, all in hash slot `slot`, evaluated atomically in the
+    /// slot's next script call (with the other requests queued for that
+    /// slot meanwhile), through the shared pipeline with the slot's own
+    /// breaker (asked beforehand, by the request). The timeout counts from
+    /// now.
     async fn call_slot(&self, slot: u16, charges: &[Charge], now_us: Option<u64>) -> SlotOutcome {
+        let deadline = tokio::time::Instant::now() + self.pipeline.timeout;
         let call = ScriptCall::new(charges, now_us)?;
         let breaker = self.breaker(slot);
+        let queue = self.queue(slot);
         self.pipeline
-            .call(&SlotSource { inner: self, slot }, &breaker, &call)
+            .queued(
+                &SlotSource { inner: self, slot },
+                &queue,
+                &breaker,
+                call,
+                deadline,
+            )
             .await
     }
 
@@ -471,6 +508,31 @@ impl ConnSource for SlotSource<'_> {
         {
             self.inner.refresh.notify_one();
         }
+    }
+}
+
+/// What the batching task of one hash slot serves: the slot's script calls,
+/// on the backend while it lives.
+#[derive(Debug)]
+struct SlotBatch {
+    inner: Weak<Inner>,
+    slot: u16,
+}
+
+impl BatchTarget for SlotBatch {
+    async fn call_batch(&self, batch: &[Queued], connecting: &AtomicBool) -> Vec<Outcome> {
+        let Some(inner) = self.inner.upgrade() else {
+            return batch.iter().map(|_| (Err(lost()), false)).collect();
+        };
+        let breaker = inner.breaker(self.slot);
+        let source = SlotSource {
+            inner: &inner,
+            slot: self.slot,
+        };
+        inner
+            .pipeline
+            .call_batch(&source, &breaker, batch, connecting)
+            .await
     }
 }
 
