@@ -185,7 +185,7 @@ pub struct Rule {
     pub metric_levels: Option<Vec<MetricLevel>>,
     /// The levels from the top of the tree down to this rule, always: what
     /// a reload needs to name the storage keys of this rule's buckets
-    /// ([`crate::storage::key::rule_prefix`]).
+    /// ([`crate::storage::key::rule_prefixes`]).
     pub levels: Arc<[MetricLevel]>,
     /// File the rule came from and its line, for `/rlconfig`.
     pub source: String,

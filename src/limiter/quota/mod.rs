@@ -69,7 +69,8 @@ pub struct Bounds {
     /// Bytes of one entry's key or value (256).
     pub max_text_bytes: usize,
     /// Bytes of bucket state every stream of the process may hold together
-    /// (64 MiB), counted by [`track_cost`]: past it a report that adds
+    /// (64 MiB), each bucket counted as 512 bytes plus three times its
+    /// id's text: past it a report that adds
     /// buckets ends its stream with `RESOURCE_EXHAUSTED`, so that many
     /// streams, each within its own bounds, cannot take the process's
     /// memory together.
@@ -212,7 +213,7 @@ pub struct Quotas {
     clock: Arc<dyn Clock>,
     unmatched: Unmatched,
     bounds: Bounds,
-    /// Bytes of bucket state all streams hold ([`track_cost`]).
+    /// Bytes of bucket state all streams hold (`track_cost`).
     held_bytes: AtomicU64,
 }
 
