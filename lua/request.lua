@@ -170,9 +170,12 @@ else
   end
 end
 
-local absent, na = {}, 0
+local absent, na = nil, 0
 for i = 1, nk do
   if not vals[i] then
+    if na == 0 then
+      absent = {}
+    end
     na = na + 1
     absent[na] = KEYS[i]
   end
@@ -186,6 +189,53 @@ for i = 1, na, 512 do
   if rcall('EXISTS', unpack(absent, i, j)) > 0 then
     foreign = true
   end
+end
+
+-- A call of one request with one charge, every call at low load: the
+-- one-charge path of `run` below, inline, with its write (making the
+-- functions below costs more than this path's own work).
+if not batch and #ARGV[3] == 32 then
+  local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', ARGV[3], 1)
+  local alg = ALGORITHMS[a]
+  local s = vals[k]
+  if not s and foreign then
+    -- Missing, or another type: GET tells them apart (WRONGTYPE).
+    s = rcall('GET', KEYS[k])
+  end
+  local low = flags % 4
+  local w, stale = alg[READ](s, p1, p2, p3, now)
+  local after, ok, changed, stands
+  if low % 2 == 1 then
+    after, changed = alg[REFUND](w, cost, p1, p2, p3)
+    ok = true
+  else
+    after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, (flags - low) / 4)
+  end
+  local admitted = ok or low >= 2
+  local level
+  if (admitted and changed) or (not admitted and stands) then
+    level = after
+  elseif stale then
+    level = w
+  end
+  if level ~= nil then
+    local value, ttl = alg[ENCODE](level, now, p1, p2, p3)
+    if value == nil then
+      rcall('DEL', KEYS[k])
+    else
+      if ttl < min_ttl then
+        ttl = min_ttl
+      end
+      if ttl > MAX_TTL_MS then
+        ttl = MAX_TTL_MS
+      end
+      rcall('SET', KEYS[k], value, 'PX', string.format('%d', ttl))
+    end
+  end
+  if admitted then
+    return spack('>BBi8', 1, ok and 1 or 0, alg[REPORT](after))
+  end
+  return spack('>BBi8', 0, 0, alg[REPORT](w))
 end
 
 -- Per key k (index into KEYS): its stored string as read (CUR[k], false:
@@ -243,72 +293,35 @@ local function put(k, alg, p1, p2, p3, level)
   PL[k], PK[k], PA[k], P1[k], P2[k], P3[k] = level, alg[KEPT](level, p1, p2, p3), alg, p1, p2, p3
 end
 
--- The working tables of the request being evaluated (general path), per
--- key k (index into KEYS): the stored string RAW[k] (false: missing), the
--- working level W[k] and whether it changed (DIRTY[k]), the algorithm and
--- limit of its last charge (LA, L1, L2, L3), the level after only the
--- charges that stand (DW[k], written when the request is denied), and for a
--- key stored after now the level read before any charge (STALE[k]); the
--- request's keys in RK; per charge c its key KEY[c] and whether it had
--- enough (ENOUGH[c]); the reply's values (REPLY). Emptied after each
--- request (`clear`), so each request starts from nothing, as alone.
-local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = {}, {}, {}, {}, {}, {}, {}, {}, {}
-local RK, KEY, ENOUGH, REPLY = {}, {}, {}, {}
--- Reply formats by number of charges.
-local FORMATS = {}
-
--- Empties the working tables of the request's nr keys (the per-charge
--- tables are overwritten by the next request).
-local function clear(nr)
-  for i = 1, nr do
-    local k = RK[i]
-    RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k] =
-      nil, nil, nil, nil, nil, nil, nil, nil, nil
-  end
-end
-
--- One request of n charges starting at byte `first` of ARGV[3]: its reply
--- (see the header), or nil and the error of reading one of its keys.
+-- The working tables of a request with several charges, per key k (index
+-- into KEYS): the stored string RAW[k] (false: missing), the working level
+-- W[k] and whether it changed (DIRTY[k]), the algorithm and limit of its
+-- last charge (LA, L1, L2, L3), the level after only the charges that
+-- stand (DW[k], written when the request is denied), and for a key stored
+-- after now the level read before any charge (STALE[k]); the request's
+-- keys in RK; per charge c its key KEY[c] and whether it had enough
+-- (ENOUGH[c]); the reply's values (REPLY); reply formats by number of
+-- charges (FORMATS). Made by the first such request of the call (WT holds
+-- them: a function with many upvalues costs more to make on every call),
+-- emptied after each request, so each request starts from nothing, as
+-- alone.
+local WT
 local packed = ARGV[3]
-local function run(first, n)
-  if n == 1 then
-    -- One charge (the usual request): the general path below without its
-    -- tables.
-    local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
-    local alg = ALGORITHMS[a]
-    local s, err = stored(k)
-    if s == nil then
-      return nil, err
-    end
-    local low = flags % 4
-    local w, stale = readk(alg, k, s, p1, p2, p3)
-    local after, ok, changed, stands
-    if low % 2 == 1 then
-      after, changed = alg[REFUND](w, cost, p1, p2, p3)
-      ok = true
-    else
-      after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, (flags - low) / 4)
-    end
-    if ok or low >= 2 then
-      if changed then
-        put(k, alg, p1, p2, p3, after)
-      elseif stale then
-        put(k, alg, p1, p2, p3, w)
-      end
-      return spack('>BBi8', 1, ok and 1 or 0, alg[REPORT](after))
-    end
-    if stands then
-      put(k, alg, p1, p2, p3, after)
-    elseif stale then
-      put(k, alg, p1, p2, p3, w)
-    end
-    return spack('>BBi8', 0, 0, alg[REPORT](w))
-  end
 
-  -- The general path, in the tables below (made once per call, emptied
-  -- after each request: no table is built per request).
+-- One request of n charges (n other than 1) starting at byte `first` of
+-- ARGV[3]: its reply (see the header), or nil and the error of reading one
+-- of its keys.
+local function general(first, n)
+  local t = WT
+  if t == nil then
+    t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
+    WT = t
+  end
+  local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]
+  local RK, KEY, ENOUGH, REPLY, FORMATS = t[10], t[11], t[12], t[13], t[14]
   local admitted = true
   local nr = 0
+  local failed
   local pos = first
   for c = 1, n do
     local a, k, p1, p2, p3, cost, flags
@@ -323,8 +336,8 @@ local function run(first, n)
     if w == nil then
       local s, err = stored(k)
       if s == nil then
-        clear(nr)
-        return nil, err
+        failed = err
+        break
       end
       nr = nr + 1
       RK[nr] = k
@@ -374,52 +387,102 @@ local function run(first, n)
     W[k] = w
   end
 
-  -- (`RK` lists every key of the request.)
-  local reply = REPLY
-  if admitted then
-    reply[1] = 1
-    for i = 1, nr do
-      local k = RK[i]
-      if DIRTY[k] then
-        put(k, LA[k], L1[k], L2[k], L3[k], W[k])
-      elseif STALE[k] then
-        put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
+  local out
+  if failed == nil then
+    -- (`RK` lists every key of the request.)
+    local reply = REPLY
+    if admitted then
+      reply[1] = 1
+      for i = 1, nr do
+        local k = RK[i]
+        if DIRTY[k] then
+          put(k, LA[k], L1[k], L2[k], L3[k], W[k])
+        elseif STALE[k] then
+          put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
+        end
+      end
+      for c = 1, n do
+        local k = KEY[c]
+        reply[2 * c] = ENOUGH[c]
+        reply[2 * c + 1] = LA[k][REPORT](W[k])
+      end
+    else
+      reply[1] = 0
+      -- What each key had before the request, under each charge's own limit
+      -- (read before this request's writes).
+      pos = first
+      for c = 1, n do
+        local a, k, p1, p2, p3
+        a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
+        pos = pos + 32
+        local alg = ALGORITHMS[a]
+        reply[2 * c] = ENOUGH[c]
+        reply[2 * c + 1] = alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)))
+      end
+      for i = 1, nr do
+        local k = RK[i]
+        if DW[k] then
+          put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
+        elseif STALE[k] then
+          put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
+        end
       end
     end
-    for c = 1, n do
-      local k = KEY[c]
-      reply[2 * c] = ENOUGH[c]
-      reply[2 * c + 1] = LA[k][REPORT](W[k])
+    local fmt = FORMATS[n]
+    if fmt == nil then
+      fmt = '>B' .. string.rep('Bi8', n)
+      FORMATS[n] = fmt
     end
+    out = spack(fmt, unpack(reply, 1, 2 * n + 1))
+  end
+  -- Empty the working tables for the next request.
+  for i = 1, nr do
+    local k = RK[i]
+    RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k] =
+      nil, nil, nil, nil, nil, nil, nil, nil, nil
+  end
+  if failed ~= nil then
+    return nil, failed
+  end
+  return out
+end
+
+-- One request of n charges starting at byte `first` of ARGV[3]: its reply
+-- (see the header), or nil and the error of reading one of its keys.
+local function run(first, n)
+  if n ~= 1 then
+    return general(first, n)
+  end
+  -- One charge (the usual request): the general path without its tables.
+  local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
+  local alg = ALGORITHMS[a]
+  local s, err = stored(k)
+  if s == nil then
+    return nil, err
+  end
+  local low = flags % 4
+  local w, stale = readk(alg, k, s, p1, p2, p3)
+  local after, ok, changed, stands
+  if low % 2 == 1 then
+    after, changed = alg[REFUND](w, cost, p1, p2, p3)
+    ok = true
   else
-    reply[1] = 0
-    -- What each key had before the request, under each charge's own limit
-    -- (read before this request's writes).
-    pos = first
-    for c = 1, n do
-      local a, k, p1, p2, p3
-      a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
-      pos = pos + 32
-      local alg = ALGORITHMS[a]
-      reply[2 * c] = ENOUGH[c]
-      reply[2 * c + 1] = alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)))
-    end
-    for i = 1, nr do
-      local k = RK[i]
-      if DW[k] then
-        put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
-      elseif STALE[k] then
-        put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
-      end
-    end
+    after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, (flags - low) / 4)
   end
-  clear(nr)
-  local fmt = FORMATS[n]
-  if fmt == nil then
-    fmt = '>B' .. string.rep('Bi8', n)
-    FORMATS[n] = fmt
+  if ok or low >= 2 then
+    if changed then
+      put(k, alg, p1, p2, p3, after)
+    elseif stale then
+      put(k, alg, p1, p2, p3, w)
+    end
+    return spack('>BBi8', 1, ok and 1 or 0, alg[REPORT](after))
   end
-  return spack(fmt, unpack(reply, 1, 2 * n + 1))
+  if stands then
+    put(k, alg, p1, p2, p3, after)
+  elseif stale then
+    put(k, alg, p1, p2, p3, w)
+  end
+  return spack('>BBi8', 0, 0, alg[REPORT](w))
 end
 
 -- Stores what the requests left: each key written once, with the expiry

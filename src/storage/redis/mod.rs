@@ -420,6 +420,9 @@ impl Pipeline {
         deadline: tokio::time::Instant,
     ) -> Result<RequestResult, StorageError> {
         let started = Instant::now();
+        // The client span is the request's (a child of its server span),
+        // from its queueing to its answer.
+        let span = crate::otel::RedisSpan::start(call.keys.len());
         let answer = queue.push(call);
         let (result, sent) = match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(outcome)) => outcome,
@@ -431,6 +434,9 @@ impl Pipeline {
             Ok(_) => breaker.success(),
             Err(e) if sent && e.is_transient() => breaker.failure_of_call_started(started),
             Err(_) => {}
+        }
+        if let Some(span) = span {
+            span.end(result.as_ref().err().map(|e| e as &dyn std::fmt::Display));
         }
         result
     }
@@ -503,7 +509,6 @@ impl Pipeline {
     ) -> Vec<batch::Outcome> {
         let calls: Vec<&ScriptCall> = batch.iter().map(|q| &q.call).collect();
         let call = ScriptCall::batch(&calls);
-        let span = crate::otel::RedisSpan::start(call.keys.len());
         let (tag, reply) = match self.exchange(source, &call, Some(connecting)).await {
             Ok(sent) => sent,
             // Nothing was sent.
@@ -535,9 +540,6 @@ impl Pipeline {
             }),
         };
         source.after(tag, &overall, breaker);
-        if let Some(span) = span {
-            span.end(overall.as_ref().err().map(|e| e as &dyn std::fmt::Display));
-        }
         outcomes.into_iter().map(|o| (o, true)).collect()
     }
 
