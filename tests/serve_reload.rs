@@ -136,7 +136,12 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
         (rlconfig().await["domains"][0]["rules"][0]["requests_per_unit"] == 9).then_some(())
     })
     .await;
-    assert_eq!(log_lines(&svc, "good again"), 1);
+    // The log line follows the swap: waited for, then counted once.
+    eventually(Duration::from_secs(5), "the 'good again' log line", || async {
+        (log_lines(&svc, "good again") > 0).then_some(())
+    })
+    .await;
+    assert_eq!(log_lines(&svc, "good again"), 1, "logged once");
     let metrics = request(svc.http, "GET", "/metrics", None).await.body;
     assert_eq!(
         gauge(&metrics, "bucket_rls_config_last_reload_successful"),
