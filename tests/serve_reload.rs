@@ -137,9 +137,11 @@ async fn reload_sighup_and_json_logs_in_the_binary() {
     })
     .await;
     // The log line follows the swap: waited for, then counted once.
-    eventually(Duration::from_secs(5), "the 'good again' log line", || async {
-        (log_lines(&svc, "good again") > 0).then_some(())
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the 'good again' log line",
+        || async { (log_lines(&svc, "good again") > 0).then_some(()) },
+    )
     .await;
     assert_eq!(log_lines(&svc, "good again"), 1, "logged once");
     let metrics = request(svc.http, "GET", "/metrics", None).await.body;
