@@ -522,6 +522,49 @@ async fn one_script_call_per_request() {
     println!("{}", report.join("\n"));
 }
 
+/// The first request may reach Redis before the startup `SCRIPT LOAD`:
+/// its `NOSCRIPT` is the first load, not a lost script, so the request
+/// after it is one `EVALSHA` (no second clock check, no cache clearing).
+/// A `NOSCRIPT` once the script has run (here `SCRIPT FLUSH`) is a lost
+/// script: the call after it checks the script's clock again (one `EVAL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_script_lost_after_it_ran_checks_the_clock_again() {
+    let server = RedisServer::start();
+    let s = storage(&server);
+    let sha = bucket_rls::storage::redis::script::BucketScript::new()
+        .sha()
+        .to_owned();
+    // The startup load has run (it runs once), so it cannot follow the flush.
+    common::eventually::eventually(Duration::from_secs(10), "the startup script load", || {
+        let exists: Vec<i64> = server.query(redis::cmd("SCRIPT").arg("EXISTS").arg(&sha));
+        async move { (exists == [1]).then_some(()) }
+    })
+    .await;
+    let l = limiter(MANY, s.clone(), &unique_prefix("first"));
+    // As if the first request had beaten the startup load.
+    let _: () = server.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    assert_eq!(call(&l, "many", &[("d", "a")], 1).await.overall_code, OK);
+    let sent = |server: &RedisServer| {
+        let all = server.all_command_calls();
+        let n = |name: &str| all.iter().find(|(c, _)| c == name).map_or(0, |(_, n)| *n);
+        (n("evalsha"), n("eval"))
+    };
+    let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
+    assert_eq!(call(&l, "many", &[("d", "a")], 1).await.overall_code, OK);
+    assert_eq!(sent(&server), (1, 0), "after the first load: one EVALSHA");
+    // Lost after it ran: NOSCRIPT, SCRIPT LOAD, EVALSHA again; the next call
+    // checks the clock first.
+    let _: () = server.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    assert_eq!(call(&l, "many", &[("d", "a")], 1).await.overall_code, OK);
+    let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
+    assert_eq!(call(&l, "many", &[("d", "a")], 1).await.overall_code, OK);
+    assert_eq!(
+        sent(&server),
+        (1, 1),
+        "after a lost script: the clock check, then EVALSHA"
+    );
+}
+
 const COSTS: &str = r"
 domain: cost
 descriptors:

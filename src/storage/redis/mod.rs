@@ -719,23 +719,29 @@ impl Pipeline {
     }
 
     /// Teaches the local cache Redis's answer to `charges`, sent at
-    /// `sent_us` and received now.
-    /// A `NOSCRIPT` since the last call (Redis restarted, failed over or
-    /// flushed its scripts) clears the cache first.
+    /// `sent_us` and received now, after [`Self::note_reloads`].
     pub(crate) fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64) {
+        self.note_reloads();
         if let Some(cache) = &self.cache {
-            let reloads = self.script.reloads();
-            if self
-                .seen_reloads
-                .swap(reloads, std::sync::atomic::Ordering::Relaxed)
-                != reloads
-            {
-                cache.clear();
-                // A node without the script: restarted, failed over or
-                // another engine; its clock is checked again.
-                self.clock.forget();
-            }
             cache.record_between(charges, result, sent_us, self.local_now_us());
+        }
+    }
+
+    /// A `NOSCRIPT` since the last call (Redis restarted, failed over or
+    /// flushed its scripts; not the first load of the script) clears the
+    /// local cache and makes the next call check the script's clock again:
+    /// the node may be another. With or without a cache.
+    pub(crate) fn note_reloads(&self) {
+        let reloads = self.script.reloads();
+        if self
+            .seen_reloads
+            .swap(reloads, std::sync::atomic::Ordering::Relaxed)
+            != reloads
+        {
+            if let Some(cache) = &self.cache {
+                cache.clear();
+            }
+            self.clock.forget();
         }
     }
 

@@ -57,8 +57,11 @@ const FLAG_SHADOW: u8 = 2;
 #[derive(Clone, Debug)]
 pub struct BucketScript {
     sha: String,
-    /// `NOSCRIPT` reloads so far (shared by clones).
+    /// `NOSCRIPT` replies after the script had run (shared by clones).
     reloads: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Whether an `EVALSHA` of it has succeeded yet (shared by clones): a
+    /// `NOSCRIPT` before that is the first load, not a lost script.
+    ran: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for BucketScript {
@@ -74,12 +77,15 @@ impl BucketScript {
         Self {
             sha: ::redis::Script::new(SOURCE).get_hash().to_owned(),
             reloads: std::sync::Arc::default(),
+            ran: std::sync::Arc::default(),
         }
     }
 
-    /// `NOSCRIPT` replies seen so far: each means Redis restarted, failed
-    /// over or flushed its scripts, so what it said about buckets before may
-    /// no longer hold.
+    /// `NOSCRIPT` replies seen since the script first ran: each means Redis
+    /// restarted, failed over or flushed its scripts, so what it said about
+    /// buckets before may no longer hold. A `NOSCRIPT` before the script
+    /// ever ran (the first request beat the startup `SCRIPT LOAD`) is not
+    /// counted: nothing was said before it.
     #[must_use]
     pub fn reloads(&self) -> u64 {
         self.reloads.load(std::sync::atomic::Ordering::Relaxed)
@@ -105,18 +111,26 @@ impl BucketScript {
         conn: &mut C,
         call: &ScriptCall,
     ) -> Result<Value, RedisError> {
+        use std::sync::atomic::Ordering;
         let first = self.evalsha_cmd(call).query_async::<Value>(conn).await;
-        match first {
+        let reply = match first {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
-                self.reloads
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::info!("Redis lost the token bucket script (NOSCRIPT); loading it again");
+                if self.ran.load(Ordering::Relaxed) {
+                    self.reloads.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        "Redis lost the token bucket script (NOSCRIPT); loading it again"
+                    );
+                }
                 let _: String = Self::load_cmd().query_async(conn).await?;
                 self.evalsha_cmd(call).query_async::<Value>(conn).await
             }
             other => other,
+        };
+        if reply.is_ok() {
+            self.ran.store(true, Ordering::Relaxed);
         }
+        reply
     }
 
     /// Loads the script into the script cache (`SCRIPT LOAD`), e.g. at startup.

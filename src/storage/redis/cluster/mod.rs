@@ -361,6 +361,7 @@ impl Inner {
     /// been given back, so the request's buckets are forgotten instead of
     /// cached as short. A compensation also forgets the buckets it refunded.
     fn record(&self, charges: &[Charge], result: &RequestResult, sent_us: u64, epoch: u64) {
+        self.pipeline.note_reloads();
         let Some(cache) = self.pipeline.cache() else {
             return;
         };
