@@ -469,6 +469,7 @@ async fn one_script_call_per_request() {
     let l = limiter(MANY, s.clone(), &unique_prefix("cmds"));
     // Warm-up: connection, script load, startup checks.
     let _ = call(&l, "many", &[("d", "warm")], 1).await;
+    server.wait_startup_checks();
     let mut report = Vec::new();
     for n in [1usize, 5, 20] {
         // First new buckets, then the same ones again.

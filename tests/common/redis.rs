@@ -193,6 +193,22 @@ impl RedisServer {
             })
             .collect()
     }
+
+    /// Waits until a backend's startup checks have run on this server (its
+    /// health task loads the script, then reads the eviction policy with
+    /// `CONFIG GET`), so that command counts taken after it are not raced
+    /// by them. Panics after 10 s.
+    pub fn wait_startup_checks(&self) {
+        super::eventually::eventually_blocking(
+            Duration::from_secs(10),
+            "the backend's startup checks (CONFIG GET maxmemory-policy)",
+            || {
+                self.all_command_calls()
+                    .iter()
+                    .any(|(c, n)| c == "config|get" && *n > 0)
+            },
+        );
+    }
 }
 
 impl Drop for RedisServer {
