@@ -180,7 +180,7 @@ fn a_config_of_100000_rules_loads_and_matches() {
         .to_string();
     assert!(
         e.contains("big.yaml:233336:")
-            && e.contains("descriptors[77777].rate_limit")
+            && e.contains("descriptors[77777](key=user, value=u77777).rate_limit: ")
             && e.contains("bad unit 'minnute'"),
         "{e}"
     );

@@ -190,7 +190,7 @@ fn invalid_config_refuses_to_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("invalid config")
-            && err.contains("descriptors[0].rate_limit")
+            && err.contains("descriptors[0](key=remote_address).rate_limit: ")
             && err.contains("unknown key 'unlimied'"),
         "{err}"
     );
@@ -224,13 +224,13 @@ fn check_config_prints_every_problem_and_sets_the_exit_code() {
     let bad_name = bad.path().display().to_string();
     assert!(
         err.contains(&format!(
-            "{bad_name}:4: descriptors[0].rate_limit: bad unit 'fortnight'"
+            "{bad_name}:4: descriptors[0](key=a).rate_limit: bad unit 'fortnight'"
         )),
         "{err}"
     );
     assert!(
         err.contains(&format!(
-            "{bad_name}:5: descriptors[1]: descriptor without 'key'"
+            "{bad_name}:5: descriptors[1](value=b): descriptor without 'key'"
         )),
         "{err}"
     );

@@ -290,7 +290,7 @@ mod tests {
         ));
         let err = String::from_utf8(err).expect("UTF-8");
         assert!(
-            err.contains("c: descriptors[0].rate_limit: bad unit 'UNKNOWN'"),
+            err.contains("c: descriptors[0](key=k).rate_limit: bad unit 'UNKNOWN'"),
             "{err}"
         );
     }

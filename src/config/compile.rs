@@ -85,6 +85,63 @@ fn source_of(file: &str, line: Option<u32>) -> String {
     }
 }
 
+/// Most characters of a descriptor's key or of its value that an error path
+/// shows ([`descriptor_path`]); a longer one is cut there and marked with `…`.
+pub const MAX_PATH_TEXT_CHARS: usize = 64;
+
+/// The path of the descriptor at `index` of the list at `list`, naming what
+/// is known of it: `descriptors[1](key=user, value=gold)`, a key-only
+/// descriptor `descriptors[1](key=user)`, one without a key
+/// `descriptors[1](value=gold)`, one with neither `descriptors[1]`. `list` is
+/// `descriptors` at the top and the parent's path plus `.descriptors` below
+/// it, so every level of a nested path names its own key and value.
+///
+/// The same builder serves file loads, `check-config` (files and xDS dumps)
+/// and pushed xDS resources, so an error reads alike in the log, a NACK and
+/// `/rlconfig`. Key and value are operator text: each shows at most
+/// [`MAX_PATH_TEXT_CHARS`] characters, and one that is empty or holds
+/// anything but letters, digits and ASCII punctuation other than `(),='"\`
+/// (a space, a control character, an invisible one) is shown quoted and
+/// escaped, as Rust's `{:?}` writes it (`value=""`, `value="a b"`).
+#[must_use]
+pub fn descriptor_path(list: &str, index: usize, key: Option<&str>, value: Option<&str>) -> String {
+    let mut out = format!("{list}[{index}]");
+    let parts: Vec<String> = [("key", key), ("value", value)]
+        .into_iter()
+        .filter_map(|(name, text)| text.map(|t| format!("{name}={}", path_text(t))))
+        .collect();
+    if !parts.is_empty() {
+        out.push('(');
+        out.push_str(&parts.join(", "));
+        out.push(')');
+    }
+    out
+}
+
+/// `text` as [`descriptor_path`] shows it: at most [`MAX_PATH_TEXT_CHARS`]
+/// characters (then `…`), quoted and escaped unless plain.
+fn path_text(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text.chars().all(|c| {
+            c.is_alphanumeric()
+                || (c.is_ascii_punctuation()
+                    && !matches!(c, '(' | ')' | ',' | '=' | '"' | '\'' | '\\'))
+        });
+    let (shown, cut) = match text.char_indices().nth(MAX_PATH_TEXT_CHARS) {
+        Some((end, _)) => (&text[..end], true),
+        None => (text, false),
+    };
+    let mut out = if plain {
+        shown.to_owned()
+    } else {
+        format!("{shown:?}")
+    };
+    if cut {
+        out.push('…');
+    }
+    out
+}
+
 /// The key of `known` nearest to `name` when it is a near miss: at most two
 /// single-character edits (insert, delete, replace, or swap of neighbours)
 /// and fewer than half of `name`'s characters, ties to the first in `known`.
@@ -361,7 +418,12 @@ fn compile_level(
 ) {
     let mut siblings: HashMap<(String, Option<String>), (Option<u32>, String)> = HashMap::new();
     for (i, d) in descs.iter().enumerate() {
-        let here = format!("{path}[{i}]");
+        let here = descriptor_path(
+            path,
+            i,
+            d.key.as_ref().map(|k| k.value.as_str()),
+            d.value.as_ref().map(|v| v.value.as_str()),
+        );
         cx.stray(&d.stray, &here, DESCRIPTOR_KEYS);
         let Some(key) = d.key.as_ref().filter(|k| !k.value.is_empty()) else {
             cx.err(d.line, &here, "descriptor without 'key'");

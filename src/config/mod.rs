@@ -450,7 +450,10 @@ pub struct ConfigError {
     pub file: String,
     /// 1-based line, when the parser could give one.
     pub line: Option<u32>,
-    /// Descriptor path, e.g. `descriptors[0].rate_limit`; empty for file-level errors.
+    /// Descriptor path, each level named by its index, key and value
+    /// ([`compile::descriptor_path`]), e.g.
+    /// `descriptors[0](key=user, value=gold).rate_limit`; empty for
+    /// file-level errors.
     pub path: String,
     /// What was wrong.
     pub message: String,

@@ -247,7 +247,7 @@ pub async fn misspelt_key_never_loads_and_a_bad_reload_keeps_the_old_config(b: &
     assert!(
         err.contains("edge.yaml")
             && err.contains("unknown key 'unlimied'")
-            && err.contains("descriptors[0].descriptors[0].rate_limit"),
+            && err.contains("descriptors[0](key=remote_address, value=10.0.0.7).descriptors[0](key=api_path, value=/api).rate_limit: "),
         "{err}"
     );
     let c = Case::new(b, v1).await;

@@ -84,10 +84,97 @@ fn misspelt_key_in_rate_limit() {
         yaml,
         &[
             "edge.yaml:9:",
-            "descriptors[0].descriptors[0].rate_limit",
+            "descriptors[0](key=remote_address, value=10.0.0.7).descriptors[0](key=api_path, value=/api).rate_limit",
             "unknown key 'unlimied': did you mean 'unlimited'?",
         ],
     );
+}
+
+/// Every level of an error's path names its descriptor's key and value
+/// (a wildcard as written, a key-only level by its key), not only its index.
+#[test]
+fn a_nested_error_path_names_each_levels_key_and_value() {
+    let yaml = "domain: edge
+descriptors:
+  - key: tenant
+    value: other
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: path
+        value: /api/*
+        descriptors:
+          - key: user
+            rate_limit:
+              unit: second
+              requests_per_unit: 5
+              brust: 10
+";
+    let e = one_error("edge.yaml", yaml, &[]);
+    assert_eq!(
+        e,
+        "edge.yaml:16: descriptors[1](key=tenant, value=acme).descriptors[0](key=path, value=/api/*).descriptors[0](key=user).rate_limit: unknown key 'brust': did you mean 'burst'? (expected one of: unit, requests_per_unit, burst, max_debt, name, unlimited, replaces)"
+    );
+}
+
+/// Keys and values are operator text: one longer than 64 characters is cut
+/// (marked with `…`), so an error line stays short whatever the file holds.
+#[test]
+fn a_very_long_key_or_value_is_cut_in_the_error_path() {
+    let (key, value) = ("k".repeat(100), "v".repeat(100_000));
+    let yaml = format!(
+        "domain: d\ndescriptors:\n  - key: {key}\n    value: {value}\n    rate_limit: {{unit: fortnight, requests_per_unit: 1}}\n"
+    );
+    let e = one_error("t.yaml", &yaml, &[]);
+    assert_eq!(
+        e,
+        format!(
+            "t.yaml:5: descriptors[0](key={}…, value={}…).rate_limit: bad unit 'fortnight': expected second, minute, hour, day, week, month or year",
+            "k".repeat(64),
+            "v".repeat(64)
+        )
+    );
+    // 64 characters, not bytes: a multi-byte value is cut on a character.
+    let yaml = format!(
+        "domain: d\ndescriptors:\n  - key: k\n    value: {}\n    shadow_mode: maybe\n",
+        "é".repeat(65)
+    );
+    let e = one_error("t.yaml", &yaml, &[]);
+    assert!(
+        e.starts_with(&format!(
+            "t.yaml:5: descriptors[0](key=k, value={}…): shadow_mode: ",
+            "é".repeat(64)
+        )),
+        "{e}"
+    );
+}
+
+/// A key or value that is empty, holds a space, a control or invisible
+/// character, or the path's own punctuation is shown quoted and escaped, so
+/// the path stays one line and reads one way.
+#[test]
+fn a_key_or_value_that_is_not_plain_text_is_quoted_in_the_error_path() {
+    for (value, shown) in [
+        ("\"a b\"", "\"a b\""),
+        ("\"x=1, y)\"", "\"x=1, y)\""),
+        ("\"line\\nbreak\"", "\"line\\nbreak\""),
+        ("\"\\u202Eevil\"", "\"\\u{202e}evil\""),
+        ("'say \"hi\"'", "\"say \\\"hi\\\"\""),
+        ("10.0.0.0/8", "10.0.0.0/8"),
+        ("Zürich", "Zürich"),
+    ] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    value: {value}\n    shadow_mode: maybe\n"
+        );
+        one_error(
+            "t.yaml",
+            &yaml,
+            &[&format!(
+                "descriptors[0](key=k, value={shown}): shadow_mode: "
+            )],
+        );
+    }
 }
 
 #[test]
@@ -130,7 +217,7 @@ fn unknown_key_on_descriptor() {
     one_error(
         "t.yaml",
         "domain: d\ndescriptors:\n  - key: a\n    valeu: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
-        &["t.yaml:4:", "descriptors[0]", "unknown key 'valeu'"],
+        &["t.yaml:4: descriptors[0](key=a): unknown key 'valeu'"],
     );
 }
 
@@ -141,7 +228,7 @@ fn known_key_at_wrong_level() {
         "domain: d\ndescriptors:\n  - key: a\n    requests_per_unit: 5\n",
         &[
             "t.yaml:4:",
-            "descriptors[0]",
+            "descriptors[0](key=a): unknown key",
             "'requests_per_unit'",
             "belongs in rate_limit",
         ],
@@ -151,7 +238,7 @@ fn known_key_at_wrong_level() {
         "t.yaml",
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, shadow_mode: true}\n",
         &[
-            "descriptors[0].rate_limit",
+            "descriptors[0](key=a).rate_limit: unknown key",
             "'shadow_mode'",
             "belongs in a descriptor",
         ],
@@ -170,7 +257,7 @@ fn metadata_belongs_on_the_descriptor_not_in_rate_limit() {
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, metadata: {x: 1}}\n",
         &[
             "t.yaml:4:",
-            "descriptors[0]",
+            "descriptors[0](key=a).rate_limit: unknown key",
             "'metadata'",
             "belongs in a descriptor",
         ],
@@ -185,7 +272,7 @@ fn quota_mode_value_to_metric_and_metadata_must_be_well_formed() {
         "domain: d\ndescriptors:\n  - key: a\n    quota_mode: sometimes\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
         &[
             "t.yaml:4:",
-            "descriptors[0]",
+            "descriptors[0](key=a): ",
             "quota_mode: expected true or false, got 'sometimes'",
         ],
     );
@@ -194,7 +281,7 @@ fn quota_mode_value_to_metric_and_metadata_must_be_well_formed() {
         "domain: d\ndescriptors:\n  - key: a\n    value_to_metric: 2\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
         &[
             "t.yaml:4:",
-            "descriptors[0]",
+            "descriptors[0](key=a): ",
             "value_to_metric: expected true or false",
         ],
     );
@@ -203,7 +290,7 @@ fn quota_mode_value_to_metric_and_metadata_must_be_well_formed() {
         "domain: d\ndescriptors:\n  - key: a\n    metadata: [1, 2]\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
         &[
             "t.yaml:4:",
-            "descriptors[0]",
+            "descriptors[0](key=a): ",
             "metadata must be a mapping",
             "got a list",
         ],
@@ -242,16 +329,12 @@ fn descriptor_without_key() {
     one_error(
         "t.yaml",
         "domain: d\ndescriptors:\n  - value: x\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
-        &["t.yaml:3:", "descriptors[0]", "without 'key'"],
+        &["t.yaml:3: descriptors[0](value=x): descriptor without 'key'"],
     );
     one_error(
         "t.yaml",
         "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: ''\n",
-        &[
-            "t.yaml:5:",
-            "descriptors[0].descriptors[0]",
-            "without 'key'",
-        ],
+        &["t.yaml:5: descriptors[0](key=a).descriptors[0](key=\"\"): descriptor without 'key'"],
     );
 }
 
@@ -263,7 +346,7 @@ fn duplicate_siblings() {
         yaml,
         &[
             "n.yaml:5:",
-            "descriptors[1]",
+            "descriptors[1](key=sender): duplicate",
             "duplicate descriptor composite key 'notify.sender'",
         ],
     );
@@ -287,8 +370,7 @@ descriptors:
         variant,
         &[
             "v.yaml:9:",
-            "descriptors[1]",
-            "duplicate descriptor composite key 'domain.generic_key_abc'",
+            "descriptors[1](key=generic_key, value=abc): duplicate descriptor composite key 'domain.generic_key_abc'",
         ],
     );
 }
@@ -297,14 +379,22 @@ descriptors:
 /// per value); bucket-rls refuses both loudly instead of guessing.
 #[test]
 fn null_or_empty_value_is_an_error() {
-    for v in ["~", "null", "", "\"\"", "''"] {
+    // A null value is no value: the path names the key; an empty one is
+    // shown quoted.
+    for (v, path) in [
+        ("~", "descriptors[0](key=c):"),
+        ("null", "descriptors[0](key=c):"),
+        ("", "descriptors[0](key=c):"),
+        ("\"\"", "descriptors[0](key=c, value=\"\"):"),
+        ("''", "descriptors[0](key=c, value=\"\"):"),
+    ] {
         let yaml = format!(
             "domain: d\ndescriptors:\n  - key: c\n    value: {v}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
         );
         one_error(
             "t.yaml",
             &yaml,
-            &["t.yaml:4:", "descriptors[0]", "'value' is empty or null"],
+            &["t.yaml:4:", path, "'value' is empty or null"],
         );
     }
     // Quoted, it is the literal text.
@@ -334,14 +424,18 @@ fn bad_or_missing_unit() {
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
         &[
             "t.yaml:4:",
-            "descriptors[0].rate_limit",
+            "descriptors[0](key=a).rate_limit: ",
             "bad unit 'fortnight'",
         ],
     );
     one_error(
         "t.yaml",
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      requests_per_unit: 1\n",
-        &["t.yaml:5:", "descriptors[0].rate_limit", "missing 'unit'"],
+        &[
+            "t.yaml:5:",
+            "descriptors[0](key=a).rate_limit: ",
+            "missing 'unit'",
+        ],
     );
     // Case-insensitive units load.
     assert!(compile_texts(&[("t.yaml".into(), b"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: MINUTE, requests_per_unit: 1}\n".to_vec())]).is_ok());
@@ -352,7 +446,11 @@ fn bad_requests_per_unit() {
     one_error(
         "t.yaml",
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
-        &["descriptors[0].rate_limit", "requests_per_unit", "'-1'"],
+        &[
+            "descriptors[0](key=a).rate_limit: ",
+            "requests_per_unit",
+            "'-1'",
+        ],
     );
     one_error(
         "t.yaml",
@@ -362,7 +460,10 @@ fn bad_requests_per_unit() {
     one_error(
         "t.yaml",
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second}\n",
-        &["descriptors[0].rate_limit", "missing 'requests_per_unit'"],
+        &[
+            "descriptors[0](key=a).rate_limit: ",
+            "missing 'requests_per_unit'",
+        ],
     );
 }
 
@@ -391,7 +492,9 @@ fn a_leading_zero_number_names_the_octal_and_the_decimal_reading() {
         let yaml = format!("domain: d\ndescriptors:\n  - key: a\n{rate_limit}");
         let e = one_error("t.yaml", &yaml, &needles);
         assert!(
-            e.starts_with(&format!("t.yaml:{line}: descriptors[0].rate_limit")),
+            e.starts_with(&format!(
+                "t.yaml:{line}: descriptors[0](key=a).rate_limit: "
+            )),
             "{e}"
         );
     }
@@ -476,7 +579,7 @@ fn unlimited_with_unit() {
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
         &[
             "t.yaml:4:",
-            "descriptors[0].rate_limit",
+            "descriptors[0](key=a).rate_limit: ",
             "'unit' must not be given with 'unlimited: true'",
         ],
     );
@@ -495,11 +598,10 @@ fn an_empty_value_does_not_hide_the_other_problems_of_its_descriptor() {
         errs.iter()
             .any(|e| e.contains("requests_per_unit: expected an integer"))
     );
-    assert!(
-        errs.iter()
-            .any(|e| e.contains("descriptors[0].descriptors[0].rate_limit")
-                && e.contains("missing 'requests_per_unit'"))
-    );
+    assert!(errs.iter().any(|e| {
+        e.contains("descriptors[0](key=a, value=\"\").descriptors[0](key=b).rate_limit: ")
+            && e.contains("missing 'requests_per_unit'")
+    }));
 }
 
 #[test]
@@ -527,7 +629,7 @@ fn zero_burst_with_positive_rate() {
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, burst: 0}\n",
         &[
             "t.yaml:4:",
-            "descriptors[0].rate_limit",
+            "descriptors[0](key=a).rate_limit: ",
             "burst must be at least 1",
         ],
     );
@@ -572,7 +674,7 @@ fn bad_max_debt_is_refused_with_file_line_and_path() {
         one_error(
             "t.yaml",
             &rule(rl),
-            &[line, "descriptors[0].rate_limit", needle],
+            &[line, "descriptors[0](key=a).rate_limit: ", needle],
         );
     }
     // A debt bound on a limited rule, and 0 on a rule of rate 0, load.
@@ -594,7 +696,7 @@ fn empty_replaces_name_and_self_replacement() {
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      replaces: [{name: ''}]\n      unit: minute\n      requests_per_unit: 5\n",
         &[
             "t.yaml:5:",
-            "descriptors[0].rate_limit.replaces[0]",
+            "descriptors[0](key=a).rate_limit.replaces[0]: ",
             "non-empty 'name'",
         ],
     );
@@ -603,7 +705,7 @@ fn empty_replaces_name_and_self_replacement() {
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      name: me\n      replaces: [{name: me}]\n      unit: minute\n      requests_per_unit: 5\n",
         &[
             "t.yaml:5:",
-            "descriptors[0].rate_limit",
+            "descriptors[0](key=a).rate_limit: ",
             "rule 'me' replaces itself",
         ],
     );
@@ -616,7 +718,7 @@ fn share_threshold_without_wildcard() {
         "domain: d\ndescriptors:\n  - key: a\n    value: exact\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
         &[
             "t.yaml:3:",
-            "descriptors[0]",
+            "descriptors[0](key=a, value=exact): ",
             "share_threshold needs a wildcard value",
         ],
     );

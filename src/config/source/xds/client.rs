@@ -514,7 +514,7 @@ mod tests {
         assert!(
             nacks
                 .iter()
-                .all(|m| m.as_str() == "d: descriptors[0]: descriptor without 'key'"),
+                .all(|m| m.as_str() == "d: descriptors[0](key=\"\"): descriptor without 'key'"),
             "{nacks:?}"
         );
         assert_eq!(logs.matches("xDS config refused").count(), 1, "{logs}");

@@ -11,10 +11,11 @@
 //! unit (an error unless `unlimited`).
 //!
 //! Errors name the resource (its `name`, else `resources[i]`) and the
-//! descriptor path (`descriptors[0].descriptors[1].rate_limit`); they carry no
-//! line, since the tree has none.
+//! descriptor path with each level's key and value
+//! (`descriptors[0](key=tenant, value=t1).descriptors[1](key=path).rate_limit`,
+//! [`descriptor_path`]); they carry no line, since the tree has none.
 
-use crate::config::compile::{LoadOptions, compile_raw_files};
+use crate::config::compile::{LoadOptions, compile_raw_files, descriptor_path};
 use crate::config::schema::{RawDescriptor, RawFile, RawRateLimit, RawReplace, Text};
 use crate::config::{Config, ConfigError, ConfigErrors};
 use envoy_types::pb::google::protobuf::{Any, Struct, Value as PbValue, value::Kind};
@@ -231,7 +232,14 @@ fn map_descriptors(
 ) -> Vec<RawDescriptor> {
     let mut out = Vec::with_capacity(descs.len());
     for (i, d) in descs.iter().enumerate() {
-        let here = format!("{path}[{i}]");
+        // As the compiler names it: the proto's empty value is a key-only
+        // entry.
+        let here = descriptor_path(
+            path,
+            i,
+            Some(&d.key),
+            (!d.value.is_empty()).then_some(d.value.as_str()),
+        );
         let metadata = match d.metadata.as_ref().map(struct_json) {
             None => None,
             Some(Ok(json)) if json.is_empty() => None,
@@ -463,7 +471,14 @@ impl DumpCx<'_> {
         let list = self.list(m, "descriptors", path);
         let mut out = Vec::with_capacity(list.len());
         for (i, d) in list.iter().enumerate() {
-            let here = format!("{path}[{i}]");
+            // Named by its key and value where they are text, as the
+            // compiler names a descriptor.
+            let text = |field: &str| {
+                d.get(field)
+                    .and_then(serde_json::Value::as_str)
+                    .filter(|s| field == "key" || !s.is_empty())
+            };
+            let here = descriptor_path(path, i, text("key"), text("value"));
             if let Some(d) = self.descriptor(d, &here) {
                 out.push(d);
             }

@@ -120,12 +120,17 @@ fn errors_name_the_resource_and_the_descriptor_path() {
     let e = compile_resources(&[pack(&bad)], LoadOptions::default())
         .unwrap_err()
         .to_string();
+    // Each level names its key and value, as a file's errors do; the
+    // proto's empty key shows as "".
+    let route = "descriptors[0](key=httproute/default/backend/rule/0/match/0/*, value=httproute/default/backend/rule/0/match/0/*)";
     assert!(
-        e.contains("default/eg/http: descriptors[0].descriptors[0].rate_limit: bad unit 'UNKNOWN'"),
+        e.contains(&format!("default/eg/http: {route}.descriptors[0](key=rule-0-match-0, value=rule-0-match-0).rate_limit: bad unit 'UNKNOWN'")),
         "{e}"
     );
     assert!(
-        e.contains("default/eg/http: descriptors[0].descriptors[1]: descriptor without 'key'"),
+        e.contains(&format!(
+            "default/eg/http: {route}.descriptors[1](key=\"\", value=x): descriptor without 'key'"
+        )),
         "{e}"
     );
 }
@@ -320,12 +325,48 @@ fn dump_errors_name_the_document_and_the_field() {
     let e = parse_dump("d.yaml", dump).unwrap_err().to_string();
     assert!(
         e.contains(
-            "d.yaml[document 0]: descriptors[0]: share_threshold: true cannot be sent over xDS"
+            "d.yaml[document 0]: descriptors[0](key=k): share_threshold: true cannot be sent over xDS"
         ),
         "{e}"
     );
     assert!(
-        e.contains("d.yaml[document 0]: descriptors[0].rate_limit: unit: unknown unit 'FORTNIGHT'"),
+        e.contains(
+            "d.yaml[document 0]: descriptors[0](key=k).rate_limit: unit: unknown unit 'FORTNIGHT'"
+        ),
         "{e}"
     );
+}
+
+/// A pushed descriptor is named as a file's is, with its key and value cut
+/// to 64 characters, also where the mapping itself refuses it (metadata that
+/// cannot be a `Struct`): a NACK stays short whatever a control plane sends.
+#[test]
+fn a_pushed_descriptors_long_value_is_cut_in_its_errors() {
+    let long = "v".repeat(10_000);
+    let mut d = desc("k", &long);
+    d.metadata = Some(Struct {
+        fields: [(
+            "n".to_owned(),
+            PbValue {
+                kind: Some(Kind::NumberValue(f64::NAN)),
+            },
+        )]
+        .into(),
+    });
+    let c = RateLimitConfig {
+        name: "r".into(),
+        domain: "r".into(),
+        descriptors: vec![d],
+    };
+    let e = compile_resources(&[pack(&c)], LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    let at = format!("r: descriptors[0](key=k, value={}…)", "v".repeat(64));
+    assert!(
+        e.starts_with(&format!(
+            "{at}.metadata: number NaN cannot be a protobuf Struct value"
+        )),
+        "{e}"
+    );
+    assert!(e.len() < 200, "{e}");
 }
