@@ -55,6 +55,9 @@ fn main() -> ExitCode {
                 Checked::Diff(Verdict::NeedsReview) => ExitCode::from(3),
             }
         }
+        Command::XdsServer(args) => {
+            done(bucket_rls::cli::xds_server::run(&args).map_err(|e| e.to_string()))
+        }
         #[cfg(feature = "loadgen")]
         Command::Loadgen(args) => done(
             bucket_rls::loadgen::main(&args)

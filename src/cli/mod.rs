@@ -1,5 +1,5 @@
-//! Command line: `serve`, `check-config`, `loadgen`, one module per
-//! subcommand. Each entry point returns what happened; only `main` turns it
+//! Command line: `serve`, `check-config`, `xds-server`, `loadgen`, one
+//! module per subcommand. Each entry point returns what happened; only `main` turns it
 //! into an exit code.
 //!
 //! - [`serve_args`]: the flags of `serve` ([`ServeArgs`]; every one also
@@ -11,6 +11,9 @@
 //! - [`check`]: `check-config` and `check-config --xds-resources`.
 //! - [`diff`]: `check-config --diff`, with the fetch of a replica's
 //!   `/rlconfig`.
+//! - [`xds_server`]: `xds-server`, a small xDS management server that serves
+//!   a file of `RateLimitConfig` resources (for trying `--config-xds` on one
+//!   machine, and the xDS tests' server).
 //!
 //! `loadgen` lives in its own module (`crate::loadgen`, cargo feature
 //! `loadgen`).
@@ -19,6 +22,7 @@ pub mod check;
 pub mod diff;
 pub mod serve;
 pub mod serve_args;
+pub mod xds_server;
 
 pub use check::CheckArgs;
 pub use serve_args::{LogFormat, ServeArgs};
@@ -42,6 +46,12 @@ pub enum Command {
     /// Load config files or directories with the service's loader and print
     /// every problem; exit 0 only when all are valid.
     CheckConfig(CheckArgs),
+    /// Serve the RateLimitConfig resources of a YAML dump over xDS (ADS,
+    /// state of the world), pushing them again when the file changes, and
+    /// print every ACK and NACK: a stand-in for Envoy Gateway's control
+    /// plane on one machine (plaintext; loopback only unless
+    /// `--allow-remote`).
+    XdsServer(xds_server::XdsServerArgs),
     /// Load a rate limit service over gRPC and report throughput and latency
     /// (loopback targets only unless `--allow-remote`).
     #[cfg(feature = "loadgen")]

@@ -1,13 +1,14 @@
-//! The xDS config source against a management server written here: tonic's
-//! AggregatedDiscoveryService stubs with the behaviour of go-control-plane's
-//! snapshot cache (the server Envoy Gateway runs): it answers a request whose
-//! `version_info` differs from its snapshot's at once (so a NACK gets the same
-//! set again), and pushes each new snapshot to every open stream. Plaintext
-//! and mTLS with certificates shaped like Envoy Gateway's; the replicas are
-//! in-process limiters (memory backend), and one test runs the binary behind
-//! a real Envoy.
+//! The xDS config source against the management server of `bucket-rls
+//! xds-server` ([`bucket_rls::cli::xds_server::Ads`], served in-process):
+//! the behaviour of go-control-plane's snapshot cache (the server Envoy
+//! Gateway runs): it answers a request whose `version_info` differs from its
+//! snapshot's at once (so a NACK gets the same set again), and pushes each
+//! new snapshot to every open stream. Plaintext and mTLS with certificates
+//! shaped like Envoy Gateway's; the replicas are in-process limiters (memory
+//! backend), and one test runs the binary behind a real Envoy.
 
 use crate::common::eventually::eventually;
+use bucket_rls::cli::xds_server::{Ads, Seen, Snapshot};
 use bucket_rls::config::ConfigHandle;
 use bucket_rls::config::compile::LoadOptions;
 use bucket_rls::config::source::xds::resources::{RATE_LIMIT_CONFIG_TYPE_URL, pack};
@@ -17,12 +18,7 @@ use bucket_rls::limiter::Limiter;
 use bucket_rls::settings::ServiceSettings;
 use bucket_rls::storage::clock::SystemClock;
 use bucket_rls::storage::memory::MemoryStorage;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
+use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Any;
@@ -35,131 +31,36 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 /// Generous deadline of every wait (a loaded 2-core machine).
 const DEADLINE: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------
-// The management server.
+// The management server: `bucket-rls xds-server`'s ADS service, served here
+// in-process, plaintext or over TLS.
 
-/// What the server serves: a version and its resources.
-#[derive(Clone, Debug, Default)]
-struct Snapshot {
-    version: String,
-    resources: Vec<Any>,
-}
-
-/// Everything the server saw.
+/// What the TLS listener saw.
 #[derive(Default)]
-struct Seen {
-    /// Every request, with the node id it carried.
-    requests: Mutex<Vec<DiscoveryRequest>>,
-    /// Responses sent (all streams).
-    responses: AtomicUsize,
-    /// Streams opened.
-    streams: AtomicUsize,
+struct TlsSeen {
     /// TLS handshakes that failed.
     handshake_failures: AtomicUsize,
     /// Common names of the client certificates presented, per connection.
     client_cns: Mutex<Vec<String>>,
 }
 
-#[derive(Clone)]
-struct Ads {
-    snapshot: watch::Sender<Snapshot>,
-    seen: Arc<Seen>,
-    /// Set when the server stops: every open stream ends with `UNAVAILABLE`.
-    stopped: watch::Sender<bool>,
-}
-
-type Responses =
-    Pin<Box<dyn futures::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
-type DeltaResponses =
-    Pin<Box<dyn futures::Stream<Item = Result<DeltaDiscoveryResponse, tonic::Status>> + Send>>;
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for Ads {
-    type StreamAggregatedResourcesStream = Responses;
-    type DeltaAggregatedResourcesStream = DeltaResponses;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
-    ) -> Result<tonic::Response<Responses>, tonic::Status> {
-        self.seen.streams.fetch_add(1, Ordering::SeqCst);
-        let mut inbound = request.into_inner();
-        let mut snap = self.snapshot.subscribe();
-        let seen = self.seen.clone();
-        let mut stopped = self.stopped.subscribe();
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut nonce = 0u64;
-            // The version the client last reported; None before its first request.
-            let mut client_version: Option<String> = None;
-            loop {
-                let send = tokio::select! {
-                    _ = async { let _ = stopped.wait_for(|s| *s).await; } => {
-                        let _ = tx.send(Err(tonic::Status::unavailable("server stopping"))).await;
-                        return;
-                    }
-                    r = inbound.message() => match r {
-                        Ok(Some(r)) => {
-                            client_version = Some(r.version_info.clone());
-                            seen.requests.lock().push(r);
-                            true
-                        }
-                        _ => return,
-                    },
-                    c = snap.changed() => {
-                        if c.is_err() {
-                            return;
-                        }
-                        client_version.is_some()
-                    }
-                };
-                let s = snap.borrow_and_update().clone();
-                // No snapshot yet, or the client runs this version: no answer
-                // (go-control-plane opens a watch instead).
-                if !send || s.version.is_empty() || client_version.as_deref() == Some(&s.version) {
-                    continue;
-                }
-                nonce += 1;
-                let resp = DiscoveryResponse {
-                    version_info: s.version,
-                    resources: s.resources,
-                    type_url: RATE_LIMIT_CONFIG_TYPE_URL.into(),
-                    nonce: nonce.to_string(),
-                    ..Default::default()
-                };
-                seen.responses.fetch_add(1, Ordering::SeqCst);
-                if tx.send(Ok(resp)).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-
-    async fn delta_aggregated_resources(
-        &self,
-        _: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<tonic::Response<DeltaResponses>, tonic::Status> {
-        Err(tonic::Status::unimplemented("SotW only"))
-    }
-}
-
 /// A running management server; stops when dropped.
 struct ControlPlane {
     ads: Ads,
+    tls: Arc<TlsSeen>,
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        self.ads.stopped.send_replace(true);
+        self.ads.stop();
         self.task.abort();
     }
 }
@@ -187,22 +88,16 @@ impl ControlPlane {
         })
         .await;
         let addr = listener.local_addr().expect("addr");
-        let ads = Ads {
-            snapshot: watch::Sender::new(snapshot),
-            seen: Arc::new(Seen::default()),
-            stopped: watch::Sender::new(false),
-        };
-        let service = AggregatedDiscoveryServiceServer::new(ads.clone())
-            .max_encoding_message_size(usize::MAX)
-            .max_decoding_message_size(usize::MAX);
-        let router = tonic::transport::Server::builder().add_service(service);
+        let ads = Ads::new(snapshot, None);
+        let tls_seen = Arc::new(TlsSeen::default());
+        let router = tonic::transport::Server::builder().add_service(ads.service());
         let task = match tls {
             None => tokio::spawn(async move {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 let _ = router.serve_with_incoming(incoming).await;
             }),
             Some(config) => {
-                let seen = ads.seen.clone();
+                let seen = tls_seen.clone();
                 tokio::spawn(async move {
                     let (tx, rx) = mpsc::channel::<Result<TlsConn, std::io::Error>>(16);
                     let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -238,19 +133,24 @@ impl ControlPlane {
                 })
             }
         };
-        Self { ads, addr, task }
+        Self {
+            ads,
+            tls: tls_seen,
+            addr,
+            task,
+        }
     }
 
     /// Serves `resources` as `version` from now on (pushed to open streams).
     fn set(&self, version: &str, resources: Vec<Any>) {
-        self.ads.snapshot.send_replace(Snapshot {
+        self.ads.set(Snapshot {
             version: version.into(),
             resources,
         });
     }
 
     fn seen(&self) -> &Seen {
-        &self.ads.seen
+        self.ads.seen()
     }
 
     /// Requests received so far.
@@ -929,7 +829,7 @@ async fn mutual_tls_with_envoy_gateway_shaped_certificates() {
     let r = replica(s.clone());
     r.has_domain(DOMAIN).await;
     cp.acked("1").await;
-    let cns = cp.seen().client_cns.lock().clone();
+    let cns = cp.tls.client_cns.lock().clone();
     assert!(
         !cns.is_empty() && cns.iter().all(|c| c == "first"),
         "{cns:?}"
@@ -944,7 +844,7 @@ async fn mutual_tls_with_envoy_gateway_shaped_certificates() {
     });
     let a = replica(anonymous);
     eventually(DEADLINE, "a refused handshake", || async {
-        (cp.seen().handshake_failures.load(Ordering::SeqCst) > 0).then_some(())
+        (cp.tls.handshake_failures.load(Ordering::SeqCst) > 0).then_some(())
     })
     .await;
     assert!(a.limiter.config_handle().is_awaiting_first_config());
@@ -963,7 +863,7 @@ async fn mutual_tls_with_envoy_gateway_shaped_certificates() {
     )
     .await;
     cp.acked("2").await;
-    let cns = cp.seen().client_cns.lock().clone();
+    let cns = cp.tls.client_cns.lock().clone();
     assert!(
         !cns.is_empty() && cns.iter().all(|c| c == "rotated"),
         "{cns:?}"
@@ -1283,7 +1183,7 @@ async fn ratelimit_under_envoy_gateways_xds_environment_enforces_pushed_limits()
 
     cp.set("1", eg_set(2));
     cp.acked("1").await;
-    let cns = cp.seen().client_cns.lock().clone();
+    let cns = cp.tls.client_cns.lock().clone();
     assert!(cns.iter().all(|c| c == "envoy-ratelimit"), "{cns:?}");
     let (codes, _) = eventually(DEADLINE, "the pushed limit in force", || {
         let mut c = client.clone();
