@@ -508,6 +508,83 @@ fn run_local_script_serves_the_walkthrough_without_docker() {
     assert!(text.ends_with("run-local: ok\n"), "{text}");
 }
 
+/// examples/envoy/xds/: the Envoy config validates (as written and as the
+/// loopback script rewrites it), the resource dumps the script pushes pass
+/// `check-config --xds-resources` except the bad one, which fails with the
+/// problem a NACK names.
+#[test]
+fn xds_example_configs_validate_and_only_the_bad_push_fails() {
+    envoy_validate(&example("xds/envoy.yaml"));
+    let a: SocketAddr = "127.0.0.1:18081".parse().expect("addr");
+    let b: SocketAddr = "127.0.0.1:18000".parse().expect("addr");
+    envoy_validate_json(&envoy_for_loopback(
+        yaml_file(&example("xds/envoy.yaml")),
+        &[("bucket_rls", &[a]), ("upstream", &[b])],
+    ));
+    let check = |name: &str| {
+        Command::new(bucket_rls_bin())
+            .args(["check-config", "--xds-resources"])
+            .arg(example("xds/resources").join(name))
+            .output()
+            .expect("run bucket-rls")
+    };
+    for good in ["v1.yaml", "v2.yaml"] {
+        let out = check(good);
+        assert!(
+            out.status.success(),
+            "{good}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = check("bad.yaml");
+    assert_eq!(out.status.code(), Some(1));
+    let route = "httproute/default/backend/rule/0/match/0/www_example_com";
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "default/eg/http: descriptors[0](key={route}, value={route}).descriptors[0](key=rule-0-match-0).rate_limit: bad unit 'UNKNOWN': expected second, minute, hour, day, week, month or year\n"
+        )
+    );
+}
+
+#[test]
+fn xds_run_local_script_applies_pushes_and_keeps_the_old_config_on_a_nack() {
+    // Envoy Gateway's path on loopback: `bucket-rls xds-server` serves the
+    // resource dumps, bucket-rls runs as `ratelimit` under Envoy Gateway's
+    // variables (CONFIG_TYPE=GRPC_XDS_SOTW), a real Envoy sends the
+    // descriptors. `--check` pushes v1, v2 and a bad set and checks what
+    // Envoy's clients get after each; `timeout` bounds the whole run (the
+    // script's own waits are bounded too).
+    let out = Command::new("timeout")
+        .args(["300", "bash"])
+        .arg(example("xds/run-local.sh"))
+        .arg("--check")
+        .env("PORT_BASE", common::free_ports(9).to_string())
+        .env("BUCKET_RLS_BIN", bucket_rls_bin())
+        .env("ENVOY_BIN", envoy_bin())
+        .output()
+        .expect("run examples/envoy/xds/run-local.sh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "xds/run-local.sh --check failed:\n{text}"
+    );
+    for line in [
+        "run-local: before any push: 200 200 200 200",
+        "run-local: version 1 (3/minute per user): alice 200 200 200 429 (retry-after: ",
+        "run-local: version 2 (1/hour per user): carol 200 429 (retry-after: ",
+        "run-local: version 3 NACKed: default/eg/http: descriptors[0](key=httproute/",
+        "run-local: after the NACK (version 2 still in force): dave 200 429",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
+    assert!(text.ends_with("run-local: ok\n"), "{text}");
+}
+
 /// examples/envoy-gateway/: Envoy Gateway's config swaps the rate limit
 /// image and keeps a Redis backend, the policy is a global rate limit on
 /// the quickstart route, and the image has the `/bin/ratelimit` link that
