@@ -86,7 +86,8 @@ fn source_of(file: &str, line: Option<u32>) -> String {
 }
 
 /// Most characters of a descriptor's key or of its value that an error path
-/// shows ([`descriptor_path`]); a longer one is cut there and marked with `…`.
+/// shows ([`descriptor_path`]), escapes included; a longer one is cut there
+/// and marked with `…`.
 pub const MAX_PATH_TEXT_CHARS: usize = 64;
 
 /// The path of the descriptor at `index` of the list at `list`, naming what
@@ -118,8 +119,9 @@ pub fn descriptor_path(list: &str, index: usize, key: Option<&str>, value: Optio
     out
 }
 
-/// `text` as [`descriptor_path`] shows it: at most [`MAX_PATH_TEXT_CHARS`]
-/// characters (then `…`), quoted and escaped unless plain.
+/// `text` as [`descriptor_path`] shows it: plain, or quoted and escaped as
+/// `{:?}` writes it; at most [`MAX_PATH_TEXT_CHARS`] characters inside the
+/// quotes, escapes included, then `…` where it was cut.
 fn path_text(text: &str) -> String {
     let plain = !text.is_empty()
         && text.chars().all(|c| {
@@ -127,15 +129,23 @@ fn path_text(text: &str) -> String {
                 || (c.is_ascii_punctuation()
                     && !matches!(c, '(' | ')' | ',' | '=' | '"' | '\'' | '\\'))
         });
-    let (shown, cut) = match text.char_indices().nth(MAX_PATH_TEXT_CHARS) {
-        Some((end, _)) => (&text[..end], true),
-        None => (text, false),
-    };
-    let mut out = if plain {
-        shown.to_owned()
-    } else {
-        format!("{shown:?}")
-    };
+    let (mut shown, mut width, mut cut) = (String::new(), 0, false);
+    for c in text.chars() {
+        // `{:?}` of a string escapes as a char's `escape_debug`, except `'`.
+        let piece: String = if plain || c == '\'' {
+            c.into()
+        } else {
+            c.escape_debug().collect()
+        };
+        let w = piece.chars().count();
+        if width + w > MAX_PATH_TEXT_CHARS {
+            cut = true;
+            break;
+        }
+        width += w;
+        shown.push_str(&piece);
+    }
+    let mut out = if plain { shown } else { format!("\"{shown}\"") };
     if cut {
         out.push('…');
     }

@@ -135,6 +135,20 @@ fn a_very_long_key_or_value_is_cut_in_the_error_path() {
             "v".repeat(64)
         )
     );
+    // Escapes count: 100 control characters show as 12 escapes (`\u{1}`,
+    // five characters each) within the 64.
+    let yaml = format!(
+        "domain: d\ndescriptors:\n  - key: k\n    value: \"{}\"\n    shadow_mode: maybe\n",
+        "\\x01".repeat(100)
+    );
+    let e = one_error("t.yaml", &yaml, &[]);
+    assert!(
+        e.starts_with(&format!(
+            "t.yaml:5: descriptors[0](key=k, value=\"{}\"…): shadow_mode: ",
+            "\\u{1}".repeat(12)
+        )),
+        "{e}"
+    );
     // 64 characters, not bytes: a multi-byte value is cut on a character.
     let yaml = format!(
         "domain: d\ndescriptors:\n  - key: k\n    value: {}\n    shadow_mode: maybe\n",
