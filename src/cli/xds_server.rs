@@ -242,7 +242,7 @@ pub enum XdsServerError {
         "refusing to listen on {0}: not a loopback address (127.0.0.0/8 or ::1); this server has no authentication; pass --allow-remote to listen there anyway"
     )]
     NotLoopback(SocketAddr),
-    /// The address could not be bound, or the runtime not started.
+    /// The address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         /// The listen address.
@@ -250,6 +250,9 @@ pub enum XdsServerError {
         /// Why.
         source: std::io::Error,
     },
+    /// The async runtime or the signal handler could not be set up.
+    #[error("cannot start: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// Runs `xds-server` until SIGINT or SIGTERM, printing what it serves and
@@ -257,7 +260,7 @@ pub enum XdsServerError {
 /// standard output.
 ///
 /// # Errors
-/// A listen address refused or not bound.
+/// A listen address refused or not bound; no runtime or signal handler.
 pub fn run(args: &XdsServerArgs) -> Result<(), XdsServerError> {
     if !args.allow_remote && !args.listen.ip().to_canonical().is_loopback() {
         return Err(XdsServerError::NotLoopback(args.listen));
@@ -269,7 +272,7 @@ pub fn run(args: &XdsServerArgs) -> Result<(), XdsServerError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(listen_err)?;
+        .map_err(XdsServerError::Runtime)?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -292,7 +295,7 @@ pub fn run(args: &XdsServerArgs) -> Result<(), XdsServerError> {
         let mut file = FileState::default();
         let mut tick = tokio::time::interval(POLL);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(listen_err)?;
+            .map_err(XdsServerError::Runtime)?;
         loop {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => break,
@@ -333,24 +336,22 @@ fn describe(r: &DiscoveryRequest, answered: bool, serving: &str) -> String {
         );
     }
     if let Some(e) = &r.error_detail {
-        // The client says what it keeps: the last version it accepted.
-        let keeps = if version.is_empty() {
-            "no config".to_owned()
+        // A NACK carries the last version ACKed on its stream.
+        let last = if version.is_empty() {
+            "no ACK on this stream yet".to_owned()
         } else {
-            format!("version {version}")
+            format!("its last ACK: version {version}")
         };
         let message = cut(&e.message, MAX_PRINTED_BYTES).replace('\n', "\n    ");
-        return format!(
-            "node '{node}': NACK of version {serving} (it keeps {keeps}):\n    {message}"
-        );
+        return format!("node '{node}': NACK of version {serving} ({last}):\n    {message}");
     }
     if r.response_nonce.is_empty() {
         let since = if version.is_empty() {
-            "no config".to_owned()
+            "asks for the whole set".to_owned()
         } else {
-            format!("version {version}")
+            format!("resumes at version {version}")
         };
-        return format!("node '{node}': subscribed (it runs {since})");
+        return format!("node '{node}': subscribed ({since})");
     }
     format!("node '{node}': ACK of version {version}")
 }
@@ -476,7 +477,7 @@ mod tests {
     fn requests_are_described_as_subscriptions_acks_and_nacks_with_their_message() {
         assert_eq!(
             describe(&request("n", "", "", None), true, "1"),
-            "node 'n': subscribed (it runs no config)"
+            "node 'n': subscribed (asks for the whole set)"
         );
         assert_eq!(
             describe(&request("n", "2", "5", None), true, "2"),
@@ -488,7 +489,7 @@ mod tests {
                 true,
                 "3"
             ),
-            "node 'n': NACK of version 3 (it keeps version 2):\n    r: a: bad\n    r: b: worse"
+            "node 'n': NACK of version 3 (its last ACK: version 2):\n    r: a: bad\n    r: b: worse"
         );
         assert!(
             describe(&request("default", "", "", None), false, "1")

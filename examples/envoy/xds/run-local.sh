@@ -244,7 +244,7 @@ case "$error" in
   *) echo "run-local: the NACK does not name the resource and descriptor" >&2; exit 1 ;;
 esac
 [ "$(rlconfig source.version)" = 2 ] || { echo "run-local: version 2 is no longer in force" >&2; exit 1; }
-grep -q "node 'envoy-ratelimit': NACK of version 3 (it keeps version 2)" "$work/xds-server.log" ||
+grep -q "node 'envoy-ratelimit': NACK of version 3 (its last ACK: version 2)" "$work/xds-server.log" ||
   { echo "run-local: xds-server saw no NACK of version 3" >&2; exit 1; }
 kept="$(codes dave 2)"
 echo "run-local: after the NACK (version 2 still in force): dave $kept"
