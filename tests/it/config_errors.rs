@@ -993,6 +993,7 @@ fn files_of_one_domain_merge_only_when_asked() {
     assert!(e.contains("duplicate domain 'shared'"), "{e}");
     let merge = LoadOptions {
         merge_domains: true,
+        ..LoadOptions::default()
     };
     let c = compile_texts_with(&texts, merge).unwrap();
     let d = &c.domains["shared"];

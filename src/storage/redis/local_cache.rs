@@ -33,13 +33,14 @@
 //! `quick_cache`).
 
 use crate::storage::Charge;
-use crate::storage::algorithm::{ChargeKind, ChargeResult, Limit, RequestResult};
+use crate::storage::algorithm::{ChargeKind, ChargeResult, Limit, Report, RequestResult};
 
 /// What is known about one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
     limit: Limit,
-    remaining_micro: i64,
+    /// What Redis reported (what is left, and a window's time).
+    report: Report,
     /// Microseconds (on the cache's time line) just before the call was sent.
     sent_us: u64,
     /// Microseconds just after the reply was received.
@@ -123,8 +124,8 @@ impl LocalCache {
             if e.limit != c.spec.limit || e.sent_us > now_us {
                 return None;
             }
-            let at = |t_us: u64| e.limit.remaining_later(e.remaining_micro, t_us, now_us);
-            let most = at(e.sent_us);
+            let at = |t_us: u64| e.limit.report_later(&e.report, t_us, now_us);
+            let most = i128::from(at(e.sent_us).remaining_micro);
             let need = i128::try_from(c.spec.need_micro()).unwrap_or(i128::MAX);
             if most + 1 >= need {
                 if most >= i128::try_from(e.limit.capacity_micro()).unwrap_or(i128::MAX) {
@@ -132,9 +133,13 @@ impl LocalCache {
                 }
                 return None;
             }
+            // As of the reply (a window's time moved on by the time since
+            // then): the wait it gives is never shorter than Redis's.
+            let later = at(e.received_us);
             out.push(ChargeResult {
                 enough: false,
-                remaining_micro: i64::try_from(at(e.received_us)).unwrap_or(i64::MAX),
+                remaining_micro: later.remaining_micro,
+                window: later.window,
             });
         }
         Some(RequestResult {
@@ -146,7 +151,7 @@ impl LocalCache {
     /// Forgets the buckets a request is about to refund (their tokens grow).
     pub fn before_call(&self, charges: &[Charge]) {
         for c in charges {
-            if c.spec.kind == ChargeKind::Refund {
+            if c.spec.kind.gives_back() {
                 self.map.remove(c.key.as_str());
             }
         }
@@ -176,7 +181,7 @@ impl LocalCache {
                     c.key.clone(),
                     Entry {
                         limit: c.spec.limit,
-                        remaining_micro: r.remaining_micro,
+                        report: r.report(),
                         sent_us,
                         received_us: received_us.max(sent_us),
                     },
@@ -236,6 +241,7 @@ mod tests {
             charges: vec![ChargeResult {
                 enough: false,
                 remaining_micro: 0,
+                window: None,
             }],
         }
     }
@@ -284,6 +290,7 @@ mod tests {
             charges: vec![ChargeResult {
                 enough: true,
                 remaining_micro: MICRO_I64,
+                window: None,
             }],
         };
         cache.record(std::slice::from_ref(&c), &ok, 1_000_000);
@@ -311,6 +318,7 @@ mod tests {
             charges: vec![ChargeResult {
                 enough: false,
                 remaining_micro: 0,
+                window: None,
             }],
         };
         cache.record(std::slice::from_ref(&slow), &denied, 5_000_000);

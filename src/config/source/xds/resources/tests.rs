@@ -72,7 +72,8 @@ fn envoy_gateway_shapes_compile_to_the_rules_a_file_would_give() {
             requests_per_unit: 3,
             unit: Unit::Month,
             burst: 3,
-            max_debt: None
+            max_debt: None,
+            algorithm: crate::storage::AlgorithmKind::TokenBucket,
         }
     );
     let wk = d
@@ -86,7 +87,8 @@ fn envoy_gateway_shapes_compile_to_the_rules_a_file_would_give() {
             requests_per_unit: 7,
             unit: Unit::Week,
             burst: 7,
-            max_debt: None
+            max_debt: None,
+            algorithm: crate::storage::AlgorithmKind::TokenBucket,
         }
     );
     assert_eq!(d.file, "default/policy");
@@ -172,6 +174,7 @@ fn merged_domains_follow_the_load_options() {
         &[a, pack(&b)],
         LoadOptions {
             merge_domains: true,
+            ..LoadOptions::default()
         },
     )
     .unwrap();
@@ -301,7 +304,8 @@ descriptors:
             requests_per_unit: 1,
             unit: Unit::Week,
             burst: 1,
-            max_debt: None
+            max_debt: None,
+            algorithm: crate::storage::AlgorithmKind::TokenBucket,
         }
     );
     // The same resources pushed over xDS hash the same.
