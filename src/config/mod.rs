@@ -326,6 +326,25 @@ impl Config {
         self.domains.values().map(|d| d.rules.len()).sum()
     }
 
+    /// Number of limited rules per algorithm, every algorithm listed (in
+    /// [`AlgorithmKind::ALL`](crate::storage::AlgorithmKind::ALL) order).
+    #[must_use]
+    pub fn rules_by_algorithm(&self) -> Vec<(crate::storage::AlgorithmKind, usize)> {
+        let mut counts: Vec<(crate::storage::AlgorithmKind, usize)> =
+            crate::storage::AlgorithmKind::ALL
+                .iter()
+                .map(|k| (*k, 0))
+                .collect();
+        for r in self.domains.values().flat_map(|d| d.rules.iter()) {
+            if let Policy::Limited { algorithm, .. } = r.policy
+                && let Some(c) = counts.iter_mut().find(|(k, _)| *k == algorithm)
+            {
+                c.1 += 1;
+            }
+        }
+        counts
+    }
+
     /// Whether going from `old` to this config lengthens the time until some
     /// bucket is full again: a rule (same domain and path) with a lower rate
     /// (tokens per second) or a larger burst. If so, the longest time to

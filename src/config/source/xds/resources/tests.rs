@@ -333,3 +333,29 @@ fn dump_errors_name_the_document_and_the_field() {
         "{e}"
     );
 }
+
+/// A pushed config names no algorithm (the xDS API has no such field): its
+/// rules take the service's `--default-algorithm`, so a migration from the
+/// Go service gets fixed windows for Envoy Gateway's policies too.
+#[test]
+fn pushed_rules_take_the_default_algorithm() {
+    use crate::storage::AlgorithmKind;
+    let set = [pack(&eg("default/eg/http", 5, RateLimitUnit::Minute))];
+    for kind in AlgorithmKind::ALL {
+        let load = LoadOptions {
+            default_algorithm: kind,
+            ..LoadOptions::default()
+        };
+        let c = compile_resources(&set, load).unwrap();
+        assert_eq!(
+            c.domains["default/eg/http"].rules[0].policy,
+            Policy::Limited {
+                requests_per_unit: 5,
+                unit: Unit::Minute,
+                burst: 5,
+                max_debt: None,
+                algorithm: kind,
+            }
+        );
+    }
+}
