@@ -155,6 +155,11 @@ impl Go {
     }
 }
 
+/// One request of a Go test: the rule's key (its value is the key's with
+/// `value` for `key`), its limit per second, the count before, the hits,
+/// the status `(code, remaining)` and the counts after.
+type Step = (&'static str, u32, u64, u32, (i32, u32), [u64; 5]);
+
 /// `(code, limit_remaining, duration_until_reset seconds)` of status `i`.
 fn st(r: &RateLimitResponse, i: usize) -> (i32, u32, Option<i64>) {
     let s = &r.statuses[i];
@@ -276,7 +281,7 @@ async fn the_go_services_near_limit_cases() {
         // At 1,234 s, hits above 1: (limit, count before, hits) -> status,
         // [hits, over, near, within, shadow].
         let go = Go::new(&b, "gonear2", yaml, 1234);
-        let cases: [(&str, u32, u64, u32, (i32, u32), [u64; 5]); 6] = [
+        let cases: [Step; 6] = [
             // All under the limit and the threshold (16).
             ("key5", 20, 2, 3, (OK, 15), [3, 0, 0, 3, 0]),
             // Under the limit, one of two past the threshold (6).

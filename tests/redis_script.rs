@@ -175,7 +175,7 @@ fn run_model(model: &mut Model, charges: &[Charge], now_us: u64) -> (RequestResu
     let (keys, indexed) = group_by_key(charges);
     let states: Vec<Option<State>> = keys
         .iter()
-        .map(|k| model.get(*k).copied().map(State::from))
+        .map(|k| model.get(*k).copied())
         .collect();
     let mut last = vec![None; keys.len()];
     for (i, spec) in &indexed {
