@@ -91,6 +91,7 @@ fn pick(kind: AlgorithmKind, l: Limits) -> Limit {
     match kind {
         AlgorithmKind::TokenBucket => Limit::TokenBucket(l.0),
         AlgorithmKind::FixedWindow => Limit::FixedWindow(l.1),
+        AlgorithmKind::SlidingWindow => Limit::SlidingWindow(l.1),
     }
 }
 
@@ -173,10 +174,7 @@ type Model = HashMap<String, State>;
 /// Runs the model; returns its result and the keys it wrote.
 fn run_model(model: &mut Model, charges: &[Charge], now_us: u64) -> (RequestResult, Vec<String>) {
     let (keys, indexed) = group_by_key(charges);
-    let states: Vec<Option<State>> = keys
-        .iter()
-        .map(|k| model.get(*k).copied())
-        .collect();
+    let states: Vec<Option<State>> = keys.iter().map(|k| model.get(*k).copied()).collect();
     let mut last = vec![None; keys.len()];
     for (i, spec) in &indexed {
         last[*i] = Some(spec.limit);
@@ -205,12 +203,19 @@ fn expected_px_ms(l: &Limit, st: &State, now_us: u64) -> u128 {
 /// bucket).
 fn decode_state(raw: &[u8]) -> State {
     match decode_window(raw) {
-        Some((updated_us, unit_secs, previous, count)) => State::FixedWindow(WindowState {
-            updated_us,
-            unit_secs,
-            previous,
-            count,
-        }),
+        Some((tag, updated_us, unit_secs, previous, count)) => {
+            let s = WindowState {
+                updated_us,
+                unit_secs,
+                previous,
+                count,
+            };
+            if tag == 241 {
+                State::FixedWindow(s)
+            } else {
+                State::SlidingWindow(s)
+            }
+        }
         None => {
             let (tokens_micro, updated_us) = decode_bucket(raw);
             State::TokenBucket(BucketState {
@@ -520,6 +525,11 @@ fn a_key_read_under_another_algorithm_starts_afresh() {
         unit_secs: NonZeroU64::new(3600).expect("a unit"),
         counts_denied: true,
     });
+    let sliding = Limit::SlidingWindow(WindowLimit {
+        requests_per_unit: 10,
+        unit_secs: NonZeroU64::new(60).expect("a unit"),
+        counts_denied: false,
+    });
     let c = |limit: Limit, cost: u64| {
         vec![Charge {
             key: "switch".into(),
@@ -536,7 +546,8 @@ fn a_key_read_under_another_algorithm_starts_afresh() {
         vec![c(bucket, 4)],
         vec![c(window, 3)],
         vec![c(bucket, 2), c(window, 5), c(hourly, 1), c(window, 2)],
-        vec![c(hourly, 4), c(bucket, 1)],
+        vec![c(hourly, 4), c(sliding, 3), c(bucket, 1)],
+        vec![c(sliding, 2), c(window, 1), c(sliding, 9)],
     ];
     for batched in [false, true] {
         let _: () = redis::cmd("DEL")
@@ -596,11 +607,11 @@ fn a_key_read_under_another_algorithm_starts_afresh() {
                 "step {n}"
             );
         }
-        // The key ends as the bucket that charged it last.
+        // The key ends as the sliding window that charged it last.
         let last = model.get("switch").copied();
         assert!(
-            matches!(last, Some(State::TokenBucket(_))),
-            "the bucket charged last holds the key: {last:?}"
+            matches!(last, Some(State::SlidingWindow(_))),
+            "the sliding window charged last holds the key: {last:?}"
         );
     }
 }

@@ -232,6 +232,15 @@ impl Rule {
                     crate::storage::WindowLimit::counting(requests_per_unit, unit.secs_nonzero()),
                 ));
             }
+            crate::storage::AlgorithmKind::SlidingWindow => {
+                return Some(crate::storage::Limit::SlidingWindow(
+                    crate::storage::WindowLimit {
+                        requests_per_unit,
+                        unit_secs: unit.secs_nonzero(),
+                        counts_denied: false,
+                    },
+                ));
+            }
         }
         let bursts = if self.quota_mode || settings.global_quota_mode {
             0

@@ -28,6 +28,7 @@ pub fn rlconfig_text(config: &Config) -> String {
                 let extra = match algorithm {
                     AlgorithmKind::TokenBucket => format!(" burst={burst}"),
                     AlgorithmKind::FixedWindow => String::new(),
+                    AlgorithmKind::SlidingWindow => " algorithm=sliding_window".to_owned(),
                 };
                 format!(
                     "{}: unit={} requests_per_unit={requests_per_unit}{extra}, shadow_mode: {}",

@@ -136,6 +136,11 @@ pub(super) fn plan(
                         o.requests_per_unit,
                         unit.secs_nonzero(),
                     )),
+                    AlgorithmKind::SlidingWindow => Limit::SlidingWindow(WindowLimit {
+                        requests_per_unit: o.requests_per_unit,
+                        unit_secs: unit.secs_nonzero(),
+                        counts_denied: false,
+                    }),
                 };
                 // As in the Go service (`GetLimit` builds the override's
                 // limit before looking at the rules): no name, no shadow

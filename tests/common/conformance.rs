@@ -1943,6 +1943,109 @@ pub async fn fixed_window_refunds_shadow_and_overrides(b: &dyn Backend) {
     );
 }
 
+/// docs/design.md, "Sliding windows": the previous window's hits all at its
+/// very end, then as many as fit 30 s into the next window. The sliding
+/// window admits exactly its stated bound, `N + prev × p / U` = 60 + 30 in
+/// the minute that ends there (a fixed window would admit 120), reports the
+/// real wait of the next request, and counts no denied hit.
+pub async fn a_sliding_window_admits_its_limit_plus_its_stated_bound_across_an_edge(
+    b: &dyn Backend,
+) {
+    let c = Case::new(
+        b,
+        "domain: s\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: sliding_window}\n",
+    )
+    .await;
+    let v = [("k", "v")];
+    // T0 is 20 s into its minute: 1 ms before the minute's end.
+    c.advance_ms(39_999);
+    // Until the estimate is 0: the end of the next window (60.001 s).
+    for left in (0..60).rev() {
+        assert_eq!(st(&c.one("s", &v, 1).await, 0), (OK, left, Some(61)));
+    }
+    let r = c.one("s", &v, 1).await;
+    // It fits once 60 × r/60 <= 59: 1 s into the next window, 1.001 s away.
+    assert_eq!(st(&r, 0), (OVER, 0, Some(2)));
+    // 30 s into the next window half of the previous one still counts.
+    c.advance_ms(30_001);
+    let mut after = 0;
+    while c.one("s", &v, 1).await.overall_code == OK {
+        after += 1;
+    }
+    assert_eq!(after, 30, "60 + 60 × 30/60 in the minute ending now");
+    // The next fits when 60 × r/60 <= 29: 1 s from now.
+    let r = c.one("s", &v, 1).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(1)));
+    assert_eq!(retry_after(&r).as_deref(), Some("1"));
+    // A check is answered as a one-token request.
+    let check = c.call(req("s", vec![desc_hits(&v, 0)], 0)).await;
+    assert_eq!(st(&check, 0), (OVER, 0, Some(1)));
+    c.advance_ms(1_000);
+    assert_eq!(cr(&c.one("s", &v, 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one("s", &v, 1).await, 0).0, OVER);
+}
+
+/// All-or-nothing with a sliding window: a request it denies charges no
+/// bucket and no fixed window (and counts nothing on the sliding window
+/// itself), one a bucket denies charges no sliding window; its refunds
+/// never go below zero.
+pub async fn a_request_denied_by_a_sliding_window_charges_nothing(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: mix\ndescriptors:\n  - key: plan\n    value: free\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: fixed\n    value: f\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}\n  - key: user\n    value: u1\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}\n",
+    )
+    .await;
+    let all = || {
+        req(
+            "mix",
+            vec![
+                desc(&[("plan", "free")]),
+                desc(&[("fixed", "f")]),
+                desc(&[("user", "u1")]),
+            ],
+            1,
+        )
+    };
+    for (left, u) in [(9, 1), (8, 0)] {
+        let r = c.call(all()).await;
+        assert_eq!(
+            (r.overall_code, cr(&r, 0), cr(&r, 1), cr(&r, 2)),
+            (OK, (OK, left), (OK, left), (OK, u))
+        );
+    }
+    for _ in 0..3 {
+        let r = c.call(all()).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 8), (OK, 8)));
+        assert_eq!(cr(&r, 2), (OVER, 0));
+    }
+    assert_eq!(cr(&c.one("mix", &[("plan", "free")], 1).await, 0), (OK, 7));
+    assert_eq!(cr(&c.one("mix", &[("fixed", "f")], 1).await, 0), (OK, 7));
+    // Refunds: 5 back on a count of 2 leave 0, never below.
+    let refund = RateLimitDescriptor {
+        is_negative_hits: true,
+        ..desc_hits(&[("user", "u1")], 5)
+    };
+    let r = c.call(req("mix", vec![refund], 0)).await;
+    assert_eq!(cr(&r, 0), (OK, 2));
+    // The bucket denies: the sliding window is not charged.
+    for _ in 0..7 {
+        c.one("mix", &[("plan", "free")], 1).await;
+    }
+    let r = c
+        .call(req(
+            "mix",
+            vec![desc(&[("plan", "free")]), desc(&[("user", "u1")])],
+            1,
+        ))
+        .await;
+    assert_eq!(
+        (r.overall_code, cr(&r, 0).0, cr(&r, 1)),
+        (OVER, OVER, (OK, 2))
+    );
+    assert_eq!(cr(&c.one("mix", &[("user", "u1")], 1).await, 0), (OK, 1));
+}
+
 /// Generates one `#[tokio::test]` per conformance case for a backend.
 /// `$make` is an async fn returning a value implementing [`Backend`].
 #[macro_export]
@@ -1991,6 +2094,8 @@ macro_rules! conformance_tests {
             a_fixed_window_counts_denied_hits_until_its_end
             a_request_denied_by_a_window_charges_nothing_else
             fixed_window_refunds_shadow_and_overrides
+            a_sliding_window_admits_its_limit_plus_its_stated_bound_across_an_edge
+            a_request_denied_by_a_sliding_window_charges_nothing
         );
     };
     (@cases $make:path; $($case:ident)*) => {

@@ -1062,8 +1062,12 @@ fn window_rules_refuse_bucket_settings_with_file_line_and_path() {
             "'max_debt' is a token bucket setting: this rule is a window, by 'algorithm: fixed_window'",
         ),
         (
+            "{unit: hour, requests_per_unit: 5, algorithm: sliding_window, burst: 10}",
+            "'burst' is a token bucket setting: this rule is a window, by 'algorithm: sliding_window'",
+        ),
+        (
             "{unit: hour, requests_per_unit: 5, algorithm: leaky_bucket}",
-            "bad algorithm 'leaky_bucket': expected token_bucket, fixed_window",
+            "bad algorithm 'leaky_bucket': expected token_bucket, fixed_window, sliding_window",
         ),
         (
             "{unlimited: true, algorithm: fixed_window}",

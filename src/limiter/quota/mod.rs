@@ -848,6 +848,10 @@ fn resolve(limiter: &Limiter, config: &Config, domain: &str, id: &BucketId) -> R
             requests_per_unit,
             unit.secs_nonzero(),
         )),
+        AlgorithmKind::SlidingWindow => Limit::SlidingWindow(WindowLimit::counting(
+            requests_per_unit,
+            unit.secs_nonzero(),
+        )),
     };
     Resolved::Limited {
         rule_label: rule.path.clone(),

@@ -1,7 +1,8 @@
 //! The algorithm seam: what a limit is, what a key stores, and how all the
 //! charges of one request are evaluated together.
 //!
-//! An algorithm ([`token_bucket`], [`fixed_window`]) is a zero-sized type
+//! An algorithm ([`token_bucket`], [`fixed_window`], [`sliding_window`]) is
+//! a zero-sized type
 //! implementing [`Algorithm`]: its limit type, its stored state, the working
 //! value of a key during a request (its *level*), and the evaluation of one
 //! charge against it. The enums [`Limit`], [`State`] and the private `Level`
@@ -26,9 +27,11 @@
 //! rule whose `algorithm` a reload changed), it is the same as never seen.
 
 pub mod fixed_window;
+pub mod sliding_window;
 pub mod token_bucket;
 
 pub use fixed_window::{FixedWindow, WindowLimit, WindowState};
+pub use sliding_window::{SlidingLevel, SlidingWindow};
 use smallvec::{SmallVec, smallvec};
 pub use token_bucket::{BucketLimit, BucketState, TokenBucket};
 
@@ -47,19 +50,22 @@ pub enum AlgorithmKind {
     TokenBucket,
     /// A fixed window ([`fixed_window`]): the Go service's meaning.
     FixedWindow,
+    /// A sliding window counter ([`sliding_window`]).
+    SlidingWindow,
 }
 
 impl AlgorithmKind {
     /// Every algorithm, in the order the docs list them.
-    pub const ALL: [Self; 2] = [Self::TokenBucket, Self::FixedWindow];
+    pub const ALL: [Self; 3] = [Self::TokenBucket, Self::FixedWindow, Self::SlidingWindow];
 
     /// The name as configs, flags, `/rlconfig` and metric labels write it
-    /// (`token_bucket`, `fixed_window`).
+    /// (`token_bucket`, `fixed_window`, `sliding_window`).
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::TokenBucket => "token_bucket",
             Self::FixedWindow => "fixed_window",
+            Self::SlidingWindow => "sliding_window",
         }
     }
 
@@ -236,6 +242,8 @@ pub enum Limit {
     TokenBucket(BucketLimit),
     /// A fixed window ([`fixed_window`]).
     FixedWindow(WindowLimit),
+    /// A sliding window counter ([`sliding_window`]).
+    SlidingWindow(WindowLimit),
 }
 
 impl From<BucketLimit> for Limit {
@@ -257,6 +265,10 @@ macro_rules! each_limit {
                 type $a = FixedWindow;
                 $body
             }
+            Limit::SlidingWindow($l) => {
+                type $a = SlidingWindow;
+                $body
+            }
         }
     };
 }
@@ -268,6 +280,7 @@ impl Limit {
         match self {
             Self::TokenBucket(_) => AlgorithmKind::TokenBucket,
             Self::FixedWindow(_) => AlgorithmKind::FixedWindow,
+            Self::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
         }
     }
 
@@ -276,7 +289,7 @@ impl Limit {
     pub fn token_bucket(&self) -> Option<&BucketLimit> {
         match self {
             Self::TokenBucket(l) => Some(l),
-            Self::FixedWindow(_) => None,
+            Self::FixedWindow(_) | Self::SlidingWindow(_) => None,
         }
     }
 
@@ -286,7 +299,7 @@ impl Limit {
     pub fn max_debt(&self) -> u32 {
         match self {
             Self::TokenBucket(l) => l.max_debt,
-            Self::FixedWindow(_) => 0,
+            Self::FixedWindow(_) | Self::SlidingWindow(_) => 0,
         }
     }
 
@@ -376,6 +389,7 @@ impl Limit {
         match (self, state) {
             (Self::TokenBucket(l), State::TokenBucket(s)) => TokenBucket::expiry_us(l, s),
             (Self::FixedWindow(l), State::FixedWindow(s)) => FixedWindow::expiry_us(l, s),
+            (Self::SlidingWindow(l), State::SlidingWindow(s)) => SlidingWindow::expiry_us(l, s),
             _ => 0,
         }
     }
@@ -404,6 +418,14 @@ impl Limit {
                 let (v, stale) = FixedWindow::read(l, s, now_us);
                 (Level::FixedWindow(v), stale)
             }
+            Self::SlidingWindow(l) => {
+                let s = match stored {
+                    Some(State::SlidingWindow(s)) => Some(s),
+                    _ => None,
+                };
+                let (v, stale) = SlidingWindow::read(l, s, now_us);
+                (Level::SlidingWindow(v), stale)
+            }
         }
     }
 
@@ -416,6 +438,9 @@ impl Limit {
             }
             (Self::FixedWindow(l), Self::FixedWindow(f), Level::FixedWindow(v)) => {
                 Level::FixedWindow(FixedWindow::rebase(l, f, v))
+            }
+            (Self::SlidingWindow(l), Self::SlidingWindow(f), Level::SlidingWindow(v)) => {
+                Level::SlidingWindow(SlidingWindow::rebase(l, f, v))
             }
             _ => self.read(None, now_us).0,
         }
@@ -437,6 +462,9 @@ impl Limit {
             (Self::FixedWindow(l), Level::FixedWindow(v)) => {
                 wrap(FixedWindow::consume(l, v, cost), Level::FixedWindow)
             }
+            (Self::SlidingWindow(l), Level::SlidingWindow(v)) => {
+                wrap(SlidingWindow::consume(l, v, cost), Level::SlidingWindow)
+            }
             _ => self.consume(self.read(None, now_us).0, cost, now_us),
         }
     }
@@ -448,6 +476,9 @@ impl Limit {
             }
             (Self::FixedWindow(l), Level::FixedWindow(v)) => {
                 Level::FixedWindow(FixedWindow::refund(l, v, cost, taken_at_us, now_us))
+            }
+            (Self::SlidingWindow(l), Level::SlidingWindow(v)) => {
+                Level::SlidingWindow(SlidingWindow::refund(l, v, cost, taken_at_us, now_us))
             }
             _ => self.refund(self.read(None, now_us).0, cost, taken_at_us, now_us),
         }
@@ -461,6 +492,9 @@ impl Limit {
             (Self::FixedWindow(l), Level::FixedWindow(v)) => {
                 State::FixedWindow(FixedWindow::store(l, v, now_us))
             }
+            (Self::SlidingWindow(l), Level::SlidingWindow(v)) => {
+                State::SlidingWindow(SlidingWindow::store(l, v, now_us))
+            }
             _ => self.store(self.read(None, now_us).0, now_us),
         }
     }
@@ -469,6 +503,9 @@ impl Limit {
         match (self, level) {
             (Self::TokenBucket(l), Level::TokenBucket(v)) => TokenBucket::report(l, v, now_us),
             (Self::FixedWindow(l), Level::FixedWindow(v)) => FixedWindow::report(l, v, now_us),
+            (Self::SlidingWindow(l), Level::SlidingWindow(v)) => {
+                SlidingWindow::report(l, v, now_us)
+            }
             _ => self.report(self.read(None, now_us).0, now_us),
         }
     }
@@ -477,6 +514,9 @@ impl Limit {
         match self {
             Self::TokenBucket(l) => Level::TokenBucket(TokenBucket::level_of_report(l, report)),
             Self::FixedWindow(l) => Level::FixedWindow(FixedWindow::level_of_report(l, report)),
+            Self::SlidingWindow(l) => {
+                Level::SlidingWindow(SlidingWindow::level_of_report(l, report))
+            }
         }
     }
 }
@@ -488,6 +528,8 @@ pub enum State {
     TokenBucket(BucketState),
     /// A fixed window's count, unit and stamp.
     FixedWindow(WindowState),
+    /// A sliding window's two counts, unit and stamp.
+    SlidingWindow(WindowState),
 }
 
 impl From<BucketState> for State {
@@ -503,6 +545,7 @@ impl State {
         match self {
             Self::TokenBucket(s) => TokenBucket::updated_us(s),
             Self::FixedWindow(s) => FixedWindow::updated_us(s),
+            Self::SlidingWindow(s) => SlidingWindow::updated_us(s),
         }
     }
 
@@ -511,7 +554,7 @@ impl State {
     pub fn token_bucket(&self) -> Option<&BucketState> {
         match self {
             Self::TokenBucket(s) => Some(s),
-            Self::FixedWindow(_) => None,
+            Self::FixedWindow(_) | Self::SlidingWindow(_) => None,
         }
     }
 
@@ -520,7 +563,7 @@ impl State {
     pub fn window(&self) -> Option<&WindowState> {
         match self {
             Self::TokenBucket(_) => None,
-            Self::FixedWindow(s) => Some(s),
+            Self::FixedWindow(s) | Self::SlidingWindow(s) => Some(s),
         }
     }
 }
@@ -530,6 +573,7 @@ impl State {
 enum Level {
     TokenBucket(<TokenBucket as Algorithm>::Level),
     FixedWindow(<FixedWindow as Algorithm>::Level),
+    SlidingWindow(<SlidingWindow as Algorithm>::Level),
 }
 
 /// What to do with one key in a request.
@@ -918,7 +962,11 @@ mod tests {
     #[test]
     fn script_ids_are_registered_in_the_script() {
         let src = crate::storage::redis::script::SOURCE;
-        for id in [TokenBucket::SCRIPT_ID, FixedWindow::SCRIPT_ID] {
+        for id in [
+            TokenBucket::SCRIPT_ID,
+            FixedWindow::SCRIPT_ID,
+            SlidingWindow::SCRIPT_ID,
+        ] {
             assert!(src.contains(&format!("\n[{id}] = (function()")), "{id}");
         }
     }

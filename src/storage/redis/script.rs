@@ -38,6 +38,7 @@ pub const SOURCE: &str = concat!(
     "local ALGORITHMS = {\n",
     algorithm_part!(0, "token_bucket.lua"),
     algorithm_part!(1, "fixed_window.lua"),
+    algorithm_part!(2, "sliding_window.lua"),
     "}\n",
     include_str!("../../../lua/request.lua")
 );
