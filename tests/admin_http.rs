@@ -180,7 +180,7 @@ async fn rlconfig_shows_the_debt_bound_in_force() {
 /// limited rules per algorithm, every algorithm with its series.
 #[tokio::test]
 async fn rlconfig_and_metrics_show_the_algorithm() {
-    let yaml = "domain: algo\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: w\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}\n  - key: w2\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n  - key: u\n    rate_limit: {unlimited: true}\n";
+    let yaml = "domain: algo\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: w\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}\n  - key: w2\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n  - key: s\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window}\n  - key: u\n    rate_limit: {unlimited: true}\n";
     let settings = bucket_rls::settings::ServiceSettings {
         max_debt_bursts: 3,
         ..bucket_rls::settings::ServiceSettings::default()
@@ -208,6 +208,8 @@ async fn rlconfig_and_metrics_show_the_algorithm() {
     let rules = |a: &str| metric(&text, m::CONFIG_RULES, &[("algorithm", a)]);
     assert_eq!(rules("token_bucket"), Some(1.0));
     assert_eq!(rules("fixed_window"), Some(2.0));
+    assert_eq!(rules("sliding_window"), Some(1.0));
+    assert_eq!(field("algo.s", "algorithm"), Some(json!("sliding_window")));
 }
 
 #[tokio::test]

@@ -348,12 +348,10 @@ pub fn wait_until_fits_us(limit: &WindowLimit, level: &SlidingLevel, need_micro:
             // In this window: ceil(prev × r / U) <= room, for r the time left
             // to its end, holds for r <= floor(room × U / prev).
             let room = cap - need_micro - count_micro;
-            if prev == 0 {
-                0
-            } else {
-                let r_max = room * unit_secs / prev;
-                to_end.saturating_sub(r_max)
-            }
+            // No previous count: nothing to wait for.
+            (room * unit_secs)
+                .checked_div(prev)
+                .map_or(0, |r_max| to_end.saturating_sub(r_max))
         } else {
             // In the next window, where this count is the previous one:
             // fits once r <= floor((cap - need) × U / count).
