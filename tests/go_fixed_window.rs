@@ -386,3 +386,74 @@ async fn the_go_services_response_status_cases() {
         }
     }
 }
+
+/// `TestServicePerDescriptorQuotaMode`, `TestServiceMixedPerDescriptorModes`,
+/// `...UnderLimit`, `TestServiceQuotaModeOnlyAllOverTheLimit` and
+/// `...OnlySomeOverTheLimit` (`test/service/ratelimit_test.go`), on fixed
+/// windows: a normal rule over its limit denies whatever the quota rules
+/// say; quota rules deny only when every one of them is over; a quota window
+/// over its limit counts its hit (as the Go service's `INCRBY` does) and
+/// says `OVER_LIMIT` in a request that passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_go_services_quota_mode_cases() {
+    let yaml = "descriptors:
+  - key: regular
+    value: limit
+    rate_limit: {unit: minute, requests_per_unit: 5, fixed}
+  - key: quota
+    value: limit
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3, fixed}
+  - key: quota1
+    value: limit
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, fixed}
+  - key: quota2
+    value: limit
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3, fixed}
+";
+    let (regular, quota) = ([("regular", "limit")], [("quota", "limit")]);
+    let (quota1, quota2) = ([("quota1", "limit")], [("quota2", "limit")]);
+    for b in Backend::both() {
+        // (case, [(entries, limit, count before)], overall, codes)
+        let cases: [(&str, [(&[(&str, &str)], u32, u64); 2], i32, [i32; 2]); 5] = [
+            ("goq1", [(&regular, 5, 5), (&quota, 3, 0)], OVER, [OVER, OK]),
+            ("goq2", [(&regular, 5, 0), (&quota, 3, 3)], OVER, [OK, OVER]),
+            ("goq3", [(&regular, 5, 0), (&quota, 3, 0)], OK, [OK, OK]),
+            (
+                "goq4",
+                [(&quota1, 5, 5), (&quota2, 3, 3)],
+                OVER,
+                [OVER, OVER],
+            ),
+            ("goq5", [(&quota1, 5, 5), (&quota2, 3, 0)], OK, [OVER, OK]),
+        ];
+        for (case, rules, overall, codes) in cases {
+            let go = Go::new(&b, case, yaml, 1234);
+            for (e, n, before) in rules {
+                go.add(e, n, 60, before).await;
+            }
+            let r = go.call(vec![desc(rules[0].0), desc(rules[1].0)], 1).await;
+            assert_eq!(
+                (r.overall_code, [r.statuses[0].code, r.statuses[1].code]),
+                (overall, codes),
+                "{case} {}",
+                b.name()
+            );
+            for s in &r.statuses {
+                assert_eq!(s.duration_until_reset.as_ref().map(|d| d.seconds), Some(26));
+            }
+        }
+        // A quota window over its limit counted its hit: the Go service's
+        // over count, in a request that passed.
+        let go = Go::new(&b, "goq6", yaml, 1234);
+        go.add(&quota1, 5, 60, 5).await;
+        let r = go.call(vec![desc(&quota1), desc(&quota2)], 1).await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(go.stats("quota1_limit"), [1, 1, 0, 0, 0]);
+        assert_eq!(go.stats("quota2_limit"), [1, 0, 0, 1, 0]);
+        let r = go.call(vec![desc(&quota1)], 0).await;
+        assert_eq!(st(&r, 0), (OVER, 0, Some(26)), "6 of 5 counted");
+    }
+}

@@ -444,12 +444,15 @@ fn go_window_counts(charges: &[Charge], result: &RequestResult) -> Vec<Option<(u
                 return None;
             };
             let reported = algorithm::fixed_window::count_of(&l, &r.report());
-            // Admitted: the report is after every consume of the request
-            // on the key; denied: before any.
-            let start = if result.admitted {
-                reported.saturating_sub(total.get(c.key.as_str()).copied().unwrap_or(0))
-            } else {
+            // An admitted request reports the counts after every consume on
+            // the key, a denied one before any; so does a quota charge that
+            // lacked room in a request that passed without it (its answer is
+            // the denied round's: a non-shadow consume that lacked).
+            let reported_before = !result.admitted || (!r.enough && !c.spec.shadow);
+            let start = if reported_before {
                 reported
+            } else {
+                reported.saturating_sub(total.get(c.key.as_str()).copied().unwrap_or(0))
             };
             let so_far = taken.entry(c.key.as_str()).or_default();
             let before = start.saturating_add(*so_far);
