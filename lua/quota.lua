@@ -165,7 +165,7 @@ for i = 1, n do
   elseif stale then
     put(bucket, alg, level, p1, p2, p3)
   end
-  reply[2 * i - 1] = alg[REPORT](level)
+  reply[2 * i - 1] = alg[REPORT](level, p1, p2, p3, now)
   if live_ms == 0 then
     -- The subscriber leaves: its record goes, the others stay as they are.
     rcall('HDEL', records, subscriber)

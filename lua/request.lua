@@ -18,21 +18,27 @@ as `local ALGORITHMS = {`, then per algorithm
 this file. So one EVALSHA serves any mix of algorithms, and this file names
 none. Each algorithm part returns an array of seven functions, in this order,
 over its limit's three parameters p1, p2, p3 and its extra parameter x (see
-ARGV[3]), and over a *level*: the working value of one key during a request,
-opaque here:
+ARGV[3]), and over a *level*: the working value of one key during a request
+(a number, or a table the part makes anew on every change), opaque here:
   read(s, p1, p2, p3, now) -> level, stale
       the level at `now` of a key whose stored string is s (false:
-      missing); stale: stored with a time after now (rewritten, see below).
-  rebase(level, p1, p2, p3) -> level
-      a level reached under another limit, under this one (two charges on
-      one key may carry different limits).
+      missing; a value of another algorithm's format reads as missing);
+      stale: stored with a time after now (rewritten, see below).
+  rebase(level, p1, p2, p3, q1, q2, q3) -> level
+      a level reached under the limit q1, q2, q3 of the same algorithm,
+      under this one (two charges on one key may carry different limits).
+      A level of another algorithm is never rebased: the driver reads the
+      key as missing under the new one instead.
   consume(level, cost, p1, p2, p3, x) -> level, enough, changed, stands
       enough: the key had what the charge needs; changed: the level must be
       written if the request stands; stands: the charge is taken even when
-      the request is denied (a bucket's debt charge).
-  refund(level, cost, p1, p2, p3) -> level, changed
-  report(level) -> integer
-      what the key has left in micro-units (the reply's value).
+      the request is denied (a bucket's debt charge; the hits a fixed
+      window counts when they do not fit).
+  refund(level, cost, p1, p2, p3, x, now) -> level, changed
+  report(level, p1, p2, p3, now) -> left[, previous]
+      what the key has left in micro-units (the reply's value); a window
+      also returns its previous window's count in micro-units, and the
+      reply then carries now with it.
   encode(level, now, p1, p2, p3) -> value, ttl_ms
       the string to store and its expiry in ms (at least 1); value nil:
       the key is the same as missing and is deleted.
@@ -72,7 +78,8 @@ ARGV[3]     every charge, in request order (a batch: the requests one after
                          check only
               flags      bit 0: refund (is_negative_hits), bit 1: shadow mode,
                          flags / 4 (floor): the algorithm's extra parameter x
-                         (below 2^32; the token bucket's max_debt D).
+                         (below 2^40; the token bucket's max_debt D, a
+                         window's target of a refund).
 
 ARGV[4]     absent for one request. A batch: per request, in order, its
             number of charges as a big-endian u32 (4 bytes each).
@@ -89,15 +96,21 @@ part of the reply is an error (below) and they write nothing.
 Reply: one binary string, big-endian. Of a batch: the replies of its
 requests one after the other, each as below, or for a request that failed
 the byte 2, then its error's length (u16) and the Redis error text
-(`WRONGTYPE ...`). Of one request, 1 + 9 n bytes:
+(`WRONGTYPE ...`). Of one request, 1 + 9 n bytes, and 16 more per window
+charge:
   admitted   1 byte: 1 if every non-shadow consume charge had enough
              (then all were charged), else 0 (then only the charges that
              stand were written).
   then per charge i, in request order:
-  enough_i   1 byte: 1 if charge i had enough (always 1 for a refund).
+  flags_i    1 byte: bit 0: charge i had enough (always for a refund);
+             bit 1: a window report follows left_i.
   left_i     8 bytes, signed: what charge i's key has left, in micro-units
-             (report), after the request (admitted) or before it (not
-             admitted), under charge i's limit; negative while in debt.
+             (report), after the request (admitted: under the limit of the
+             key's last charge) or before it (not admitted: under charge
+             i's limit); negative while in debt or over a window's limit.
+  at_i       (window report) 8 bytes: now, in microseconds.
+  prev_i     (window report) 8 bytes: the previous window's count, in
+             micro-units.
 (One packed string instead of an array of 2n + 1 integers: the client parses
 it in a few instructions, where an array of integers costs a parser step per
 element.)
@@ -206,7 +219,7 @@ if not batch and #ARGV[3] == 32 then
   local w, stale = alg[READ](s, p1, p2, p3, now)
   local after, ok, changed, stands
   if low % 2 == 1 then
-    after, changed = alg[REFUND](w, cost, p1, p2, p3)
+    after, changed = alg[REFUND](w, cost, p1, p2, p3, (flags - low) / 4, now)
     ok = true
   else
     after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, (flags - low) / 4)
@@ -232,10 +245,17 @@ if not batch and #ARGV[3] == 32 then
       rcall('SET', KEYS[k], value, 'PX', string.format('%d', ttl))
     end
   end
+  local left, prev
   if admitted then
-    return spack('>BBi8', 1, ok and 1 or 0, alg[REPORT](after))
+    left, prev = alg[REPORT](after, p1, p2, p3, now)
+  else
+    left, prev = alg[REPORT](w, p1, p2, p3, now)
   end
-  return spack('>BBi8', 0, 0, alg[REPORT](w))
+  local enough = (admitted and ok) and 1 or 0
+  if prev == nil then
+    return spack('>BBi8', admitted and 1 or 0, enough, left)
+  end
+  return spack('>BBi8I8I8', admitted and 1 or 0, enough + 2, left, now, prev)
 end
 
 -- Per key k (index into KEYS): its stored string as read (CUR[k], false:
@@ -274,8 +294,9 @@ end
 -- limit, and whether it was stored after now.
 local function readk(alg, k, s, p1, p2, p3)
   if s == true then
-    if PK[k] then
-      return alg[REBASE](PL[k], p1, p2, p3), false
+    -- (A key written under another algorithm reads as missing.)
+    if PK[k] and PA[k] == alg then
+      return alg[REBASE](PL[k], p1, p2, p3, P1[k], P2[k], P3[k]), false
     end
     return alg[READ](false, p1, p2, p3, now)
   end
@@ -293,15 +314,31 @@ local function put(k, alg, p1, p2, p3, level)
   PL[k], PK[k], PA[k], P1[k], P2[k], P3[k] = level, alg[KEPT](level, p1, p2, p3), alg, p1, p2, p3
 end
 
+-- Charge c's part of a reply after the first nv values of `reply`: its
+-- flags (enough: 0 or 1), what is left and, when `prev` is given, a
+-- window report (now and prev); its format in pieces[c]. Returns the new
+-- number of values and whether a window report was added.
+local function push(reply, nv, pieces, c, enough, left, prev)
+  if prev == nil then
+    reply[nv + 1], reply[nv + 2] = enough, left
+    pieces[c] = 'Bi8'
+    return nv + 2, false
+  end
+  reply[nv + 1], reply[nv + 2], reply[nv + 3], reply[nv + 4] = enough + 2, left, now, prev
+  pieces[c] = 'Bi8I8I8'
+  return nv + 4, true
+end
+
 -- The working tables of a request with several charges, per key k (index
 -- into KEYS): the stored string RAW[k] (false: missing), the working level
 -- W[k] and whether it changed (DIRTY[k]), the algorithm and limit of its
 -- last charge (LA, L1, L2, L3), the level after only the charges that
--- stand (DW[k], written when the request is denied), and for a key stored
--- after now the level read before any charge (STALE[k]); the request's
--- keys in RK; per charge c its key KEY[c] and whether it had enough
--- (ENOUGH[c]); the reply's values (REPLY); reply formats by number of
--- charges (FORMATS). Made by the first such request of the call (WT holds
+-- stand (DW[k], written when the request is denied) and where in ARGV[3]
+-- the last of them is (DP[k]), and for a key stored after now the level
+-- read before any charge (STALE[k]); the request's keys in RK; per charge
+-- c its key KEY[c] and whether it had enough (ENOUGH[c]); the reply's
+-- values (REPLY) and per charge its format (PIECES); reply formats of
+-- requests without window charges by number of charges (FORMATS). Made by the first such request of the call (WT holds
 -- them: a function with many upvalues costs more to make on every call),
 -- emptied after each request, so each request starts from nothing, as
 -- alone.
@@ -314,17 +351,18 @@ local packed = ARGV[3]
 local function general(first, n)
   local t = WT
   if t == nil then
-    t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
+    t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
     WT = t
   end
   local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]
-  local RK, KEY, ENOUGH, REPLY, FORMATS = t[10], t[11], t[12], t[13], t[14]
+  local RK, KEY, ENOUGH, REPLY, FORMATS, DP, PIECES = t[10], t[11], t[12], t[13], t[14], t[15], t[16]
   local admitted = true
   local nr = 0
   local failed
   local pos = first
   for c = 1, n do
     local a, k, p1, p2, p3, cost, flags
+    local cpos = pos
     a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
     local alg = ALGORITHMS[a]
     KEY[c] = k
@@ -348,19 +386,22 @@ local function general(first, n)
         STALE[k] = w
       end
       DIRTY[k] = false
+    elseif LA[k] ~= alg then
+      -- Another algorithm on the key: it is as missing under this one.
+      w = alg[READ](false, p1, p2, p3, now)
     else
-      w = alg[REBASE](w, p1, p2, p3)
+      w = alg[REBASE](w, p1, p2, p3, L1[k], L2[k], L3[k])
     end
     LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
+    local x = (flags - low) / 4
     if refund then
       local changed
-      w, changed = alg[REFUND](w, cost, p1, p2, p3)
+      w, changed = alg[REFUND](w, cost, p1, p2, p3, x, now)
       if changed then
         DIRTY[k] = true
       end
       ENOUGH[c] = 1
     else
-      local x = (flags - low) / 4
       local ok, changed, stands
       w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
       if ok then
@@ -379,9 +420,11 @@ local function general(first, n)
         if d == nil then
           d = readk(alg, k, RAW[k], p1, p2, p3)
         else
-          d = alg[REBASE](d, p1, p2, p3)
+          local _, _, q1, q2, q3 = sunpack('>I1I3I4I4I4', packed, DP[k])
+          d = alg[REBASE](d, p1, p2, p3, q1, q2, q3)
         end
         DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
+        DP[k] = cpos
       end
     end
     W[k] = w
@@ -391,6 +434,8 @@ local function general(first, n)
   if failed == nil then
     -- (`RK` lists every key of the request.)
     local reply = REPLY
+    -- Values in `reply`, and whether a window report is among them.
+    local nv, wide, w = 1, false, false
     if admitted then
       reply[1] = 1
       for i = 1, nr do
@@ -403,8 +448,8 @@ local function general(first, n)
       end
       for c = 1, n do
         local k = KEY[c]
-        reply[2 * c] = ENOUGH[c]
-        reply[2 * c + 1] = LA[k][REPORT](W[k])
+        nv, w = push(reply, nv, PIECES, c, ENOUGH[c], LA[k][REPORT](W[k], L1[k], L2[k], L3[k], now))
+        wide = wide or w
       end
     else
       reply[1] = 0
@@ -416,8 +461,8 @@ local function general(first, n)
         a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
         pos = pos + 32
         local alg = ALGORITHMS[a]
-        reply[2 * c] = ENOUGH[c]
-        reply[2 * c + 1] = alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)))
+        nv, w = push(reply, nv, PIECES, c, ENOUGH[c], alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)), p1, p2, p3, now))
+        wide = wide or w
       end
       for i = 1, nr do
         local k = RK[i]
@@ -428,18 +473,23 @@ local function general(first, n)
         end
       end
     end
-    local fmt = FORMATS[n]
-    if fmt == nil then
-      fmt = '>B' .. string.rep('Bi8', n)
-      FORMATS[n] = fmt
+    local fmt
+    if wide then
+      fmt = '>B' .. table.concat(PIECES, '', 1, n)
+    else
+      fmt = FORMATS[n]
+      if fmt == nil then
+        fmt = '>B' .. string.rep('Bi8', n)
+        FORMATS[n] = fmt
+      end
     end
-    out = spack(fmt, unpack(reply, 1, 2 * n + 1))
+    out = spack(fmt, unpack(reply, 1, nv))
   end
   -- Empty the working tables for the next request.
   for i = 1, nr do
     local k = RK[i]
-    RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k] =
-      nil, nil, nil, nil, nil, nil, nil, nil, nil
+    RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k], DP[k] =
+      nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
   end
   if failed ~= nil then
     return nil, failed
@@ -464,25 +514,34 @@ local function run(first, n)
   local w, stale = readk(alg, k, s, p1, p2, p3)
   local after, ok, changed, stands
   if low % 2 == 1 then
-    after, changed = alg[REFUND](w, cost, p1, p2, p3)
+    after, changed = alg[REFUND](w, cost, p1, p2, p3, (flags - low) / 4, now)
     ok = true
   else
     after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, (flags - low) / 4)
   end
+  local left, prev
   if ok or low >= 2 then
     if changed then
       put(k, alg, p1, p2, p3, after)
     elseif stale then
       put(k, alg, p1, p2, p3, w)
     end
-    return spack('>BBi8', 1, ok and 1 or 0, alg[REPORT](after))
+    left, prev = alg[REPORT](after, p1, p2, p3, now)
+    if prev == nil then
+      return spack('>BBi8', 1, ok and 1 or 0, left)
+    end
+    return spack('>BBi8I8I8', 1, (ok and 1 or 0) + 2, left, now, prev)
   end
   if stands then
     put(k, alg, p1, p2, p3, after)
   elseif stale then
     put(k, alg, p1, p2, p3, w)
   end
-  return spack('>BBi8', 0, 0, alg[REPORT](w))
+  left, prev = alg[REPORT](w, p1, p2, p3, now)
+  if prev == nil then
+    return spack('>BBi8', 0, 0, left)
+  end
+  return spack('>BBi8I8I8', 0, 2, left, now, prev)
 end
 
 -- Stores what the requests left: each key written once, with the expiry

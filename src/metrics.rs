@@ -149,6 +149,27 @@ pub const CONFIG_INFO: &str = "bucket_rls_config_info";
 /// rendered at scrape time like [`CONFIG_INFO`]).
 pub const CONFIG_LOAD_TIMESTAMP: &str = "bucket_rls_config_load_timestamp_seconds";
 
+/// Limited rules of the config in force per algorithm (gauge, label
+/// `algorithm`: `token_bucket`, `fixed_window`, ...; a series for every
+/// algorithm, 0 included; `unlimited` rules have none). Rendered at scrape
+/// time from the config in force, like [`CONFIG_INFO`].
+pub const CONFIG_RULES: &str = "bucket_rls_config_rules";
+
+/// The [`CONFIG_RULES`] series: `counts` is the number of limited rules
+/// per algorithm name.
+#[must_use]
+pub fn render_rules(counts: &[(&str, usize)]) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "# HELP {CONFIG_RULES} Limited rules of the config in force per algorithm\n\
+         # TYPE {CONFIG_RULES} gauge\n"
+    );
+    for (algorithm, n) in counts {
+        let _ = writeln!(out, "{CONFIG_RULES}{{algorithm=\"{algorithm}\"}} {n}");
+    }
+    out
+}
+
 /// One per-rule counter (label `rule`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RuleCounter {

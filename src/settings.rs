@@ -115,6 +115,10 @@ pub struct ServiceSettings {
     /// Envoy's quota service (RLQS): a bucket id that matches no rule is
     /// sent `DENY_ALL` instead of `ALLOW_ALL` (`--rlqs-unmatched deny`).
     pub rlqs_deny_unmatched: bool,
+    /// The algorithm of a request's `limit` override
+    /// (`--default-algorithm`, which is also the algorithm of every rule
+    /// that names none: [`LoadOptions`](crate::config::compile::LoadOptions)).
+    pub default_algorithm: crate::storage::AlgorithmKind,
 }
 
 impl Default for ServiceSettings {
@@ -134,6 +138,7 @@ impl Default for ServiceSettings {
             ignore_unmatched_overrides: false,
             max_debt_bursts: 0,
             rlqs_deny_unmatched: false,
+            default_algorithm: crate::storage::AlgorithmKind::TokenBucket,
         }
     }
 }

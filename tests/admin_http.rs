@@ -175,6 +175,43 @@ async fn rlconfig_shows_the_debt_bound_in_force() {
     assert_eq!(debt("llm.off"), Some(None));
 }
 
+/// `/rlconfig` names each limited rule's algorithm (a window shows no
+/// debt bound even under `--max-debt-bursts`), and `/metrics` counts the
+/// limited rules per algorithm, every algorithm with its series.
+#[tokio::test]
+async fn rlconfig_and_metrics_show_the_algorithm() {
+    let yaml = "domain: algo\ndescriptors:\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: w\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}\n  - key: w2\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n  - key: s\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window}\n  - key: u\n    rate_limit: {unlimited: true}\n";
+    let settings = bucket_rls::settings::ServiceSettings {
+        max_debt_bursts: 3,
+        ..bucket_rls::settings::ServiceSettings::default()
+    };
+    let l = Arc::new(Limiter::new(
+        common::config(&[("algo.yaml", yaml)]),
+        memory(),
+        settings,
+    ));
+    let (_, _, body) = call(&l, "GET", "/rlconfig", "").await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let rules = v["domains"][0]["rules"].as_array().unwrap();
+    let field = |p: &str, f: &str| {
+        rules
+            .iter()
+            .find(|r| r["path"] == p)
+            .and_then(|r| r.get(f).cloned())
+    };
+    assert_eq!(field("algo.b", "algorithm"), Some(json!("token_bucket")));
+    assert_eq!(field("algo.w", "algorithm"), Some(json!("fixed_window")));
+    assert_eq!(field("algo.u", "algorithm"), None);
+    assert_eq!(field("algo.b", "max_debt"), Some(json!(30)));
+    assert_eq!(field("algo.w", "max_debt"), None);
+    let (_, _, text) = call(&l, "GET", "/metrics", "").await;
+    let rules = |a: &str| metric(&text, m::CONFIG_RULES, &[("algorithm", a)]);
+    assert_eq!(rules("token_bucket"), Some(1.0));
+    assert_eq!(rules("fixed_window"), Some(2.0));
+    assert_eq!(rules("sliding_window"), Some(1.0));
+    assert_eq!(field("algo.s", "algorithm"), Some(json!("sliding_window")));
+}
+
 #[tokio::test]
 async fn rlconfig_lists_domains_rules_hash_and_last_error() {
     let l = common::limiter(YAML, memory(), "r:");

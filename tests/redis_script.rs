@@ -1,20 +1,22 @@
-//! The request script (`lua/request.lua` with `lua/algorithms/token_bucket.lua`)
-//! against its reference model (`algorithm::apply_request` with the token
-//! bucket): random request sequences through the script
-//! (test-only explicit now) and through the model give identical replies and
-//! identical stored state; every written key expires no earlier than its
-//! bucket is full again; random batches of requests in one call give what
-//! the same requests give one at a time. Also the stored size of a bucket
-//! (BENCHMARKS.md).
+//! The request script (`lua/request.lua` with every algorithm's part under
+//! `lua/algorithms/`) against its reference model (`algorithm::apply_request`
+//! with each algorithm's model): random request sequences over keys of every
+//! algorithm through the script (test-only explicit now) and through the
+//! model give identical replies and identical stored state; every written
+//! key expires exactly when its algorithm says (a bucket when full again, a
+//! window at the end of what it must remember); random batches of requests
+//! in one call give what the same requests give one at a time. Also the
+//! stored size of a bucket (BENCHMARKS.md).
 
 mod common;
 
 use bucket_rls::storage::algorithm::{
-    self, BucketLimit, BucketState, ChargeKind, ChargeSpec, Limit, RequestResult, State,
+    self, AlgorithmKind, BucketLimit, BucketState, ChargeKind, ChargeSpec, Limit, RequestResult,
+    State, WindowLimit, WindowState,
 };
 use bucket_rls::storage::redis::script::{BucketScript, SOURCE, ScriptCall};
 use bucket_rls::storage::{Charge, group_by_key};
-use common::redis::{RedisServer, decode_bucket};
+use common::redis::{RedisServer, decode_bucket, decode_window};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::RefCell;
@@ -27,7 +29,7 @@ const T0_US: u64 = 1_700_000_000_000_000;
 const MAX_TTL_MS: u128 = 1_000_000_000_000_000;
 const UNITS: [u64; 7] = [1, 60, 3600, 86_400, 604_800, 2_592_000, 31_536_000];
 
-fn limit() -> impl Strategy<Value = BucketLimit> {
+fn bucket_limit() -> impl Strategy<Value = BucketLimit> {
     let rate = prop_oneof![
         1 => Just(0u32),
         4 => 1u32..20,
@@ -50,6 +52,47 @@ fn limit() -> impl Strategy<Value = BucketLimit> {
         burst: b.unwrap_or(r),
         max_debt: if r == 0 { 0 } else { d },
     })
+}
+
+fn window_limit() -> impl Strategy<Value = WindowLimit> {
+    let rate = prop_oneof![
+        1 => Just(0u32),
+        4 => 1u32..20,
+        1 => Just(u32::MAX),
+        1 => any::<u32>(),
+    ];
+    // Short units often, so that steps cross window edges.
+    let unit = prop_oneof![
+        4 => Just(1u64),
+        2 => Just(60u64),
+        1 => prop::sample::select(UNITS.to_vec()),
+    ];
+    (rate, unit, prop::bool::weighted(0.8)).prop_map(|(r, u, counts_denied)| WindowLimit {
+        requests_per_unit: r,
+        unit_secs: NonZeroU64::new(u).expect("a unit"),
+        counts_denied,
+    })
+}
+
+/// A limit of one algorithm, and the same of each other algorithm (a key's
+/// charges all use its algorithm: a per-charge limit is taken of it).
+type Limits = (BucketLimit, WindowLimit);
+
+fn limits() -> impl Strategy<Value = Limits> {
+    (bucket_limit(), window_limit())
+}
+
+/// The algorithm of key number `k` of a case.
+fn kind_of(kinds: &[AlgorithmKind], k: usize) -> AlgorithmKind {
+    kinds[k % kinds.len()]
+}
+
+fn pick(kind: AlgorithmKind, l: Limits) -> Limit {
+    match kind {
+        AlgorithmKind::TokenBucket => Limit::TokenBucket(l.0),
+        AlgorithmKind::FixedWindow => Limit::FixedWindow(l.1),
+        AlgorithmKind::SlidingWindow => Limit::SlidingWindow(l.1),
+    }
 }
 
 fn cost() -> impl Strategy<Value = u64> {
@@ -75,38 +118,63 @@ fn step_us() -> impl Strategy<Value = i64> {
     ]
 }
 
+/// What a charge does: consume, refund, or give back a charge taken this
+/// many microseconds earlier (a Redis Cluster compensation).
+#[derive(Clone, Copy, Debug)]
+enum KindGen {
+    Consume,
+    Refund,
+    Return(u64),
+}
+
+fn kind() -> impl Strategy<Value = KindGen> {
+    prop_oneof![
+        16 => Just(KindGen::Consume),
+        3 => Just(KindGen::Refund),
+        1 => prop_oneof![Just(0u64), 0u64..3_000_000, 0u64..120_000_000].prop_map(KindGen::Return),
+    ]
+}
+
 /// One charge: key number, optional own limit (else the key's: a charge
 /// with another limit on the same bucket is what a per-request `limit`
-/// override on a rule's bucket would be), cost, refund, shadow.
-type ChargeGen = (usize, Option<BucketLimit>, u64, bool, bool);
+/// override on a rule's bucket would be), cost, kind, shadow.
+type ChargeGen = (usize, Option<Limits>, u64, KindGen, bool);
 
 fn charge() -> impl Strategy<Value = ChargeGen> {
     (
         0usize..3,
-        prop_oneof![4 => Just(None), 1 => limit().prop_map(Some)],
+        prop_oneof![4 => Just(None), 1 => limits().prop_map(Some)],
         cost(),
-        prop::bool::weighted(0.2),
+        kind(),
         prop::bool::weighted(0.2),
     )
 }
 
-fn sequence() -> impl Strategy<Value = (Vec<BucketLimit>, Vec<(i64, Vec<ChargeGen>)>)> {
+/// A case: the algorithm of each key (by key number), the keys' limits.
+type Keys = (Vec<AlgorithmKind>, Vec<Limits>);
+
+fn keys() -> impl Strategy<Value = Keys> {
     (
-        prop::collection::vec(limit(), 3),
+        prop::collection::vec(prop::sample::select(AlgorithmKind::ALL.to_vec()), 1..4),
+        prop::collection::vec(limits(), 3),
+    )
+}
+
+fn sequence() -> impl Strategy<Value = (Keys, Vec<(i64, Vec<ChargeGen>)>)> {
+    (
+        keys(),
         prop::collection::vec((step_us(), prop::collection::vec(charge(), 1..5)), 1..12),
     )
 }
 
-/// The model's store: what the memory backend keeps (a full bucket is dropped).
-type Model = HashMap<String, BucketState>;
+/// The model's store: what the memory backend keeps (a full bucket, an
+/// empty window is dropped).
+type Model = HashMap<String, State>;
 
 /// Runs the model; returns its result and the keys it wrote.
 fn run_model(model: &mut Model, charges: &[Charge], now_us: u64) -> (RequestResult, Vec<String>) {
     let (keys, indexed) = group_by_key(charges);
-    let states: Vec<Option<State>> = keys
-        .iter()
-        .map(|k| model.get(*k).copied().map(State::from))
-        .collect();
+    let states: Vec<Option<State>> = keys.iter().map(|k| model.get(*k).copied()).collect();
     let mut last = vec![None; keys.len()];
     for (i, spec) in &indexed {
         last[*i] = Some(spec.limit);
@@ -119,7 +187,6 @@ fn run_model(model: &mut Model, charges: &[Charge], now_us: u64) -> (RequestResu
         if l.expiry_us(&st) == 0 {
             model.remove(keys[i]);
         } else {
-            let st = *st.token_bucket().expect("a bucket");
             model.insert(keys[i].to_owned(), st);
         }
     }
@@ -127,16 +194,43 @@ fn run_model(model: &mut Model, charges: &[Charge], now_us: u64) -> (RequestResu
 }
 
 /// Expected PX in ms for a stored state (ceil, at least 1, capped).
-fn expected_px_ms(l: &Limit, st: &BucketState, now_us: u64) -> u128 {
-    let us = l.expiry_us(&State::from(*st)) + u128::from(st.updated_us.saturating_sub(now_us));
+fn expected_px_ms(l: &Limit, st: &State, now_us: u64) -> u128 {
+    let us = l.expiry_us(st) + u128::from(st.updated_us().saturating_sub(now_us));
     us.div_ceil(1000).clamp(1, MAX_TTL_MS)
+}
+
+/// A stored value decoded into the model's state (the window format, else a
+/// bucket).
+fn decode_state(raw: &[u8]) -> State {
+    match decode_window(raw) {
+        Some((tag, updated_us, unit_secs, previous, count)) => {
+            let s = WindowState {
+                updated_us,
+                unit_secs,
+                previous,
+                count,
+            };
+            if tag == 241 {
+                State::FixedWindow(s)
+            } else {
+                State::SlidingWindow(s)
+            }
+        }
+        None => {
+            let (tokens_micro, updated_us) = decode_bucket(raw);
+            State::TokenBucket(BucketState {
+                tokens_micro,
+                updated_us,
+            })
+        }
+    }
 }
 
 fn check_sequence(
     conn: &mut redis::Connection,
     script: &BucketScript,
     case: u64,
-    limits: &[BucketLimit],
+    limits: &Keys,
     steps: &[(i64, Vec<ChargeGen>)],
 ) -> Result<(), TestCaseError> {
     let batches: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
@@ -146,18 +240,22 @@ fn check_sequence(
     check_batches(conn, script, case, limits, &batches)
 }
 
-/// The charges of one generated request on the buckets of test case `case`.
-fn charges_of(case: u64, limits: &[BucketLimit], gens: &[ChargeGen]) -> Vec<Charge> {
+/// The charges of one generated request, at `now_us`, on the keys of test
+/// case `case`.
+fn charges_of(case: u64, keys: &Keys, gens: &[ChargeGen], now_us: u64) -> Vec<Charge> {
+    let (kinds, limits) = keys;
     gens.iter()
-        .map(|(k, own, cost, refund, shadow)| Charge {
+        .map(|(k, own, cost, kind, shadow)| Charge {
             key: format!("prop:{case}:{k}"),
             spec: ChargeSpec {
-                limit: own.unwrap_or(limits[*k]).into(),
+                limit: pick(kind_of(kinds, *k), own.unwrap_or(limits[*k])),
                 cost: *cost,
-                kind: if *refund {
-                    ChargeKind::Refund
-                } else {
-                    ChargeKind::Consume
+                kind: match kind {
+                    KindGen::Consume => ChargeKind::Consume,
+                    KindGen::Refund => ChargeKind::Refund,
+                    KindGen::Return(ago) => ChargeKind::Return {
+                        taken_at_us: now_us.saturating_sub(*ago),
+                    },
                 },
                 shadow: *shadow,
             },
@@ -173,7 +271,7 @@ fn check_batches(
     conn: &mut redis::Connection,
     script: &BucketScript,
     case: u64,
-    limits: &[BucketLimit],
+    limits: &Keys,
     steps: &[(i64, Vec<Vec<ChargeGen>>)],
 ) -> Result<(), TestCaseError> {
     let mut model = Model::new();
@@ -182,7 +280,7 @@ fn check_batches(
         now = now.saturating_add_signed(*dt);
         let requests: Vec<Vec<Charge>> = requests
             .iter()
-            .map(|gens| charges_of(case, limits, gens))
+            .map(|gens| charges_of(case, limits, gens, now))
             .collect();
         // The model, one request after the other; per key written, the
         // limit of the last charge of the last request that wrote it.
@@ -241,8 +339,8 @@ fn check_batches(
                 redis::from_redis_value(replies[1 + 2 * i].clone()).expect("GET reply");
             let pttl: i64 =
                 redis::from_redis_value(replies[2 + 2 * i].clone()).expect("PTTL reply");
-            let stored = raw.as_deref().map(decode_bucket);
-            let want = model.get(key).map(|s| (s.tokens_micro, s.updated_us));
+            let stored = raw.as_deref().map(decode_state);
+            let want = model.get(key).copied();
             prop_assert_eq!(stored, want, "stored state of {}", key);
             // Written in this batch: the TTL follows the last write's limit.
             if let (Some(st), Some(l)) = (model.get(key), last_limit.get(key)) {
@@ -321,7 +419,7 @@ fn batches_give_the_replies_of_one_request_at_a_time() {
         ..Config::default()
     });
     let batches = (
-        prop::collection::vec(limit(), 3),
+        keys(),
         prop::collection::vec(
             (
                 step_us(),
@@ -401,6 +499,121 @@ fn a_foreign_key_fails_only_its_requests_in_a_batch() {
     );
     let raw: Vec<u8> = redis::cmd("GET").arg("good").query(&mut conn).expect("GET");
     assert_eq!(decode_bucket(&raw), (4_000_000, T0_US));
+}
+
+/// A key charged under another algorithm than the one that wrote it (a
+/// reload changed the rule's `algorithm`) is read as never seen, stored or
+/// written earlier in the same batch, and the script and the model agree on
+/// every reply and on what is stored.
+#[test]
+fn a_key_read_under_another_algorithm_starts_afresh() {
+    let (_server, mut conn) = server_with_script();
+    let script = BucketScript::new();
+    let bucket = Limit::TokenBucket(BucketLimit {
+        requests_per_unit: 10,
+        unit_secs: NonZeroU64::new(60).expect("a unit"),
+        burst: 10,
+        max_debt: 0,
+    });
+    let window = Limit::FixedWindow(WindowLimit {
+        requests_per_unit: 10,
+        unit_secs: NonZeroU64::new(60).expect("a unit"),
+        counts_denied: true,
+    });
+    let hourly = Limit::FixedWindow(WindowLimit {
+        requests_per_unit: 10,
+        unit_secs: NonZeroU64::new(3600).expect("a unit"),
+        counts_denied: true,
+    });
+    let sliding = Limit::SlidingWindow(WindowLimit {
+        requests_per_unit: 10,
+        unit_secs: NonZeroU64::new(60).expect("a unit"),
+        counts_denied: false,
+    });
+    let c = |limit: Limit, cost: u64| {
+        vec![Charge {
+            key: "switch".into(),
+            spec: ChargeSpec {
+                limit,
+                cost,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+        }]
+    };
+    // One request per call, then the same mix as one batch of each step.
+    let steps: Vec<Vec<Vec<Charge>>> = vec![
+        vec![c(bucket, 4)],
+        vec![c(window, 3)],
+        vec![c(bucket, 2), c(window, 5), c(hourly, 1), c(window, 2)],
+        vec![c(hourly, 4), c(sliding, 3), c(bucket, 1)],
+        vec![c(sliding, 2), c(window, 1), c(sliding, 9)],
+    ];
+    for batched in [false, true] {
+        let _: () = redis::cmd("DEL")
+            .arg("switch")
+            .query(&mut conn)
+            .expect("DEL");
+        let mut model = Model::new();
+        for (n, requests) in steps.iter().enumerate() {
+            let now = T0_US + 1000 * u64::try_from(n).expect("small");
+            let expected: Vec<RequestResult> = requests
+                .iter()
+                .map(|charges| run_model(&mut model, charges, now).0)
+                .collect();
+            let calls: Vec<ScriptCall> = requests
+                .iter()
+                .map(|charges| {
+                    ScriptCall::new(charges, Some(now))
+                        .expect("encodable")
+                        .with_min_ttl_ms(0)
+                })
+                .collect();
+            let got: Vec<RequestResult> = if batched {
+                let call = ScriptCall::batch(&calls.iter().collect::<Vec<_>>());
+                let reply: redis::Value =
+                    script.evalsha_cmd(&call).query(&mut conn).expect("script");
+                if call.requests.is_empty() {
+                    vec![call.parse_reply(&reply).expect("reply")]
+                } else {
+                    call.parse_batch_reply(&reply)
+                        .expect("reply")
+                        .into_iter()
+                        .map(|r| r.expect("no error"))
+                        .collect()
+                }
+            } else {
+                calls
+                    .iter()
+                    .map(|call| {
+                        let reply: redis::Value =
+                            script.evalsha_cmd(call).query(&mut conn).expect("script");
+                        call.parse_reply(&reply).expect("reply")
+                    })
+                    .collect()
+            };
+            assert_eq!(got, expected, "step {n}, batched {batched}");
+            if n == 1 {
+                // The window does not see the bucket's 4 tokens taken.
+                assert_eq!(got[0].charges[0].remaining_micro, 7_000_000);
+            }
+            let raw: Option<Vec<u8>> = redis::cmd("GET")
+                .arg("switch")
+                .query(&mut conn)
+                .expect("GET");
+            assert_eq!(
+                raw.as_deref().map(decode_state),
+                model.get("switch").copied(),
+                "step {n}"
+            );
+        }
+        // The key ends as the sliding window that charged it last.
+        let last = model.get("switch").copied();
+        assert!(
+            matches!(last, Some(State::SlidingWindow(_))),
+            "the sliding window charged last holds the key: {last:?}"
+        );
+    }
 }
 
 /// Pinned extremes (also reachable by the property test, kept as named cases).
@@ -492,10 +705,8 @@ fn extremes_match_model() {
                 .query(&mut conn)
                 .expect("GET");
             assert_eq!(
-                raw.as_deref().map(decode_bucket),
-                model
-                    .get(&format!("ext:{n}"))
-                    .map(|s| (s.tokens_micro, s.updated_us))
+                raw.as_deref().map(decode_state),
+                model.get(&format!("ext:{n}")).copied()
             );
         }
     }

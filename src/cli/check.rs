@@ -16,6 +16,14 @@ pub struct CheckArgs {
     /// --merge-domain-config`).
     #[arg(long)]
     pub merge_domain_config: bool,
+    /// The algorithm of every rule that names none (as `serve
+    /// --default-algorithm`).
+    #[arg(
+        long,
+        default_value = "token_bucket",
+        value_parser = super::serve_args::algorithm_parser()
+    )]
+    pub default_algorithm: crate::storage::AlgorithmKind,
     /// Compare against OLD (a config file or directory, or a running
     /// replica's `http://HOST:PORT/rlconfig`) instead of only checking:
     /// one line per rule added, removed, tightened or loosened, with what
@@ -47,6 +55,7 @@ pub enum Checked {
 pub fn run(args: &CheckArgs, out: &mut impl Write, err: &mut impl Write) -> Checked {
     let load = crate::config::compile::LoadOptions {
         merge_domains: args.merge_domain_config,
+        default_algorithm: args.default_algorithm,
     };
     if let Some(old) = &args.diff {
         return Checked::Diff(super::diff::run(old, &args.paths, load, out, err));

@@ -15,6 +15,7 @@ use super::{
 };
 use crate::matcher::{Level, Pattern, Selector};
 use crate::metrics::RuleCounters;
+use crate::storage::algorithm::AlgorithmKind;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -42,6 +43,7 @@ const RATE_LIMIT_KEYS: &[&str] = &[
     "requests_per_unit",
     "burst",
     "max_debt",
+    "algorithm",
     "name",
     "unlimited",
     "replaces",
@@ -198,6 +200,8 @@ struct Ctx<'a> {
     file: &'a str,
     /// The file's text (empty for a tree not parsed from a file).
     source: &'a str,
+    /// The algorithm of a rule that names none (`--default-algorithm`).
+    default_algorithm: AlgorithmKind,
     errors: Vec<ConfigError>,
 }
 
@@ -263,14 +267,29 @@ impl Ctx<'_> {
     }
 }
 
-/// Compiles one file's text into its domain.
+/// Compiles one file's text into its domain, with the default
+/// [`LoadOptions`].
 ///
 /// # Errors
 /// Every problem found, each naming `file`, the line and the descriptor path.
 pub fn compile_file(file: &str, text: &str) -> Result<DomainConfig, Vec<ConfigError>> {
+    compile_file_with(file, text, LoadOptions::default())
+}
+
+/// Compiles one file's text into its domain under `options` (a rule that
+/// names no `algorithm` gets `options.default_algorithm`).
+///
+/// # Errors
+/// Every problem found, each naming `file`, the line and the descriptor path.
+pub fn compile_file_with(
+    file: &str,
+    text: &str,
+    options: LoadOptions,
+) -> Result<DomainConfig, Vec<ConfigError>> {
     let mut cx = Ctx {
         file,
         source: text,
+        default_algorithm: options.default_algorithm,
         errors: Vec::new(),
     };
     let raw = match schema::parse(text) {
@@ -652,6 +671,7 @@ fn compile_rate_limit(
             ("unit", rl.unit.is_some()),
             ("burst", rl.burst.is_some()),
             ("max_debt", rl.max_debt.is_some()),
+            ("algorithm", rl.algorithm.is_some()),
         ] {
             if given {
                 cx.err(
@@ -670,6 +690,41 @@ fn compile_rate_limit(
     }
     // With a misspelt key in the block, "missing" errors would only be noise.
     let report_missing = rl.stray.is_empty();
+    let algorithm = match &rl.algorithm {
+        None => Some(cx.default_algorithm),
+        Some(a) => {
+            let parsed = AlgorithmKind::parse(a.value.trim());
+            if parsed.is_none() {
+                let names: Vec<&str> = AlgorithmKind::ALL.iter().map(|k| k.as_str()).collect();
+                cx.err(
+                    a.line,
+                    path,
+                    format!("bad algorithm '{}': expected {}", a.value, names.join(", ")),
+                );
+            }
+            parsed
+        }
+    };
+    // A window counts requests per window: it has no capacity of its own
+    // and no debt (docs/design.md, "Windows").
+    if let Some(kind) = algorithm.filter(|k| k.is_window()) {
+        let why = if rl.algorithm.is_some() {
+            format!("'algorithm: {kind}'")
+        } else {
+            format!(
+                "the default algorithm {kind} (--default-algorithm); add 'algorithm: token_bucket' for a bucket"
+            )
+        };
+        for (field, t) in [("burst", &rl.burst), ("max_debt", &rl.max_debt)] {
+            if let Some(t) = t {
+                cx.err(
+                    t.line,
+                    path,
+                    format!("'{field}' is a token bucket setting: this rule is a window, by {why}"),
+                );
+            }
+        }
+    }
     let unit = match &rl.unit {
         None => {
             if report_missing {
@@ -731,8 +786,8 @@ fn compile_rate_limit(
             d.map(Some)
         }
     };
-    match (unit, rpu, burst, max_debt) {
-        (Some(unit), Some(requests_per_unit), Some(burst), Some(max_debt))
+    match (unit, rpu, burst, max_debt, algorithm) {
+        (Some(unit), Some(requests_per_unit), Some(burst), Some(max_debt), Some(algorithm))
             if cx.errors.len() == errors_before =>
         {
             let burst = if requests_per_unit == 0 { 0 } else { burst };
@@ -742,6 +797,7 @@ fn compile_rate_limit(
                     unit,
                     burst,
                     max_debt,
+                    algorithm,
                 },
                 name,
             ))
@@ -789,6 +845,9 @@ pub struct LoadOptions {
     /// top-level descriptor defined in two of them is still an error. Off: a
     /// second file for a domain is an error.
     pub merge_domains: bool,
+    /// The algorithm of every rule that names none in `rate_limit.algorithm`
+    /// (`--default-algorithm`; a config pushed over xDS can name none).
+    pub default_algorithm: AlgorithmKind,
 }
 
 /// Compiles already-read files `(name, bytes)` into a [`Config`].
@@ -831,7 +890,7 @@ pub fn compile_texts_with(
                 continue;
             }
         };
-        domains.push((name.as_str(), compile_file(name, text)));
+        domains.push((name.as_str(), compile_file_with(name, text, options)));
     }
     assemble(domains, errors, options, || hash_files(texts))
 }
@@ -854,6 +913,7 @@ pub fn compile_raw_files(
             let mut cx = Ctx {
                 file: &name,
                 source: "",
+                default_algorithm: options.default_algorithm,
                 errors: Vec::new(),
             };
             let d = compile_raw(&mut cx, raw);

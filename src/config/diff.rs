@@ -10,6 +10,7 @@
 //! (docs/design.md, "Reloads").
 
 use super::{Config, Policy, Unit};
+use crate::storage::AlgorithmKind;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -28,6 +29,8 @@ pub struct RuleSummary {
     /// The debt bound in tokens: the rule's `max_debt` (a file), or the
     /// bound in force a replica's `/rlconfig` shows; 0 for none.
     pub max_debt: u32,
+    /// The algorithm (token bucket for `unlimited`).
+    pub algorithm: AlgorithmKind,
 }
 
 /// Rules by path (`domain.key_value.key`), sorted.
@@ -40,14 +43,15 @@ pub fn rules_of(config: &Config) -> Rules {
     for d in config.domains.values() {
         for r in &d.rules {
             let max_debt = r.policy.max_debt(0);
-            let limit = match r.policy {
+            let (limit, algorithm) = match r.policy {
                 Policy::Limited {
                     requests_per_unit,
                     unit,
                     burst,
+                    algorithm,
                     ..
-                } => Some((requests_per_unit, unit, burst)),
-                Policy::Unlimited => None,
+                } => (Some((requests_per_unit, unit, burst)), algorithm),
+                Policy::Unlimited => (None, AlgorithmKind::TokenBucket),
             };
             rules.insert(
                 r.path.clone(),
@@ -57,6 +61,7 @@ pub fn rules_of(config: &Config) -> Rules {
                     quota_mode: r.quota_mode,
                     name: r.name.clone(),
                     max_debt,
+                    algorithm,
                 },
             );
         }
@@ -85,6 +90,12 @@ pub fn rules_from_rlconfig(body: &[u8]) -> Result<Rules, String> {
                 _ => return Err(format!("{}: a limited rule without rate or burst", r.path)),
             }
         };
+        // Replicas older than the field have token buckets only.
+        let algorithm = match r.algorithm.as_deref() {
+            None => AlgorithmKind::TokenBucket,
+            Some(a) => AlgorithmKind::parse(a)
+                .ok_or_else(|| format!("{}: unknown algorithm '{a}' in /rlconfig", r.path))?,
+        };
         rules.insert(
             r.path,
             RuleSummary {
@@ -93,6 +104,7 @@ pub fn rules_from_rlconfig(body: &[u8]) -> Result<Rules, String> {
                 quota_mode: r.quota_mode,
                 name: r.name,
                 max_debt: r.max_debt.unwrap_or(0),
+                algorithm,
             },
         );
     }
@@ -114,7 +126,7 @@ pub enum ChangeKind {
     /// The rate went one way and the burst the other.
     Mixed,
     /// Same limit; another setting (`shadow_mode`, `quota_mode`, `name`,
-    /// `max_debt`) changed.
+    /// `max_debt`, `algorithm`) changed.
     Changed,
 }
 
@@ -155,10 +167,25 @@ pub struct RuleChange {
     pub line: String,
 }
 
-fn limit_text(limit: Option<(u32, Unit, u32)>) -> String {
-    match limit {
-        Some((rpu, unit, burst)) => format!("{rpu}/{} burst {burst}", unit.as_str()),
-        None => "unlimited".to_owned(),
+fn limit_text(r: &RuleSummary) -> String {
+    match (r.limit, r.algorithm) {
+        (Some((rpu, unit, burst)), AlgorithmKind::TokenBucket) => {
+            format!("{rpu}/{} burst {burst}", unit.as_str())
+        }
+        (Some((rpu, unit, _)), a) => format!("{rpu}/{} {a}", unit.as_str()),
+        (None, _) => "unlimited".to_owned(),
+    }
+}
+
+/// What a new algorithm does to a rule's stored state: none of it is read
+/// under another algorithm.
+fn algorithm_effect(new: &RuleSummary) -> String {
+    match (new.limit, new.algorithm) {
+        (Some((_, _, burst)), AlgorithmKind::TokenBucket) => {
+            format!("every bucket starts full ({burst} tokens)")
+        }
+        (Some(_), _) => "every window starts at zero".to_owned(),
+        (None, _) => "no state is read".to_owned(),
     }
 }
 
@@ -198,6 +225,19 @@ fn bucket_effect(old: (u32, Unit, u32), new: (u32, Unit, u32)) -> String {
     parts.join("; ")
 }
 
+/// What a change of rate or unit does to the windows of a window rule.
+fn window_effect(old: (u32, Unit, u32), new: (u32, Unit, u32)) -> String {
+    if old.1 == new.1 {
+        format!(
+            "existing windows keep their counts, now against {} per {}",
+            new.0,
+            new.1.as_str()
+        )
+    } else {
+        format!("windows restart at zero, one per {}", new.1.as_str())
+    }
+}
+
 /// Compares two rule sets. Changes are sorted by rule path.
 #[must_use]
 pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
@@ -209,26 +249,41 @@ pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
             (None, Some(n)) => (
                 ChangeKind::Added,
                 match n.limit {
-                    Some((_, _, burst)) => format!(
-                        "{}: buckets start full ({burst} tokens)",
-                        limit_text(n.limit)
-                    ),
+                    Some((_, _, burst)) if !n.algorithm.is_window() => {
+                        format!("{}: buckets start full ({burst} tokens)", limit_text(n))
+                    }
+                    Some(_) => format!("{}: windows start at zero", limit_text(n)),
                     None => "unlimited".to_owned(),
                 },
             ),
             (Some(o), None) => (
                 ChangeKind::Removed,
-                format!("{}: its buckets are no longer charged", limit_text(o.limit)),
+                format!("{}: its buckets are no longer charged", limit_text(o)),
             ),
             (Some(o), Some(n)) if o == n => continue,
             (Some(o), Some(n)) => {
-                let limits = format!("{} -> {}", limit_text(o.limit), limit_text(n.limit));
+                let limits = format!("{} -> {}", limit_text(o), limit_text(n));
                 match (o.limit, n.limit) {
+                    (Some(_), Some(_)) if o.algorithm != n.algorithm => (
+                        // Rate and burst compare across algorithms, but what
+                        // a client gets changes shape: always reviewed.
+                        ChangeKind::Changed,
+                        format!(
+                            "{limits} (algorithm {} -> {}: {})",
+                            o.algorithm,
+                            n.algorithm,
+                            algorithm_effect(n)
+                        ),
+                    ),
                     (Some(a), Some(b)) if a == b => (ChangeKind::Changed, limits),
                     (None, None) => (ChangeKind::Changed, limits),
                     (None, Some((_, _, burst))) => (
                         ChangeKind::Tightened,
-                        format!("{limits}: buckets start full ({burst} tokens)"),
+                        if n.algorithm.is_window() {
+                            format!("{limits}: windows start at zero")
+                        } else {
+                            format!("{limits}: buckets start full ({burst} tokens)")
+                        },
                     ),
                     (Some(_), None) => (
                         ChangeKind::Loosened,
@@ -244,7 +299,12 @@ pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
                             (false, true) => ChangeKind::Loosened,
                             _ => ChangeKind::Mixed,
                         };
-                        (kind, format!("{limits}: {}", bucket_effect(a, b)))
+                        let effect = if n.algorithm.is_window() {
+                            window_effect(a, b)
+                        } else {
+                            bucket_effect(a, b)
+                        };
+                        (kind, format!("{limits}: {effect}"))
                     }
                 }
             }

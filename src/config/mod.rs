@@ -117,19 +117,25 @@ impl Unit {
 /// What a rule does when it matches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Policy {
-    /// A token bucket: `requests_per_unit` tokens per `unit`, capacity `burst`.
+    /// `requests_per_unit` tokens per `unit`: a token bucket of capacity
+    /// `burst`, or a window of `requests_per_unit` per unit.
     Limited {
         /// `R`, tokens per unit; 0 blocks everything the rule matches.
         requests_per_unit: u32,
         /// `U`.
         unit: Unit,
-        /// `C` in tokens (default `R`); never 0 when `R > 0`.
+        /// `C` in tokens (default `R`); never 0 when `R > 0`. A window's is
+        /// always `R` (a window refuses `burst`).
         burst: u32,
         /// `D` in tokens, when the rule gives `max_debt` (never above 0 when
-        /// `R = 0`): how far below zero the balance may go, see
+        /// `R = 0`; never on a window): how far below zero the balance may
+        /// go, see
         /// [`BucketLimit::max_debt`](crate::storage::BucketLimit::max_debt). `None` takes
         /// the service-wide bound ([`Policy::max_debt`]); `Some(0)` refuses it.
         max_debt: Option<u32>,
+        /// The algorithm: the rule's `algorithm`, or the service-wide
+        /// default it was loaded with.
+        algorithm: crate::storage::AlgorithmKind,
     },
     /// Always OK, never touches storage.
     Unlimited,
@@ -139,7 +145,7 @@ impl Policy {
     /// The debt bound in tokens a limited policy is evaluated with: its own
     /// `max_debt` when it gives one (0 included), else `max_debt_bursts`
     /// times its burst (the service-wide setting, saturating at
-    /// `u32::MAX`); 0 for a rate of 0 and for `Unlimited`.
+    /// `u32::MAX`); 0 for a rate of 0, for a window and for `Unlimited`.
     #[must_use]
     pub fn max_debt(&self, max_debt_bursts: u32) -> u32 {
         match *self {
@@ -147,6 +153,7 @@ impl Policy {
                 requests_per_unit,
                 burst,
                 max_debt,
+                algorithm: crate::storage::AlgorithmKind::TokenBucket,
                 ..
             } if requests_per_unit > 0 => {
                 max_debt.unwrap_or_else(|| burst.saturating_mul(max_debt_bursts))
@@ -195,13 +202,14 @@ pub struct Rule {
 
 impl Rule {
     /// The limit this rule is evaluated with, `None` for `unlimited`: its
-    /// rate, unit and burst, and its debt bound in tokens. The bound is the
-    /// rule's own `max_debt` when it gives one, else `max_debt_bursts` times
-    /// its burst; 0 for a quota rule (its own `quota_mode` or the
-    /// service-wide `--quota-mode`), which keeps its quota semantics instead
-    /// (a debt rule is never a quota), and 0 for a rate of 0. The one place
-    /// these facts are put together: the request path, `/rlconfig` and the
-    /// reload hold all read them here.
+    /// algorithm, rate and unit, and for a token bucket its burst and its
+    /// debt bound in tokens. The bound is the rule's own `max_debt` when it
+    /// gives one, else `max_debt_bursts` times its burst; 0 for a quota
+    /// rule (its own `quota_mode` or the service-wide `--quota-mode`),
+    /// which keeps its quota semantics instead (a debt rule is never a
+    /// quota), and 0 for a rate of 0. The one place these facts are put
+    /// together: the request path, `/rlconfig` and the reload hold all read
+    /// them here.
     #[must_use]
     pub fn limit(
         &self,
@@ -211,11 +219,29 @@ impl Rule {
             requests_per_unit,
             unit,
             burst,
+            algorithm,
             ..
         } = self.policy
         else {
             return None;
         };
+        match algorithm {
+            crate::storage::AlgorithmKind::TokenBucket => {}
+            crate::storage::AlgorithmKind::FixedWindow => {
+                return Some(crate::storage::Limit::FixedWindow(
+                    crate::storage::WindowLimit::counting(requests_per_unit, unit.secs_nonzero()),
+                ));
+            }
+            crate::storage::AlgorithmKind::SlidingWindow => {
+                return Some(crate::storage::Limit::SlidingWindow(
+                    crate::storage::WindowLimit {
+                        requests_per_unit,
+                        unit_secs: unit.secs_nonzero(),
+                        counts_denied: false,
+                    },
+                ));
+            }
+        }
         let bursts = if self.quota_mode || settings.global_quota_mode {
             0
         } else {
@@ -307,6 +333,25 @@ impl Config {
     #[must_use]
     pub fn rule_count(&self) -> usize {
         self.domains.values().map(|d| d.rules.len()).sum()
+    }
+
+    /// Number of limited rules per algorithm, every algorithm listed (in
+    /// [`AlgorithmKind::ALL`](crate::storage::AlgorithmKind::ALL) order).
+    #[must_use]
+    pub fn rules_by_algorithm(&self) -> Vec<(crate::storage::AlgorithmKind, usize)> {
+        let mut counts: Vec<(crate::storage::AlgorithmKind, usize)> =
+            crate::storage::AlgorithmKind::ALL
+                .iter()
+                .map(|k| (*k, 0))
+                .collect();
+        for r in self.domains.values().flat_map(|d| d.rules.iter()) {
+            if let Policy::Limited { algorithm, .. } = r.policy
+                && let Some(c) = counts.iter_mut().find(|(k, _)| *k == algorithm)
+            {
+                c.1 += 1;
+            }
+        }
+        counts
     }
 
     /// Whether going from `old` to this config lengthens the time until some

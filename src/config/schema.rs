@@ -129,6 +129,8 @@ pub struct RawRateLimit {
     pub burst: Option<Text>,
     /// `max_debt:`
     pub max_debt: Option<Text>,
+    /// `algorithm:` (`token_bucket`, `fixed_window`, `sliding_window`).
+    pub algorithm: Option<Text>,
     /// `name:`
     pub name: Option<Text>,
     /// `unlimited:`
@@ -275,6 +277,7 @@ map_visitor!(
             "requests_per_unit" => out.requests_per_unit = map.next_value()?,
             "burst" => out.burst = map.next_value()?,
             "max_debt" => out.max_debt = map.next_value()?,
+            "algorithm" => out.algorithm = map.next_value()?,
             "name" => out.name = map.next_value()?,
             "unlimited" => out.unlimited = map.next_value()?,
             "replaces" => {

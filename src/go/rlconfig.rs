@@ -3,11 +3,13 @@
 //! `egctl config envoy-ratelimit`.
 
 use crate::config::{Config, Policy};
+use crate::storage::AlgorithmKind;
 
 /// The Go debug port's `/rlconfig`: one line per rule, in path order,
-/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>` (with
-/// bucket-rls's `burst=<n>` after the rate), or `<path>: unlimited,
-/// shadow_mode: <bool>`.
+/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>` (the
+/// Go service's line, for a fixed window; a token bucket has bucket-rls's
+/// `burst=<n>` after the rate, another algorithm `algorithm=<name>`), or
+/// `<path>: unlimited, shadow_mode: <bool>`.
 #[must_use]
 pub fn rlconfig_text(config: &Config) -> String {
     let mut lines: Vec<String> = config
@@ -20,13 +22,21 @@ pub fn rlconfig_text(config: &Config) -> String {
                 requests_per_unit,
                 unit,
                 burst,
+                algorithm,
                 ..
-            } => format!(
-                "{}: unit={} requests_per_unit={requests_per_unit} burst={burst}, shadow_mode: {}",
-                r.path,
-                unit.as_str().to_ascii_uppercase(),
-                r.shadow_mode
-            ),
+            } => {
+                let extra = match algorithm {
+                    AlgorithmKind::TokenBucket => format!(" burst={burst}"),
+                    AlgorithmKind::FixedWindow => String::new(),
+                    AlgorithmKind::SlidingWindow => " algorithm=sliding_window".to_owned(),
+                };
+                format!(
+                    "{}: unit={} requests_per_unit={requests_per_unit}{extra}, shadow_mode: {}",
+                    r.path,
+                    unit.as_str().to_ascii_uppercase(),
+                    r.shadow_mode
+                )
+            }
         })
         .collect();
     lines.sort();

@@ -194,7 +194,15 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
             let source = limiter.config_handle().source_status();
             let xds_version =
                 (source.kind == "xds").then(|| source.version.as_deref().unwrap_or(""));
-            crate::metrics::render_native(&config.hash, config.loaded_at, xds_version)
+            let mut out =
+                crate::metrics::render_native(&config.hash, config.loaded_at, xds_version);
+            let rules: Vec<(&str, usize)> = config
+                .rules_by_algorithm()
+                .into_iter()
+                .map(|(k, n)| (k.as_str(), n))
+                .collect();
+            out.push_str(&crate::metrics::render_rules(&rules));
+            out
         },
     )
         .into_response()

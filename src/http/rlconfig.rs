@@ -136,9 +136,14 @@ pub struct RuleView {
     /// The unit, lower case (`second` ... `year`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
-    /// Capacity in tokens.
+    /// Capacity in tokens (a window's is its rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
+    /// The algorithm (`token_bucket`, `fixed_window`, ...): the rule's own
+    /// or the service-wide default it was loaded with. Absent from the
+    /// answers of replicas older than it (they have token buckets only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
     /// The debt bound in force (the rule's `max_debt` or the service-wide
     /// multiple of its burst), when above 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -181,18 +186,20 @@ impl RlConfig {
                     .rules
                     .iter()
                     .map(|r| {
-                        let (unlimited, rpu, unit, burst) = match &r.policy {
-                            Policy::Unlimited => (true, None, None, None),
+                        let (unlimited, rpu, unit, burst, algorithm) = match &r.policy {
+                            Policy::Unlimited => (true, None, None, None, None),
                             Policy::Limited {
                                 requests_per_unit,
                                 unit,
                                 burst,
+                                algorithm,
                                 ..
                             } => (
                                 false,
                                 Some(*requests_per_unit),
                                 Some(unit.as_str().to_owned()),
                                 Some(*burst),
+                                Some(algorithm.as_str().to_owned()),
                             ),
                         };
                         RuleView {
@@ -202,6 +209,7 @@ impl RlConfig {
                             requests_per_unit: rpu,
                             unit,
                             burst,
+                            algorithm,
                             max_debt: r.limit(settings).map(|l| l.max_debt()).filter(|d| *d > 0),
                             shadow_mode: r.shadow_mode,
                             detailed_metric: r.detailed_metric,

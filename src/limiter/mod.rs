@@ -335,11 +335,12 @@ impl Limiter {
         // Each round drops the quota charges that lacked tokens in the
         // previous one, so there are at most as many rounds as quota charges
         // (a concurrent request can spend a quota between two rounds).
-        // A debt charge was taken by the first call, denied or not: it is
-        // not sent again (docs/design.md, "Debt").
-        let debt_taken = |i: usize| charges[i].spec.taken_when_denied();
+        // A debt charge was taken by the first call, denied or not, and so
+        // were the hits a fixed window counted without room for them: they
+        // are not sent again (docs/design.md, "Debt", "Windows").
+        let stood = |i: usize| charges[i].spec.stood(first.charges[i].enough);
         let mut dropped: Vec<bool> = (0..charges.len())
-            .map(|i| (is_quota_consume(i) && lacks(i)) || debt_taken(i))
+            .map(|i| (is_quota_consume(i) && lacks(i)) || stood(i))
             .collect();
         let mut merged = first;
         loop {
@@ -369,6 +370,12 @@ impl Limiter {
             }
             for i in spent {
                 dropped[i] = true;
+            }
+            // What this denied round counted stays counted.
+            for &i in &kept {
+                if charges[i].spec.stood(merged.charges[i].enough) {
+                    dropped[i] = true;
+                }
             }
         }
     }

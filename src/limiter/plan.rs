@@ -10,7 +10,9 @@ use crate::matcher;
 use crate::metrics::RuleCounters;
 use crate::settings::ServiceSettings;
 use crate::storage::key::{self, KeyValue};
-use crate::storage::{BucketLimit, Charge, ChargeKind, ChargeSpec, Limit};
+use crate::storage::{
+    AlgorithmKind, BucketLimit, Charge, ChargeKind, ChargeSpec, Limit, WindowLimit,
+};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -114,19 +116,32 @@ pub(super) fn plan(
                     plans.push(Plan::NoLimit);
                     continue;
                 };
-                let limit = Limit::TokenBucket(BucketLimit {
-                    requests_per_unit: o.requests_per_unit,
-                    unit_secs: unit.secs_nonzero(),
-                    burst: o.requests_per_unit,
-                    // An override's burst is its rate; only the service-wide
-                    // debt bound applies (a rule's `max_debt` is in the
-                    // rule's tokens).
-                    max_debt: if o.requests_per_unit == 0 {
-                        0
-                    } else {
-                        o.requests_per_unit.saturating_mul(settings.max_debt_bursts)
-                    },
-                });
+                // An override carries no algorithm: it gets the service's
+                // default, whatever the rule it lands on uses.
+                let limit = match settings.default_algorithm {
+                    AlgorithmKind::TokenBucket => Limit::TokenBucket(BucketLimit {
+                        requests_per_unit: o.requests_per_unit,
+                        unit_secs: unit.secs_nonzero(),
+                        burst: o.requests_per_unit,
+                        // An override's burst is its rate; only the
+                        // service-wide debt bound applies (a rule's
+                        // `max_debt` is in the rule's tokens).
+                        max_debt: if o.requests_per_unit == 0 {
+                            0
+                        } else {
+                            o.requests_per_unit.saturating_mul(settings.max_debt_bursts)
+                        },
+                    }),
+                    AlgorithmKind::FixedWindow => Limit::FixedWindow(WindowLimit::counting(
+                        o.requests_per_unit,
+                        unit.secs_nonzero(),
+                    )),
+                    AlgorithmKind::SlidingWindow => Limit::SlidingWindow(WindowLimit {
+                        requests_per_unit: o.requests_per_unit,
+                        unit_secs: unit.secs_nonzero(),
+                        counts_denied: false,
+                    }),
+                };
                 // As in the Go service (`GetLimit` builds the override's
                 // limit before looking at the rules): no name, no shadow
                 // mode (an override Envoy sends must be enforced), no quota

@@ -7,7 +7,7 @@ use crate::config::Metadata;
 use crate::config::Unit;
 use crate::metrics::{self as m, RuleCounter};
 use crate::settings::ServiceSettings;
-use crate::storage::algorithm::{self, RequestResult};
+use crate::storage::algorithm::{self, Report, RequestResult};
 use crate::storage::{Charge, ChargeKind};
 use std::borrow::Cow;
 use std::time::Duration;
@@ -234,6 +234,9 @@ pub(super) fn respond(
     } else {
         algorithm::remaining_after_denial(charges, result)
     };
+    // Fixed windows count their hits as the Go service does: per charge,
+    // the window's count before and after it.
+    let window_counts = go_window_counts(charges, result);
     for plan in plans {
         let (charge_idx, counters, current, cost, shadow, quota) = match plan {
             Plan::NoLimit => {
@@ -274,6 +277,17 @@ pub(super) fn respond(
         let limit = &spec.limit;
         let debt_after = after_debt.get(charge_idx).copied().flatten();
         let left_micro = debt_after.unwrap_or(r.remaining_micro);
+        let report = Report {
+            remaining_micro: left_micro,
+            window: r.window,
+        };
+        // The Go service's statistics of a fixed window (hits before and
+        // after this charge against the limit and the near-limit threshold).
+        let go = window_counts
+            .get(charge_idx)
+            .copied()
+            .flatten()
+            .map(|(before, after)| GoCounts::new(limit, before, after, cost, settings));
         // 0 while in debt.
         let remaining = algorithm::whole(left_micro);
         // A u64 `hits_addend` near its maximum would wrap a counter in one
@@ -295,9 +309,13 @@ pub(super) fn respond(
         let status = if spec.kind == ChargeKind::Refund || r.enough {
             if spec.kind == ChargeKind::Consume && charged {
                 counters.increment(RuleCounter::WithinLimit, counted);
-                let low = (limit.capacity_micro() as f64) * (1.0 - settings.near_limit_ratio);
-                if cost > 0 && (left_micro as f64) < low {
-                    counters.increment(RuleCounter::NearLimit, counted);
+                if let Some(go) = go {
+                    counters.increment(RuleCounter::NearLimit, go.near_within());
+                } else {
+                    let low = (limit.capacity_micro() as f64) * (1.0 - settings.near_limit_ratio);
+                    if cost > 0 && (left_micro as f64) < low {
+                        counters.increment(RuleCounter::NearLimit, counted);
+                    }
                 }
             }
             // A debt rule that had enough but was charged in a request
@@ -309,7 +327,7 @@ pub(super) fn respond(
             {
                 let need = need_micro[charge_idx].max(spec.own_need_micro());
                 if i128::from(after) < i128::try_from(need).unwrap_or(i128::MAX) {
-                    retry_after_us = retry_after_us.max(limit.wait_us(after, need));
+                    retry_after_us = retry_after_us.max(limit.wait_us(&report, need));
                 }
             }
             DescriptorStatus {
@@ -317,21 +335,27 @@ pub(super) fn respond(
                 current_limit: Some(current.clone()),
                 limit_remaining: remaining,
                 duration_until_reset: Some(reported_duration(
-                    limit.reset_us(left_micro),
+                    limit.reset_us(&report),
                     settings.exact_durations,
                 )),
             }
         } else {
-            counters.increment(RuleCounter::OverLimit, counted);
+            // A fixed window counts only the hits past its limit as over,
+            // and the ones between the near-limit threshold and the limit as
+            // near (the Go service's `checkOverLimitThreshold`).
+            counters.increment(RuleCounter::OverLimit, go.map_or(counted, |g| g.over()));
+            if let Some(go) = go {
+                counters.increment(RuleCounter::NearLimit, go.near_over());
+            }
             let own = spec.own_need_micro();
             if limit.exceeds_capacity(own) {
                 counters.increment(RuleCounter::HitsExceedCapacity, counted);
             }
             // Earlier consumes of this request on the same key must fit
             // too: wait until all of them do, not only this one's cost.
-            let wait_us = limit.wait_us(left_micro, need_micro[charge_idx].max(own));
+            let wait_us = limit.wait_us(&report, need_micro[charge_idx].max(own));
             let code = if shadow {
-                counters.increment(RuleCounter::ShadowMode, counted);
+                counters.increment(RuleCounter::ShadowMode, go.map_or(counted, |g| g.over()));
                 Code::Ok
             } else if quota {
                 // A quota that can never pass (cost above its burst, or a
@@ -386,6 +410,128 @@ pub(super) fn respond(
         limited,
         denials,
         over,
+    }
+}
+
+/// Per charge, for a consume on a fixed window (a limit that
+/// [counts when short](crate::storage::Limit::counts_when_short)): the
+/// window's count before and after it, in tokens, as the Go service sees
+/// them (`limitBeforeIncrease`, `limitAfterIncrease`): its count before the
+/// request plus the earlier consumes of the request on the same key, then
+/// plus its own cost. `None` for other charges. Empty when the request has
+/// no such charge.
+fn go_window_counts(charges: &[Charge], result: &RequestResult) -> Vec<Option<(u64, u64)>> {
+    let is_window =
+        |c: &Charge| c.spec.kind == ChargeKind::Consume && c.spec.limit.counts_when_short();
+    if !charges.iter().any(is_window) {
+        return Vec::new();
+    }
+    // Per key: the costs of its consumes in this request.
+    let mut total: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for c in charges.iter().filter(|c| is_window(c)) {
+        let t = total.entry(c.key.as_str()).or_default();
+        *t = t.saturating_add(c.spec.cost);
+    }
+    let mut taken: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    charges
+        .iter()
+        .zip(&result.charges)
+        .map(|(c, r)| {
+            if !is_window(c) {
+                return None;
+            }
+            let crate::storage::Limit::FixedWindow(l) = c.spec.limit else {
+                return None;
+            };
+            let reported = algorithm::fixed_window::count_of(&l, &r.report());
+            // An admitted request reports the counts after every consume on
+            // the key, a denied one before any; so does a quota charge that
+            // lacked room in a request that passed without it (its answer is
+            // the denied round's: a non-shadow consume that lacked).
+            let reported_before = !result.admitted || (!r.enough && !c.spec.shadow);
+            let start = if reported_before {
+                reported
+            } else {
+                reported.saturating_sub(total.get(c.key.as_str()).copied().unwrap_or(0))
+            };
+            let so_far = taken.entry(c.key.as_str()).or_default();
+            let before = start.saturating_add(*so_far);
+            *so_far = so_far.saturating_add(c.spec.cost);
+            Some((before, before.saturating_add(c.spec.cost)))
+        })
+        .collect()
+}
+
+/// One fixed-window charge's statistics as the Go service counts them
+/// (`src/limiter/base_limiter.go`: `GetResponseDescriptorStatus`,
+/// `checkOverLimitThreshold`, `checkNearLimitThreshold`,
+/// `increaseShadowModeStats`): hits split by where the count was before and
+/// after them against the limit and the near-limit threshold
+/// (`floor(limit × near_limit_ratio)` in 32-bit floats, as Go computes it).
+#[derive(Clone, Copy, Debug)]
+struct GoCounts {
+    limit: u64,
+    near: u64,
+    before: u64,
+    after: u64,
+    hits: u64,
+}
+
+impl GoCounts {
+    fn new(
+        limit: &crate::storage::Limit,
+        before: u64,
+        after: u64,
+        cost: u64,
+        settings: &ServiceSettings,
+    ) -> Self {
+        let n = limit.capacity_micro() / u128::from(algorithm::MICRO);
+        let n = u64::try_from(n).unwrap_or(u64::MAX);
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let near = ((n as f32) * (settings.near_limit_ratio as f32)).floor() as u64;
+        Self {
+            limit: n,
+            near,
+            before,
+            after,
+            hits: cost.min(u64::from(u32::MAX)),
+        }
+    }
+
+    /// Hits over the limit: all of them when the count was already at the
+    /// limit, else the part past it.
+    fn over(self) -> u64 {
+        if self.before >= self.limit {
+            self.hits
+        } else {
+            self.after.saturating_sub(self.limit).min(self.hits)
+        }
+    }
+
+    /// Near-limit hits of a charge over the limit: the part between the
+    /// threshold (or the count before, if higher) and the limit.
+    fn near_over(self) -> u64 {
+        if self.before >= self.limit {
+            0
+        } else {
+            self.limit.saturating_sub(self.near.max(self.before))
+        }
+    }
+
+    /// Near-limit hits of a charge within the limit: the part above the
+    /// threshold.
+    fn near_within(self) -> u64 {
+        if self.after <= self.near {
+            0
+        } else if self.before >= self.near {
+            self.hits
+        } else {
+            self.after - self.near
+        }
     }
 }
 

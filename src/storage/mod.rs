@@ -10,8 +10,8 @@ pub mod quota;
 pub mod redis;
 
 pub use algorithm::{
-    BucketLimit, BucketState, ChargeKind, ChargeResult, ChargeSpec, Limit, MICRO, RequestResult,
-    State, token_bucket,
+    AlgorithmKind, BucketLimit, BucketState, ChargeKind, ChargeResult, ChargeSpec, Limit, MICRO,
+    RequestResult, State, WindowLimit, WindowState, fixed_window, token_bucket,
 };
 use async_trait::async_trait;
 use smallvec::SmallVec;

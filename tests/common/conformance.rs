@@ -1782,6 +1782,270 @@ pub async fn a_clock_stepped_back_never_freezes_a_bucket(b: &dyn Backend) {
     assert_eq!(cr(&c.one("d", &kv, 1).await, 0).0, OVER);
 }
 
+/// docs/design.md, "Windows": at a window edge a fixed window admits its
+/// limit again at once (twice the limit within 2 ms here), where a token
+/// bucket admits at most `burst + r·t` (its 5, and 5 tokens/s × 1 ms is
+/// not one token more).
+pub async fn a_fixed_window_admits_twice_its_limit_across_an_edge(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: w\ndescriptors:\n  - key: k\n    value: fixed\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: fixed_window}\n  - key: k\n    value: bucket\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+    )
+    .await;
+    let (fixed, bucket) = ([("k", "fixed")], [("k", "bucket")]);
+    // T0 is on a second: 999 ms in, the window has 1 ms left.
+    c.advance_ms(999);
+    let mut admitted = (0, 0);
+    for left in (0..5).rev() {
+        assert_eq!(st(&c.one("w", &fixed, 1).await, 0), (OK, left, Some(1)));
+        admitted.0 += 1;
+        assert_eq!(cr(&c.one("w", &bucket, 1).await, 0).0, OK);
+        admitted.1 += 1;
+    }
+    let r = c.one("w", &fixed, 1).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(1)));
+    assert_eq!(retry_after(&r).as_deref(), Some("1"));
+    assert_eq!(cr(&c.one("w", &bucket, 1).await, 0).0, OVER);
+    // The edge: a new window, counting from zero.
+    c.advance_ms(1);
+    for left in (0..5).rev() {
+        assert_eq!(st(&c.one("w", &fixed, 1).await, 0), (OK, left, Some(1)));
+        admitted.0 += 1;
+    }
+    assert_eq!(st(&c.one("w", &fixed, 1).await, 0), (OVER, 0, Some(1)));
+    assert_eq!(cr(&c.one("w", &bucket, 1).await, 0).0, OVER);
+    assert_eq!(
+        admitted,
+        (10, 5),
+        "2 × 5 in 2 ms; the bucket 5 + 5/s × 2 ms"
+    );
+}
+
+/// The Go service's fixed window: aligned to the unit since the epoch,
+/// `duration_until_reset` the time to its end, a check (hits 0) passing
+/// until the count is over the limit, and a denied request's hits counted,
+/// so the window stays over until it ends.
+pub async fn a_fixed_window_counts_denied_hits_until_its_end(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: w\ndescriptors:\n  - key: k\n    value: m\n    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}\n",
+    )
+    .await;
+    let m = [("k", "m")];
+    let check = || req("w", vec![desc_hits(&m, 0)], 0);
+    // T0 is 20 s into its minute: the window ends in 40 s.
+    for left in [2, 1, 0] {
+        assert_eq!(st(&c.one("w", &m, 1).await, 0), (OK, left, Some(40)));
+    }
+    assert_eq!(st(&c.call(check()).await, 0), (OK, 0, Some(40)));
+    let r = c.one("w", &m, 1).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(40)));
+    assert_eq!(retry_after(&r).as_deref(), Some("40"));
+    // The denied hit was counted: 4 of 3, so even a check is over now.
+    assert_eq!(st(&c.call(check()).await, 0), (OVER, 0, Some(40)));
+    c.advance_ms(39_500);
+    assert_eq!(st(&c.one("w", &m, 1).await, 0), (OVER, 0, Some(1)));
+    c.advance_ms(500);
+    assert_eq!(st(&c.one("w", &m, 3).await, 0), (OK, 0, Some(60)));
+    assert_eq!(st(&c.one("w", &m, 1).await, 0), (OVER, 0, Some(60)));
+    // A cost above the limit never fits: denied, and the window's end is
+    // still the answer (as in the Go service).
+    c.advance_ms(60_000);
+    assert_eq!(st(&c.one("w", &m, 7).await, 0), (OVER, 0, Some(60)));
+    assert_eq!(st(&c.call(check()).await, 0), (OVER, 0, Some(60)));
+}
+
+/// All-or-nothing across algorithms: a request a fixed window denies charges
+/// no bucket (only the window counts its own denied hits), and a request a
+/// bucket denies charges no window.
+pub async fn a_request_denied_by_a_window_charges_nothing_else(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: mix\ndescriptors:\n  - key: plan\n    value: free\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: user\n    value: u1\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}\n  - key: tight\n    value: t\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: user\n    value: u2\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}\n",
+    )
+    .await;
+    let both = |a: (&str, &str), b: (&str, &str)| req("mix", vec![desc(&[a]), desc(&[b])], 1);
+    let (plan, u1) = (("plan", "free"), ("user", "u1"));
+    for (p, u) in [(9, 1), (8, 0)] {
+        let r = c.call(both(plan, u1)).await;
+        assert_eq!(
+            (r.overall_code, cr(&r, 0), cr(&r, 1)),
+            (OK, (OK, p), (OK, u))
+        );
+    }
+    for _ in 0..3 {
+        let r = c.call(both(plan, u1)).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!(cr(&r, 0), (OK, 8), "the bucket is not charged");
+        assert_eq!(st(&r, 1), (OVER, 0, Some(40)));
+    }
+    assert_eq!(cr(&c.one("mix", &[plan], 1).await, 0), (OK, 7));
+    // Vice versa: the bucket denies, the window is not charged.
+    let (tight, u2) = (("tight", "t"), ("user", "u2"));
+    let r = c.call(both(tight, u2)).await;
+    assert_eq!(
+        (r.overall_code, cr(&r, 0), cr(&r, 1)),
+        (OK, (OK, 0), (OK, 9))
+    );
+    for _ in 0..3 {
+        let r = c.call(both(tight, u2)).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!(cr(&r, 0).0, OVER);
+        assert_eq!(cr(&r, 1), (OK, 9), "the window is not charged");
+    }
+    assert_eq!(cr(&c.one("mix", &[u2], 1).await, 0), (OK, 8));
+}
+
+/// A fixed window's refunds never take its count below zero; a shadow
+/// window counts and never denies; a request's `limit` override follows the
+/// service's default algorithm, not the rule it lands on.
+pub async fn fixed_window_refunds_shadow_and_overrides(b: &dyn Backend) {
+    let c = Case::with_settings(
+        b,
+        "domain: w\ndescriptors:\n  - key: r\n    value: x\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: fixed_window}\n  - key: s\n    value: y\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}\n  - key: o\n    rate_limit: {unit: hour, requests_per_unit: 100}\n",
+        |s| s.default_algorithm = bucket_rls::storage::AlgorithmKind::FixedWindow,
+    )
+    .await;
+    let x = [("r", "x")];
+    let refund = |n: u64| RateLimitDescriptor {
+        is_negative_hits: true,
+        ..desc_hits(&x, n)
+    };
+    assert_eq!(cr(&c.one("w", &x, 2).await, 0), (OK, 1));
+    let r = c.call(req("w", vec![refund(5)], 0)).await;
+    assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, 3)));
+    assert_eq!(cr(&c.one("w", &x, 3).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one("w", &x, 1).await, 0).0, OVER);
+    // Shadow: over from the second request on, answered OK.
+    for want in [0, 0, 0] {
+        let r = c.one("w", &[("s", "y")], 1).await;
+        assert_eq!((r.overall_code, cr(&r, 0)), (OK, (OK, want)));
+    }
+    // An override of 2 per minute on the bucket rule is a fixed window
+    // here: the third request waits for the minute's end (40 s), not the
+    // 30 s a bucket refills one token in.
+    let with = RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit: 2, /* MINUTE */
+        }),
+        ..desc(&[("o", "v")])
+    };
+    for left in [1, 0] {
+        assert_eq!(
+            st(&c.call(req("w", vec![with.clone()], 1)).await, 0),
+            (OK, left, Some(40))
+        );
+    }
+    assert_eq!(
+        st(&c.call(req("w", vec![with.clone()], 1)).await, 0),
+        (OVER, 0, Some(40))
+    );
+}
+
+/// docs/design.md, "Sliding windows": the previous window's hits all at its
+/// very end, then as many as fit 30 s into the next window. The sliding
+/// window admits exactly its stated bound, `N + prev × p / U` = 60 + 30 in
+/// the minute that ends there (a fixed window would admit 120), reports the
+/// real wait of the next request, and counts no denied hit.
+pub async fn a_sliding_window_admits_its_limit_plus_its_stated_bound_across_an_edge(
+    b: &dyn Backend,
+) {
+    let c = Case::new(
+        b,
+        "domain: s\ndescriptors:\n  - key: k\n    value: v\n    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: sliding_window}\n",
+    )
+    .await;
+    let v = [("k", "v")];
+    // T0 is 20 s into its minute: 1 ms before the minute's end.
+    c.advance_ms(39_999);
+    // Until the estimate is 0: the end of the next window (60.001 s).
+    for left in (0..60).rev() {
+        assert_eq!(st(&c.one("s", &v, 1).await, 0), (OK, left, Some(61)));
+    }
+    let r = c.one("s", &v, 1).await;
+    // It fits once 60 × r/60 <= 59: 1 s into the next window, 1.001 s away.
+    assert_eq!(st(&r, 0), (OVER, 0, Some(2)));
+    // 30 s into the next window half of the previous one still counts.
+    c.advance_ms(30_001);
+    let mut after = 0;
+    while c.one("s", &v, 1).await.overall_code == OK {
+        after += 1;
+    }
+    assert_eq!(after, 30, "60 + 60 × 30/60 in the minute ending now");
+    // The next fits when 60 × r/60 <= 29: 1 s from now.
+    let r = c.one("s", &v, 1).await;
+    assert_eq!(st(&r, 0), (OVER, 0, Some(1)));
+    assert_eq!(retry_after(&r).as_deref(), Some("1"));
+    // A check is answered as a one-token request.
+    let check = c.call(req("s", vec![desc_hits(&v, 0)], 0)).await;
+    assert_eq!(st(&check, 0), (OVER, 0, Some(1)));
+    c.advance_ms(1_000);
+    assert_eq!(cr(&c.one("s", &v, 1).await, 0), (OK, 0));
+    assert_eq!(cr(&c.one("s", &v, 1).await, 0).0, OVER);
+}
+
+/// All-or-nothing with a sliding window: a request it denies charges no
+/// bucket and no fixed window (and counts nothing on the sliding window
+/// itself), one a bucket denies charges no sliding window; its refunds
+/// never go below zero.
+pub async fn a_request_denied_by_a_sliding_window_charges_nothing(b: &dyn Backend) {
+    let c = Case::new(
+        b,
+        "domain: mix\ndescriptors:\n  - key: plan\n    value: free\n    rate_limit: {unit: minute, requests_per_unit: 10}\n  - key: fixed\n    value: f\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}\n  - key: user\n    value: u1\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}\n",
+    )
+    .await;
+    let all = || {
+        req(
+            "mix",
+            vec![
+                desc(&[("plan", "free")]),
+                desc(&[("fixed", "f")]),
+                desc(&[("user", "u1")]),
+            ],
+            1,
+        )
+    };
+    for (left, u) in [(9, 1), (8, 0)] {
+        let r = c.call(all()).await;
+        assert_eq!(
+            (r.overall_code, cr(&r, 0), cr(&r, 1), cr(&r, 2)),
+            (OK, (OK, left), (OK, left), (OK, u))
+        );
+    }
+    for _ in 0..3 {
+        let r = c.call(all()).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!((cr(&r, 0), cr(&r, 1)), ((OK, 8), (OK, 8)));
+        assert_eq!(cr(&r, 2), (OVER, 0));
+    }
+    assert_eq!(cr(&c.one("mix", &[("plan", "free")], 1).await, 0), (OK, 7));
+    assert_eq!(cr(&c.one("mix", &[("fixed", "f")], 1).await, 0), (OK, 7));
+    // Refunds: 5 back on a count of 2 leave 0, never below.
+    let refund = RateLimitDescriptor {
+        is_negative_hits: true,
+        ..desc_hits(&[("user", "u1")], 5)
+    };
+    let r = c.call(req("mix", vec![refund], 0)).await;
+    assert_eq!(cr(&r, 0), (OK, 2));
+    // The bucket denies: the sliding window is not charged.
+    for _ in 0..7 {
+        c.one("mix", &[("plan", "free")], 1).await;
+    }
+    let r = c
+        .call(req(
+            "mix",
+            vec![desc(&[("plan", "free")]), desc(&[("user", "u1")])],
+            1,
+        ))
+        .await;
+    assert_eq!(
+        (r.overall_code, cr(&r, 0).0, cr(&r, 1)),
+        (OVER, OVER, (OK, 2))
+    );
+    assert_eq!(cr(&c.one("mix", &[("user", "u1")], 1).await, 0), (OK, 1));
+}
+
 /// Generates one `#[tokio::test]` per conformance case for a backend.
 /// `$make` is an async fn returning a value implementing [`Backend`].
 #[macro_export]
@@ -1826,6 +2090,12 @@ macro_rules! conformance_tests {
             an_override_never_refills_the_rules_bucket
             a_clock_stepped_back_never_freezes_a_bucket
             a_reset_makes_the_requests_buckets_full
+            a_fixed_window_admits_twice_its_limit_across_an_edge
+            a_fixed_window_counts_denied_hits_until_its_end
+            a_request_denied_by_a_window_charges_nothing_else
+            fixed_window_refunds_shadow_and_overrides
+            a_sliding_window_admits_its_limit_plus_its_stated_bound_across_an_edge
+            a_request_denied_by_a_sliding_window_charges_nothing
         );
     };
     (@cases $make:path; $($case:ident)*) => {

@@ -231,6 +231,26 @@ pub fn decode_bucket(raw: &[u8]) -> (i64, u64) {
     (tokens, be(&raw[..7]))
 }
 
+/// Decodes a window's stored value as `(tag, updated_us, unit_secs,
+/// previous, count)`: a fixed window's (`lua/algorithms/fixed_window.lua`:
+/// tag 241, 7 bytes updated_us, 4 bytes unit, 8 bytes count) or a sliding
+/// window's (`sliding_window.lua`: tag 242, then 8 bytes of the previous
+/// count before the count); `None` for another format.
+pub fn decode_window(raw: &[u8]) -> Option<(u8, u64, u64, u64, u64)> {
+    let be = |b: &[u8]| b.iter().fold(0u64, |n, x| (n << 8) | u64::from(*x));
+    match (raw.len(), raw.first()) {
+        (20, Some(241)) => Some((241, be(&raw[1..8]), be(&raw[8..12]), 0, be(&raw[12..20]))),
+        (28, Some(242)) => Some((
+            242,
+            be(&raw[1..8]),
+            be(&raw[8..12]),
+            be(&raw[12..20]),
+            be(&raw[20..28]),
+        )),
+        _ => None,
+    }
+}
+
 /// A TCP proxy in front of a Redis for fault injection: passes bytes through,
 /// delays replies, or holds all traffic (a blackhole that keeps TCP open and
 /// delivers later, as a real network partition does).

@@ -148,3 +148,61 @@ async fn diff_against_a_running_replica_reads_its_rlconfig() {
         .expect("diff");
     assert_eq!((code, out.as_str()), (0, "no rule changed\n"));
 }
+
+/// A change of algorithm is a change to review (exit 3), saying what it does
+/// to stored state; a window's change of rate says its windows keep their
+/// counts. `--default-algorithm` gives both sides' rules that name none.
+#[test]
+fn a_change_of_algorithm_is_a_change_to_review() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = write(
+        dir.path(),
+        "old.yaml",
+        "domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: win
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+",
+    );
+    let new = write(
+        dir.path(),
+        "new.yaml",
+        "domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+  - key: win
+    rate_limit: {unit: minute, requests_per_unit: 20, algorithm: fixed_window}
+",
+    );
+    let (code, out, err) = diff(&old, &new);
+    assert_eq!(err, "");
+    assert_eq!(
+        out,
+        "edge.api_key: changed: 5/minute burst 5 -> 5/minute fixed_window (algorithm token_bucket -> fixed_window: every window starts at zero)
+edge.win: loosened: 10/minute fixed_window -> 20/minute fixed_window: existing windows keep their counts, now against 20 per minute
+2 rules changed: 1 loosened, 1 changed
+"
+    );
+    assert_eq!(code, 3);
+    // Under --default-algorithm fixed_window the old api_key rule is a
+    // window already: only the loosening is left.
+    let out = Command::new(bucket_rls_bin())
+        .args([
+            "check-config",
+            "--default-algorithm",
+            "fixed_window",
+            "--diff",
+            &old,
+            &new,
+        ])
+        .output()
+        .expect("run bucket-rls");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).ends_with("1 rule changed: 1 loosened\n"),
+        "{out:?}"
+    );
+}

@@ -1109,6 +1109,7 @@ fn files_of_one_domain_merge_only_when_asked() {
     assert!(e.contains("duplicate domain 'shared'"), "{e}");
     let merge = LoadOptions {
         merge_domains: true,
+        ..LoadOptions::default()
     };
     let c = compile_texts_with(&texts, merge).unwrap();
     let d = &c.domains["shared"];
@@ -1149,4 +1150,86 @@ fn files_past_the_source_size_cap_are_refused() {
     assert!(text.contains("d2.yaml"), "{text}");
     assert!(text.contains("config source is too large"), "{text}");
     assert_eq!(e.0.len(), 1, "only the file past the cap: {text}");
+}
+
+/// `rate_limit.algorithm` names the algorithm; a window refuses the token
+/// bucket's `burst` and `max_debt` (also when it is a window by the
+/// service's default algorithm), an unknown name and `algorithm` beside
+/// `unlimited: true` are refused; every error names the file, the line and
+/// the path.
+#[test]
+fn window_rules_refuse_bucket_settings_with_file_line_and_path() {
+    use bucket_rls::config::Policy;
+    use bucket_rls::config::compile::{LoadOptions, compile_texts_with};
+    use bucket_rls::storage::AlgorithmKind;
+    let rule = |rl: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          {rl}\n"
+        )
+    };
+    let path = "descriptors[0].descriptors[0].rate_limit";
+    for (rl, needle) in [
+        (
+            "{unit: hour, requests_per_unit: 5, algorithm: fixed_window, burst: 10}",
+            "'burst' is a token bucket setting: this rule is a window, by 'algorithm: fixed_window'",
+        ),
+        (
+            "{unit: hour, requests_per_unit: 5, algorithm: fixed_window, max_debt: 10}",
+            "'max_debt' is a token bucket setting: this rule is a window, by 'algorithm: fixed_window'",
+        ),
+        (
+            "{unit: hour, requests_per_unit: 5, algorithm: sliding_window, burst: 10}",
+            "'burst' is a token bucket setting: this rule is a window, by 'algorithm: sliding_window'",
+        ),
+        (
+            "{unit: hour, requests_per_unit: 5, algorithm: leaky_bucket}",
+            "bad algorithm 'leaky_bucket': expected token_bucket, fixed_window, sliding_window",
+        ),
+        (
+            "{unlimited: true, algorithm: fixed_window}",
+            "'algorithm' must not be given with 'unlimited: true'",
+        ),
+    ] {
+        one_error("t.yaml", &rule(rl), &["t.yaml:7:", path, needle]);
+    }
+    // A misspelt key is a near miss of `algorithm`.
+    one_error(
+        "t.yaml",
+        &rule("{unit: hour, requests_per_unit: 5, algoritm: fixed_window}"),
+        &["t.yaml:7:", path, "did you mean 'algorithm'?"],
+    );
+    // Under --default-algorithm fixed_window a rule naming none is a
+    // window: its burst is refused, saying so; naming the bucket loads.
+    let fixed = LoadOptions {
+        default_algorithm: AlgorithmKind::FixedWindow,
+        ..LoadOptions::default()
+    };
+    let texts = |rl: &str| vec![("t.yaml".to_owned(), rule(rl).into_bytes())];
+    let e = compile_texts_with(
+        &texts("{unit: hour, requests_per_unit: 5, burst: 10}"),
+        fixed,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("t.yaml:7:")
+            && e.contains(path)
+            && e.contains("by the default algorithm fixed_window (--default-algorithm)")
+            && e.contains("add 'algorithm: token_bucket'"),
+        "{e}"
+    );
+    let algorithm_of = |c: &bucket_rls::config::Config| match c.domains["d"].rules[0].policy {
+        Policy::Limited { algorithm, .. } => algorithm,
+        Policy::Unlimited => panic!("limited"),
+    };
+    let c = compile_texts_with(
+        &texts("{unit: hour, requests_per_unit: 5, burst: 10, algorithm: token_bucket}"),
+        fixed,
+    )
+    .expect("an explicit bucket loads");
+    assert_eq!(algorithm_of(&c), AlgorithmKind::TokenBucket);
+    let c = compile_texts_with(&texts("{unit: hour, requests_per_unit: 5}"), fixed).expect("loads");
+    assert_eq!(algorithm_of(&c), AlgorithmKind::FixedWindow);
+    let c = compile_texts(&texts("{unit: hour, requests_per_unit: 5}")).expect("loads");
+    assert_eq!(algorithm_of(&c), AlgorithmKind::TokenBucket, "the default");
 }

@@ -857,6 +857,83 @@ descriptors:
     }
 }
 
+/// A migration from the Go service keeps its windows: started as
+/// `ratelimit` with `BUCKET_RLS_DEFAULT_ALGORITHM=fixed_window` beside the
+/// Go variables, every rule naming no algorithm is a fixed window. The
+/// debug port's `/rlconfig` line is then the Go service's own (no
+/// `burst=`), the admin `/rlconfig` names the algorithm, and a denial waits
+/// for the end of the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ratelimit_entry_point_takes_the_default_algorithm_from_the_environment() {
+    let (_link_dir, link) = ratelimit_link();
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("data/compose/config");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(
+        dir.join("config.yaml"),
+        "domain: rl\ndescriptors:\n  - key: category\n    value: account\n    rate_limit:\n      unit: year\n      requests_per_unit: 1\n",
+    )
+    .expect("write");
+    let ports = Ports::new();
+    let mut env: Vec<(String, String)> = [
+        ("USE_STATSD", "false".to_owned()),
+        (
+            "RUNTIME_ROOT",
+            root.path().join("data").to_string_lossy().into_owned(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "compose".to_owned()),
+        ("BUCKET_RLS_DEFAULT_ALGORITHM", "fixed_window".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    env.extend(ports.env());
+    let mut rls = start(&link, &env);
+    wait_healthy(&mut rls, ports.http).await;
+    let d = http_get(ports.debug, "/rlconfig", &[])
+        .await
+        .expect("GET /rlconfig");
+    assert_eq!(
+        d.body,
+        "rl.category_account: unit=YEAR requests_per_unit=1, shadow_mode: false\n"
+    );
+    let j = http_get(ports.http, "/rlconfig", &[])
+        .await
+        .expect("GET /rlconfig");
+    assert!(
+        j.body.contains("\"algorithm\":\"fixed_window\""),
+        "{}",
+        j.body
+    );
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", ports.grpc))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("plaintext gRPC");
+    let mut client = RateLimitServiceClient::new(ch);
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let r = client
+            .should_rate_limit(req("rl", vec![desc(&[("category", "account")])], 1))
+            .await
+            .expect("answered")
+            .into_inner();
+        let wait = r.statuses[0]
+            .duration_until_reset
+            .as_ref()
+            .map_or(0, |d| d.seconds);
+        answers.push((r.overall_code, wait));
+    }
+    // Both waits are the time to the end of the same year's window (a
+    // yearly window, so that the two calls do not straddle an edge).
+    assert_eq!(answers[0].0, Code::Ok as i32);
+    assert_eq!(answers[1].0, Code::OverLimit as i32);
+    for (_, wait) in &answers {
+        assert!((1..=31_536_000).contains(wait), "{answers:?}");
+    }
+    assert!(answers[1].1 <= answers[0].1, "{answers:?}");
+}
+
 #[test]
 fn every_refused_variable_stops_startup_with_its_reason() {
     let (_link_dir, link) = ratelimit_link();

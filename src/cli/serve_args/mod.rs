@@ -97,6 +97,8 @@ pub mod flag {
     pub const RESPONSE_DYNAMIC_METADATA: &str = "response-dynamic-metadata";
     /// `--merge-domain-config`.
     pub const MERGE_DOMAIN_CONFIG: &str = "merge-domain-config";
+    /// `--default-algorithm`.
+    pub const DEFAULT_ALGORITHM: &str = "default-algorithm";
     /// `--otlp-endpoint`.
     pub const OTLP_ENDPOINT: &str = "otlp-endpoint";
     /// `--tracing-service-name`.
@@ -352,6 +354,16 @@ pub struct ServeArgs {
     /// the response in configs that cannot carry `max_debt` (xDS).
     #[arg(long, env = "BUCKET_RLS_MAX_DEBT_BURSTS", default_value_t = 0)]
     pub max_debt_bursts: u32,
+    /// The algorithm of every rule that names no `algorithm` (files and
+    /// xDS pushes alike) and of every request's `limit` override:
+    /// `fixed_window` gives the Go service's windows everywhere.
+    #[arg(
+        long = flag::DEFAULT_ALGORITHM,
+        env = "BUCKET_RLS_DEFAULT_ALGORITHM",
+        default_value = "token_bucket",
+        value_parser = algorithm_parser()
+    )]
+    pub default_algorithm: crate::storage::AlgorithmKind,
     /// Envoy's quota service (RLQS): the blanket rule sent for a bucket id
     /// that matches no rule of the stream's domain.
     #[arg(
@@ -592,6 +604,7 @@ impl TryFrom<&ServeArgs> for Settings {
             service,
             load: crate::config::compile::LoadOptions {
                 merge_domains: args.merge_domain_config,
+                default_algorithm: args.default_algorithm,
             },
             backend: Backend::try_from(args)?,
             grpc_reflection: !args.disable_grpc_reflection,
@@ -701,6 +714,18 @@ impl TryFrom<&ServeArgs> for ConfigSource {
     }
 }
 
+/// The parser of an algorithm name (`--default-algorithm`): one of the
+/// names [`AlgorithmKind::as_str`](crate::storage::AlgorithmKind::as_str)
+/// writes, listed by `--help` and in the error for another.
+pub fn algorithm_parser()
+-> impl clap::builder::TypedValueParser<Value = crate::storage::AlgorithmKind> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(
+        crate::storage::AlgorithmKind::ALL.map(crate::storage::AlgorithmKind::as_str),
+    )
+    .map(|s| crate::storage::AlgorithmKind::parse(&s).unwrap_or_default())
+}
+
 impl From<&ServeArgs> for ServiceSettings {
     fn from(args: &ServeArgs) -> Self {
         Self {
@@ -721,6 +746,7 @@ impl From<&ServeArgs> for ServiceSettings {
             ignore_unmatched_overrides: args.ignore_unmatched_overrides,
             max_debt_bursts: args.max_debt_bursts,
             rlqs_deny_unmatched: args.rlqs_unmatched == RlqsUnmatched::Deny,
+            default_algorithm: args.default_algorithm,
             ..Self::default()
         }
     }

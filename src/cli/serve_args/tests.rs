@@ -506,3 +506,25 @@ fn config_and_config_xds_are_exclusive_and_one_is_required() {
     let e = Settings::try_from(&args).unwrap_err().to_string();
     assert!(e.contains("host:port"), "{e}");
 }
+
+/// `--default-algorithm` sets the algorithm of every rule naming none (the
+/// loader's options) and of overrides (the service settings); an unknown
+/// name is refused listing the names.
+#[test]
+fn the_default_algorithm_reaches_the_loader_and_the_overrides() {
+    use crate::storage::AlgorithmKind;
+    let d = Settings::try_from(&serve_args(&[])).expect("settings");
+    assert_eq!(d.load.default_algorithm, AlgorithmKind::TokenBucket);
+    assert_eq!(d.service.default_algorithm, AlgorithmKind::TokenBucket);
+    let s = Settings::try_from(&serve_args(&["--default-algorithm", "fixed_window"]))
+        .expect("settings");
+    assert_eq!(s.load.default_algorithm, AlgorithmKind::FixedWindow);
+    assert_eq!(s.service.default_algorithm, AlgorithmKind::FixedWindow);
+    let e = try_serve_args(&["--config", "c.yaml", "--default-algorithm", "leaky"])
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("leaky") && e.contains("token_bucket") && e.contains("fixed_window"),
+        "{e}"
+    );
+}

@@ -44,7 +44,9 @@ use crate::metrics as m;
 use crate::storage::clock::{Clock, MonotonicClock};
 use crate::storage::key::{self, KeyValue};
 use crate::storage::quota::{Held, QuotaReport, subscribers_key};
-use crate::storage::{BucketLimit, ChargeKind, ChargeSpec, Limit, MICRO, StorageError};
+use crate::storage::{
+    AlgorithmKind, BucketLimit, ChargeKind, ChargeSpec, Limit, MICRO, StorageError, WindowLimit,
+};
 use parking_lot::Mutex;
 use share::{Budget, Share, Subscriber};
 use std::collections::{BTreeMap, HashMap};
@@ -223,7 +225,7 @@ enum Resolved {
     Limited {
         rule_label: String,
         key: String,
-        limit: BucketLimit,
+        limit: Limit,
         budget: Budget,
     },
 }
@@ -494,7 +496,7 @@ impl QuotaStream {
                         subscribers: subscribers_key(&self.limiter.settings.key_prefix, &key),
                         bucket: key,
                         charge: ChargeSpec {
-                            limit: Limit::TokenBucket(limit),
+                            limit,
                             cost: allowed,
                             kind: ChargeKind::Consume,
                             shadow: false,
@@ -808,6 +810,7 @@ fn resolve(limiter: &Limiter, config: &Config, domain: &str, id: &BucketId) -> R
         requests_per_unit,
         unit,
         burst,
+        algorithm,
         ..
     } = rule.policy
     else {
@@ -832,11 +835,23 @@ fn resolve(limiter: &Limiter, config: &Config, domain: &str, id: &BucketId) -> R
     let rate_debt = u64::from(requests_per_unit)
         .saturating_mul(DEBT_SECS)
         .div_ceil(unit.secs().max(1));
-    let limit = BucketLimit {
-        requests_per_unit,
-        unit_secs: unit.secs_nonzero(),
-        burst,
-        max_debt: u32::try_from(u64::from(burst).saturating_add(rate_debt)).unwrap_or(u32::MAX),
+    // What the Envoys admitted is charged whatever it finds: a bucket
+    // with debt, a window that counts what it has no room for.
+    let limit = match algorithm {
+        AlgorithmKind::TokenBucket => Limit::TokenBucket(BucketLimit {
+            requests_per_unit,
+            unit_secs: unit.secs_nonzero(),
+            burst,
+            max_debt: u32::try_from(u64::from(burst).saturating_add(rate_debt)).unwrap_or(u32::MAX),
+        }),
+        AlgorithmKind::FixedWindow => Limit::FixedWindow(WindowLimit::counting(
+            requests_per_unit,
+            unit.secs_nonzero(),
+        )),
+        AlgorithmKind::SlidingWindow => Limit::SlidingWindow(WindowLimit::counting(
+            requests_per_unit,
+            unit.secs_nonzero(),
+        )),
     };
     Resolved::Limited {
         rule_label: rule.path.clone(),

@@ -13,7 +13,7 @@
 //! balance in micro-tokens (an `i128`), and what a charge reports is that
 //! balance.
 
-use super::{Algorithm, ChargeKind, Consumed, MICRO, ScriptCharge};
+use super::{Algorithm, ChargeKind, Consumed, MICRO, Report, ScriptCharge};
 use std::num::NonZeroU64;
 
 /// The limit a bucket is evaluated under ([`Limit::TokenBucket`](super::Limit::TokenBucket)).
@@ -117,15 +117,14 @@ impl Algorithm for TokenBucket {
     type Level = i128;
     const SCRIPT_ID: u8 = 0;
 
-    fn level(limit: &BucketLimit, stored: Option<&BucketState>, now_us: u64) -> i128 {
-        stored.map_or(capacity(limit), |s| s.tokens_at(limit, now_us))
+    fn read(limit: &BucketLimit, stored: Option<&BucketState>, now_us: u64) -> (i128, bool) {
+        match stored {
+            Some(s) => (s.tokens_at(limit, now_us), s.updated_us > now_us),
+            None => (capacity(limit), false),
+        }
     }
 
-    fn is_stale(stored: &BucketState, now_us: u64) -> bool {
-        stored.updated_us > now_us
-    }
-
-    fn rebase(limit: &BucketLimit, level: i128) -> i128 {
+    fn rebase(limit: &BucketLimit, _from: &BucketLimit, level: i128) -> i128 {
         level.min(capacity(limit))
     }
 
@@ -144,10 +143,17 @@ impl Algorithm for TokenBucket {
             level: taken.unwrap_or(level),
             enough,
             changed: taken.is_some(),
+            stands: debt > 0 && cost > 0,
         }
     }
 
-    fn refund(limit: &BucketLimit, level: i128, cost: u64) -> i128 {
+    fn refund(
+        limit: &BucketLimit,
+        level: i128,
+        cost: u64,
+        _taken_at_us: Option<u64>,
+        _now_us: u64,
+    ) -> i128 {
         let add = i128::from(cost) * i128::from(MICRO);
         level.saturating_add(add).min(capacity(limit))
     }
@@ -156,19 +162,26 @@ impl Algorithm for TokenBucket {
         limit.debt_micro() > 0
     }
 
-    fn store(level: i128, now_us: u64) -> BucketState {
+    fn counts_when_short(_: &BucketLimit) -> bool {
+        false
+    }
+
+    fn store(_: &BucketLimit, level: i128, now_us: u64) -> BucketState {
         BucketState {
             tokens_micro: to_i64(level),
             updated_us: now_us,
         }
     }
 
-    fn report(level: i128) -> i64 {
-        to_i64(level)
+    fn report(_: &BucketLimit, level: i128, _now_us: u64) -> Report {
+        Report {
+            remaining_micro: to_i64(level),
+            window: None,
+        }
     }
 
-    fn level_of_report(remaining_micro: i64) -> i128 {
-        i128::from(remaining_micro)
+    fn level_of_report(_: &BucketLimit, report: &Report) -> i128 {
+        i128::from(report.remaining_micro)
     }
 
     fn expiry_us(limit: &BucketLimit, state: &BucketState) -> u128 {
@@ -191,25 +204,30 @@ impl Algorithm for TokenBucket {
         limit.requests_per_unit == 0
     }
 
-    fn reset_us(limit: &BucketLimit, remaining_micro: i64) -> u128 {
-        time_to_full_us(limit, remaining_micro)
+    /// `max(cost, 1)` tokens: a check is answered as a 1-token request
+    /// (docs/design.md, "Costs").
+    fn need_micro(_: &BucketLimit, cost: u64) -> u128 {
+        u128::from(cost.max(1)) * u128::from(MICRO)
     }
 
-    fn wait_us(limit: &BucketLimit, remaining_micro: i64, need_micro: u128) -> u128 {
-        wait_until_fits_us(limit, remaining_micro, need_micro)
+    fn reset_us(limit: &BucketLimit, report: &Report) -> u128 {
+        time_to_full_us(limit, report.remaining_micro)
     }
 
-    fn remaining_later(
-        limit: &BucketLimit,
-        remaining_micro: i64,
-        since_us: u64,
-        now_us: u64,
-    ) -> i128 {
-        BucketState {
-            tokens_micro: remaining_micro,
+    fn wait_us(limit: &BucketLimit, report: &Report, need_micro: u128) -> u128 {
+        wait_until_fits_us(limit, report.remaining_micro, need_micro)
+    }
+
+    fn report_later(limit: &BucketLimit, report: &Report, since_us: u64, now_us: u64) -> Report {
+        let later = BucketState {
+            tokens_micro: report.remaining_micro,
             updated_us: since_us,
         }
-        .tokens_at(limit, now_us)
+        .tokens_at(limit, now_us);
+        Report {
+            remaining_micro: to_i64(later),
+            window: None,
+        }
     }
 
     /// Parameters `[R, U, C]`, the extra parameter `D` (0 when `R = 0`), and
@@ -219,7 +237,7 @@ impl Algorithm for TokenBucket {
     /// a debt charge that large is clamped at `-max_debt` anyway) and keeps
     /// every micro-token amount below 2^53 inside Lua (a capacity and a debt
     /// bound are at most `u32::MAX` tokens each and a unit at least 1 s, by
-    /// their types).
+    /// their types). A [`ChargeKind::Return`] is a refund.
     fn script_charge(limit: &BucketLimit, cost: u64, kind: ChargeKind) -> ScriptCharge {
         let cap_tokens = if limit.requests_per_unit == 0 {
             0
@@ -234,7 +252,9 @@ impl Algorithm for TokenBucket {
         let cost = match kind {
             ChargeKind::Consume => cost.min(cap_tokens + debt_tokens + 1),
             // A balance is never below -u32::MAX tokens (the largest debt bound).
-            ChargeKind::Refund => cost.min(cap_tokens + u64::from(u32::MAX)),
+            ChargeKind::Refund | ChargeKind::Return { .. } => {
+                cost.min(cap_tokens + u64::from(u32::MAX))
+            }
         };
         ScriptCharge {
             algorithm: Self::SCRIPT_ID,
@@ -427,14 +447,16 @@ mod tests {
             r.charges[0],
             ChargeResult {
                 enough: true,
-                remaining_micro: 10 * MICRO_I64
+                remaining_micro: 10 * MICRO_I64,
+                window: None,
             }
         );
         assert_eq!(
             r.charges[1],
             ChargeResult {
                 enough: false,
-                remaining_micro: MICRO_I64
+                remaining_micro: MICRO_I64,
+                window: None,
             }
         );
     }

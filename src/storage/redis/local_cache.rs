@@ -33,13 +33,14 @@
 //! `quick_cache`).
 
 use crate::storage::Charge;
-use crate::storage::algorithm::{ChargeKind, ChargeResult, Limit, RequestResult};
+use crate::storage::algorithm::{ChargeKind, ChargeResult, Limit, Report, RequestResult};
 
 /// What is known about one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Entry {
     limit: Limit,
-    remaining_micro: i64,
+    /// What Redis reported (what is left, and a window's time).
+    report: Report,
     /// Microseconds (on the cache's time line) just before the call was sent.
     sent_us: u64,
     /// Microseconds just after the reply was received.
@@ -123,8 +124,8 @@ impl LocalCache {
             if e.limit != c.spec.limit || e.sent_us > now_us {
                 return None;
             }
-            let at = |t_us: u64| e.limit.remaining_later(e.remaining_micro, t_us, now_us);
-            let most = at(e.sent_us);
+            let at = |t_us: u64| e.limit.report_later(&e.report, t_us, now_us);
+            let most = i128::from(at(e.sent_us).remaining_micro);
             let need = i128::try_from(c.spec.need_micro()).unwrap_or(i128::MAX);
             if most + 1 >= need {
                 if most >= i128::try_from(e.limit.capacity_micro()).unwrap_or(i128::MAX) {
@@ -132,9 +133,13 @@ impl LocalCache {
                 }
                 return None;
             }
+            // As of the reply (a window's time moved on by the time since
+            // then): the wait it gives is never shorter than Redis's.
+            let later = at(e.received_us);
             out.push(ChargeResult {
                 enough: false,
-                remaining_micro: i64::try_from(at(e.received_us)).unwrap_or(i64::MAX),
+                remaining_micro: later.remaining_micro,
+                window: later.window,
             });
         }
         Some(RequestResult {
@@ -146,7 +151,7 @@ impl LocalCache {
     /// Forgets the buckets a request is about to refund (their tokens grow).
     pub fn before_call(&self, charges: &[Charge]) {
         for c in charges {
-            if c.spec.kind == ChargeKind::Refund {
+            if c.spec.kind.gives_back() {
                 self.map.remove(c.key.as_str());
             }
         }
@@ -176,7 +181,7 @@ impl LocalCache {
                     c.key.clone(),
                     Entry {
                         limit: c.spec.limit,
-                        remaining_micro: r.remaining_micro,
+                        report: r.report(),
                         sent_us,
                         received_us: received_us.max(sent_us),
                     },
@@ -236,8 +241,89 @@ mod tests {
             charges: vec![ChargeResult {
                 enough: false,
                 remaining_micro: 0,
+                window: None,
             }],
         }
+    }
+
+    /// A window's denial is answered from the cache until its window ends
+    /// as Redis placed it (measured from when the call was sent: Redis's
+    /// clock need not be this host's), with the wait measured from the
+    /// reply; a sliding window's until the previous count's weight could
+    /// have fallen enough.
+    #[test]
+    fn window_denials_last_until_their_window_ends_on_redis_clock() {
+        use crate::storage::algorithm::{Limit, WindowLimit, WindowReport};
+        let cache = LocalCache::without_age_limit(10);
+        let unit = std::num::NonZeroU64::new(60).expect("a minute");
+        let window = |limit: Limit| Charge {
+            key: "w".into(),
+            spec: ChargeSpec {
+                limit,
+                cost: 1,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+        };
+        let denied = |remaining_micro: i64, previous_micro: u64| RequestResult {
+            admitted: false,
+            charges: vec![ChargeResult {
+                enough: false,
+                remaining_micro,
+                // Redis's clock: 50 s into its minute (this host's clock
+                // reads 1 s then).
+                window: Some(WindowReport {
+                    at_us: 1_699_999_980_000_000 + 50_000_000,
+                    previous_micro,
+                }),
+            }],
+        };
+        let fixed = window(Limit::FixedWindow(WindowLimit::counting(3, unit)));
+        cache.record_between(
+            std::slice::from_ref(&fixed),
+            &denied(0, 0),
+            1_000_000,
+            1_500_000,
+        );
+        // 9 s after sending: still the same window on Redis, for sure.
+        let r = cache
+            .lookup(std::slice::from_ref(&fixed), 10_000_000)
+            .expect("certain");
+        let limit = fixed.spec.limit;
+        // Measured from the reply: 10 s - 8.5 s = 1.5 s left at most.
+        assert_eq!(limit.wait_us(&r.charges[0].report(), 1), 1_500_000);
+        // 10 s after sending Redis may be in its next minute: ask it.
+        assert!(
+            cache
+                .lookup(std::slice::from_ref(&fixed), 11_000_000)
+                .is_none()
+        );
+        let mut sliding = window(Limit::SlidingWindow(WindowLimit {
+            requests_per_unit: 10,
+            unit_secs: unit,
+            counts_denied: false,
+        }));
+        sliding.spec.cost = 2;
+        // 50 s into the minute, 10 in the previous one weigh
+        // ceil(10 × 10/60) = 1.666667 of 10, and 7 in this one: 1.333333
+        // left. A cost of 2 fits once 10 × r/60 <= 1, at r <= 6 s: 4 s after
+        // the evaluation (less the margin of the cache's rounding).
+        cache.record_between(
+            std::slice::from_ref(&sliding),
+            &denied(1_333_333, 10 * 1_000_000),
+            1_000_000,
+            1_000_000,
+        );
+        assert!(
+            cache
+                .lookup(std::slice::from_ref(&sliding), 4_999_990)
+                .is_some()
+        );
+        assert!(
+            cache
+                .lookup(std::slice::from_ref(&sliding), 5_000_000)
+                .is_none()
+        );
     }
 
     #[test]
@@ -284,6 +370,7 @@ mod tests {
             charges: vec![ChargeResult {
                 enough: true,
                 remaining_micro: MICRO_I64,
+                window: None,
             }],
         };
         cache.record(std::slice::from_ref(&c), &ok, 1_000_000);
@@ -311,6 +398,7 @@ mod tests {
             charges: vec![ChargeResult {
                 enough: false,
                 remaining_micro: 0,
+                window: None,
             }],
         };
         cache.record(std::slice::from_ref(&slow), &denied, 5_000_000);

@@ -819,6 +819,7 @@ mod tests {
             charges: vec![ChargeResult {
                 enough: false,
                 remaining_micro: 0,
+                window: None,
             }],
         };
         let sent_us = pipeline.local_now_us();

@@ -15,6 +15,8 @@ use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 pub const SOURCE: &str = concat!(
     "local ALGORITHMS = {\n",
     algorithm_part!(0, "token_bucket.lua"),
+    algorithm_part!(1, "fixed_window.lua"),
+    algorithm_part!(2, "sliding_window.lua"),
     "}\n",
     include_str!("../../../lua/quota.lua")
 );

@@ -6,7 +6,9 @@
 //! Sentinel backend calls the same functions per node or per slot.
 
 use crate::metrics as m;
-use crate::storage::algorithm::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
+use crate::storage::algorithm::{
+    ChargeKind, ChargeResult, ChargeSpec, RequestResult, WindowReport,
+};
 use crate::storage::{BackendKind, Charge, StorageError, group_by_key};
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
@@ -35,6 +37,8 @@ pub(crate) use algorithm_part;
 pub const SOURCE: &str = concat!(
     "local ALGORITHMS = {\n",
     algorithm_part!(0, "token_bucket.lua"),
+    algorithm_part!(1, "fixed_window.lua"),
+    algorithm_part!(2, "sliding_window.lua"),
     "}\n",
     include_str!("../../../lua/request.lua")
 );
@@ -184,7 +188,7 @@ pub struct ScriptCall {
     /// and for a batch the charges per request (4 bytes each).
     pub args: Vec<Vec<u8>>,
     /// Number of charges (the reply of one request has `1 + 9 * charges`
-    /// bytes).
+    /// bytes, and 16 more per window charge).
     pub charges: usize,
     /// Charges of each request of a batch, in order; empty for one request.
     pub requests: Vec<usize>,
@@ -322,11 +326,8 @@ impl ScriptCall {
         for &n in &self.requests {
             match rest.first() {
                 Some(0 | 1) => {
-                    let len = 1 + 9 * n;
-                    let Some(part) = rest.get(..len) else {
-                        return Err(bad("too short"));
-                    };
-                    out.push(Ok(parse_packed(part, n).map_err(&bad)?));
+                    let (result, len) = parse_one(rest, n).map_err(&bad)?;
+                    out.push(Ok(result));
                     rest = &rest[len..];
                 }
                 Some(2) => {
@@ -412,13 +413,14 @@ pub(crate) fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec
     let sc = spec.limit.script_charge(spec.cost, spec.kind);
     let mut flags = match spec.kind {
         ChargeKind::Consume => 0,
-        ChargeKind::Refund => u64::from(FLAG_REFUND),
+        ChargeKind::Refund | ChargeKind::Return { .. } => u64::from(FLAG_REFUND),
     };
     if spec.shadow {
         flags |= u64::from(FLAG_SHADOW);
     }
-    // The algorithm's extra parameter (the bucket's debt bound) rides in
-    // the flags (`flags / 4`): no extra argument per charge on the hot path.
+    // The algorithm's extra parameter (the bucket's debt bound, a window's
+    // target of a return) rides in the flags (`flags / 4`): no extra
+    // argument per charge on the hot path.
     flags |= sc.extra << 2;
     let head = (u32::from(sc.algorithm) << 24) | u32::try_from(key_no.min(MAX_KEY_NO)).unwrap_or(0);
     packed.extend_from_slice(&head.to_be_bytes());
@@ -447,32 +449,72 @@ pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult
     parse_packed(bytes, charges).map_err(bad)
 }
 
-/// One request's packed reply: the admitted byte, then per charge an enough
-/// byte and what is left as a big-endian i64 (lua/request.lua, "Reply");
-/// `Err` names what is wrong.
+/// Flag of a charge's reply byte: it had enough.
+const REPLY_ENOUGH: u8 = 1;
+/// Flag of a charge's reply byte: a window report (16 bytes) follows what
+/// is left.
+const REPLY_WINDOW: u8 = 2;
+
+/// One request's packed reply: the admitted byte, then per charge a flags
+/// byte (enough, window) and what is left as a big-endian i64, and for a
+/// window charge the evaluation time and the previous window's count as
+/// big-endian u64s (lua/request.lua, "Reply"); `Err` names what is wrong.
 fn parse_packed(bytes: &[u8], charges: usize) -> Result<RequestResult, &'static str> {
-    if bytes.len() != 1 + 9 * charges {
+    let (result, used) = parse_one(bytes, charges)?;
+    if used != bytes.len() {
         return Err("wrong length");
     }
-    let flag = |b: u8, what: &'static str| match b {
-        0 => Ok(false),
-        1 => Ok(true),
-        _ => Err(what),
+    Ok(result)
+}
+
+/// The reply of one request of `charges` charges at the start of `bytes`,
+/// and the bytes it takes.
+fn parse_one(bytes: &[u8], charges: usize) -> Result<(RequestResult, usize), &'static str> {
+    let admitted = match bytes.first() {
+        Some(0) => false,
+        Some(1) => true,
+        Some(_) => return Err("admitted flag"),
+        None => return Err("wrong length"),
     };
-    let admitted = flag(bytes[0], "admitted flag")?;
+    let mut pos = 1;
     let mut out = Vec::with_capacity(charges);
-    for c in bytes[1..].chunks_exact(9) {
-        let mut tokens = [0u8; 8];
-        tokens.copy_from_slice(&c[1..]);
+    let word = |at: usize| -> Result<[u8; 8], &'static str> {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or("wrong length")
+    };
+    for _ in 0..charges {
+        let flags = *bytes.get(pos).ok_or("wrong length")?;
+        if flags & !(REPLY_ENOUGH | REPLY_WINDOW) != 0 {
+            return Err("enough flag");
+        }
+        let remaining_micro = i64::from_be_bytes(word(pos + 1)?);
+        pos += 9;
+        let window = if flags & REPLY_WINDOW == 0 {
+            None
+        } else {
+            let at_us = u64::from_be_bytes(word(pos)?);
+            let previous_micro = u64::from_be_bytes(word(pos + 8)?);
+            pos += 16;
+            Some(WindowReport {
+                at_us,
+                previous_micro,
+            })
+        };
         out.push(ChargeResult {
-            enough: flag(c[0], "enough flag")?,
-            remaining_micro: i64::from_be_bytes(tokens),
+            enough: flags & REPLY_ENOUGH != 0,
+            remaining_micro,
+            window,
         });
     }
-    Ok(RequestResult {
-        admitted,
-        charges: out,
-    })
+    Ok((
+        RequestResult {
+            admitted,
+            charges: out,
+        },
+        pos,
+    ))
 }
 
 /// The Redis error of `text` (`WRONGTYPE Operation against ...`), as the

@@ -165,19 +165,29 @@ async fn compensate<S: SlotCall>(
             let mut give_back = Vec::new();
             for (&i, cr) in idx.iter().zip(&r.charges) {
                 let c = &charges[i];
-                let stands = c.spec.taken_when_denied();
+                let stands = c.spec.stood(cr.enough);
                 if c.spec.kind == ChargeKind::Consume && (cr.enough || stands) && c.spec.cost > 0 {
                     *taken.entry(c.key.as_str()).or_default() +=
                         i128::try_from(c.spec.cost_micro()).unwrap_or(i128::MAX);
                     // A debt charge is taken whatever the request's outcome
-                    // (docs/design.md, "Debt"): it is not given back.
+                    // (docs/design.md, "Debt"), and so are the hits a fixed
+                    // window counts when they do not fit: they are not
+                    // given back.
                     if stands {
                         continue;
                     }
+                    // A window gets it back in the window it was counted
+                    // in (nothing once that is over: the count is gone).
+                    let kind = match cr.window {
+                        Some(w) => ChargeKind::Return {
+                            taken_at_us: w.at_us,
+                        },
+                        None => ChargeKind::Refund,
+                    };
                     give_back.push(Charge {
                         key: c.key.clone(),
                         spec: ChargeSpec {
-                            kind: ChargeKind::Refund,
+                            kind,
                             shadow: false,
                             ..c.spec
                         },
@@ -196,6 +206,7 @@ async fn compensate<S: SlotCall>(
             results[i] = Some(ChargeResult {
                 enough: cr.enough || c.spec.kind == ChargeKind::Refund,
                 remaining_micro: i64::try_from(before.min(cap)).unwrap_or(i64::MAX),
+                window: cr.window,
             });
         }
     }
@@ -522,7 +533,8 @@ mod tests {
             r.charges[0],
             ChargeResult {
                 enough: true,
-                remaining_micro: 100 * MICRO_I64
+                remaining_micro: 100 * MICRO_I64,
+                window: None,
             }
         );
         assert_eq!(
@@ -542,7 +554,8 @@ mod tests {
             r.charges[0],
             ChargeResult {
                 enough: false,
-                remaining_micro: 70 * MICRO_I64
+                remaining_micro: 70 * MICRO_I64,
+                window: None,
             }
         );
         assert_eq!(slots.tokens("a", debt), -10 * MICRO_I64);

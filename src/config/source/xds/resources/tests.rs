@@ -72,7 +72,8 @@ fn envoy_gateway_shapes_compile_to_the_rules_a_file_would_give() {
             requests_per_unit: 3,
             unit: Unit::Month,
             burst: 3,
-            max_debt: None
+            max_debt: None,
+            algorithm: crate::storage::AlgorithmKind::TokenBucket,
         }
     );
     let wk = d
@@ -86,7 +87,8 @@ fn envoy_gateway_shapes_compile_to_the_rules_a_file_would_give() {
             requests_per_unit: 7,
             unit: Unit::Week,
             burst: 7,
-            max_debt: None
+            max_debt: None,
+            algorithm: crate::storage::AlgorithmKind::TokenBucket,
         }
     );
     assert_eq!(d.file, "default/policy");
@@ -177,6 +179,7 @@ fn merged_domains_follow_the_load_options() {
         &[a, pack(&b)],
         LoadOptions {
             merge_domains: true,
+            ..LoadOptions::default()
         },
     )
     .unwrap();
@@ -306,7 +309,8 @@ descriptors:
             requests_per_unit: 1,
             unit: Unit::Week,
             burst: 1,
-            max_debt: None
+            max_debt: None,
+            algorithm: crate::storage::AlgorithmKind::TokenBucket,
         }
     );
     // The same resources pushed over xDS hash the same.
@@ -369,4 +373,30 @@ fn a_pushed_descriptors_long_value_is_cut_in_its_errors() {
         "{e}"
     );
     assert!(e.len() < 200, "{e}");
+}
+
+/// A pushed config names no algorithm (the xDS API has no such field): its
+/// rules take the service's `--default-algorithm`, so a migration from the
+/// Go service gets fixed windows for Envoy Gateway's policies too.
+#[test]
+fn pushed_rules_take_the_default_algorithm() {
+    use crate::storage::AlgorithmKind;
+    let set = [pack(&eg("default/eg/http", 5, RateLimitUnit::Minute))];
+    for kind in AlgorithmKind::ALL {
+        let load = LoadOptions {
+            default_algorithm: kind,
+            ..LoadOptions::default()
+        };
+        let c = compile_resources(&set, load).unwrap();
+        assert_eq!(
+            c.domains["default/eg/http"].rules[0].policy,
+            Policy::Limited {
+                requests_per_unit: 5,
+                unit: Unit::Minute,
+                burst: 5,
+                max_debt: None,
+                algorithm: kind,
+            }
+        );
+    }
 }
