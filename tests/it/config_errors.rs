@@ -114,7 +114,7 @@ descriptors:
     let e = one_error("edge.yaml", yaml, &[]);
     assert_eq!(
         e,
-        "edge.yaml:16: descriptors[1](key=tenant, value=acme).descriptors[0](key=path, value=/api/*).descriptors[0](key=user).rate_limit: unknown key 'brust': did you mean 'burst'? (expected one of: unit, requests_per_unit, burst, max_debt, name, unlimited, replaces)"
+        "edge.yaml:16: descriptors[1](key=tenant, value=acme).descriptors[0](key=path, value=/api/*).descriptors[0](key=user).rate_limit: unknown key 'brust': did you mean 'burst'? (expected one of: unit, requests_per_unit, burst, max_debt, algorithm, name, unlimited, replaces)"
     );
 }
 
@@ -1167,7 +1167,7 @@ fn window_rules_refuse_bucket_settings_with_file_line_and_path() {
             "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          {rl}\n"
         )
     };
-    let path = "descriptors[0].descriptors[0].rate_limit";
+    let path = "descriptors[0](key=a).descriptors[0](key=b).rate_limit";
     for (rl, needle) in [
         (
             "{unit: hour, requests_per_unit: 5, algorithm: fixed_window, burst: 10}",
