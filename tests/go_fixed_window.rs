@@ -160,6 +160,15 @@ impl Go {
 /// the status `(code, remaining)` and the counts after.
 type Step = (&'static str, u32, u64, u32, (i32, u32), [u64; 5]);
 
+/// One quota-mode request: the case, its two descriptors' (entries, limit
+/// per minute, count before), the overall code and the two codes.
+type QuotaCase<'a> = (
+    &'a str,
+    [(&'a [(&'a str, &'a str)], u32, u64); 2],
+    i32,
+    [i32; 2],
+);
+
 /// `(code, limit_remaining, duration_until_reset seconds)` of status `i`.
 fn st(r: &RateLimitResponse, i: usize) -> (i32, u32, Option<i64>) {
     let s = &r.statuses[i];
@@ -417,7 +426,7 @@ async fn the_go_services_quota_mode_cases() {
     let (quota1, quota2) = ([("quota1", "limit")], [("quota2", "limit")]);
     for b in Backend::both() {
         // (case, [(entries, limit, count before)], overall, codes)
-        let cases: [(&str, [(&[(&str, &str)], u32, u64); 2], i32, [i32; 2]); 5] = [
+        let cases: [QuotaCase<'_>; 5] = [
             ("goq1", [(&regular, 5, 5), (&quota, 3, 0)], OVER, [OVER, OK]),
             ("goq2", [(&regular, 5, 0), (&quota, 3, 3)], OVER, [OK, OVER]),
             ("goq3", [(&regular, 5, 0), (&quota, 3, 0)], OK, [OK, OK]),
