@@ -4,9 +4,9 @@ message). The Rust model is the memory backend's `Storage::report`
 (src/storage/memory.rs); src/storage/quota.rs documents the semantics.
 
 Assembly: src/storage/redis/quota_script.rs builds the script text at build
-time as `local ALGORITHMS = {`, each algorithm's part (lua/algorithms/, the
-same parts the request script uses, see lua/request.lua for the functions
-each returns), `}`, then this file. So the charge below is computed by the
+time as the request script's is (lua/request.lua, "Assembly": the same
+algorithm parts under lua/algorithms/, made on first use, and the functions
+each returns), then this file. So the charge below is computed by the
 same arithmetic as a ShouldRateLimit charge on the same bucket.
 
 Units: amounts in micro-units (1 token = 1,000,000), times in microseconds

@@ -13,10 +13,11 @@ under lua/algorithms/. It implements exactly the reference model
 random inputs.
 
 Assembly: src/storage/redis/script.rs builds the script text at build time
-as `local ALGORITHMS = {`, then per algorithm
-`[id] = (function() <lua/algorithms/<name>.lua> end)(),`, then `}` and
-this file. So one EVALSHA serves any mix of algorithms, and this file names
-none. Each algorithm part returns an array of seven functions, in this order,
+as `local PARTS = {`, then per algorithm
+`[id] = function() <lua/algorithms/<name>.lua> end,`, then `}`, a table
+`ALGORITHMS` whose entry `id` is made from `PARTS[id]` the first time a
+call uses it (a call pays for the algorithms it uses only), and this file.
+So one EVALSHA serves any mix of algorithms, and this file names none. Each algorithm part returns an array of seven functions, in this order,
 over its limit's three parameters p1, p2, p3 and its extra parameter x (see
 ARGV[3]), and over a *level*: the working value of one key during a request
 (a number, or a table the part makes anew on every change), opaque here:

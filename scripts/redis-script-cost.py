@@ -5,8 +5,8 @@ Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B] [NAME=FIL
 
 Starts its own redis-server on a free loopback port (no persistence), loads
 each script (default: the request script as `script`, assembled as
-src/storage/redis/script.rs does: lua/algorithms/token_bucket.lua, then
-lua/request.lua; a NAME=FILE.lua is a whole script), and sends C calls
+src/storage/redis/script.rs does: the parts under lua/algorithms/, made on
+first use, then lua/request.lua; a NAME=FILE.lua is a whole script), and sends C calls
 (default 20000, pipelined 200 at a time) on hot buckets that exist, 1 key
 and then N keys (default 5), each key charged 1 token of 1,000,000 per
 second. It prints Redis's usec_per_call of EVALSHA from INFO commandstats
@@ -144,10 +144,17 @@ def main():
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         lua = os.path.join(root, "lua")
         # The same text as `SOURCE` in src/storage/redis/script.rs.
+        parts = ["token_bucket.lua", "fixed_window.lua", "sliding_window.lua"]
         scripts["script"] = (
-            "local ALGORITHMS = {\n[0] = (function()\n"
-            + open(os.path.join(lua, "algorithms", "token_bucket.lua")).read()
-            + "\nend)(),\n}\n"
+            "local PARTS = {\n"
+            + "".join(
+                "[%d] = function()\n%s\nend,\n"
+                % (i, open(os.path.join(lua, "algorithms", f)).read())
+                for i, f in enumerate(parts)
+            )
+            + "}\n"
+            + "local ALGORITHMS = setmetatable({}, { __index = function(t, a)\n"
+            + "  local f = PARTS[a]()\n  t[a] = f\n  return f\nend })\n"
             + open(os.path.join(lua, "request.lua")).read()
         )
     if batch == 1:

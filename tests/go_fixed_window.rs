@@ -160,6 +160,15 @@ impl Go {
 /// the status `(code, remaining)` and the counts after.
 type Step = (&'static str, u32, u64, u32, (i32, u32), [u64; 5]);
 
+/// One quota-mode request: the case, its two descriptors' (entries, limit
+/// per minute, count before), the overall code and the two codes.
+type QuotaCase<'a> = (
+    &'a str,
+    [(&'a [(&'a str, &'a str)], u32, u64); 2],
+    i32,
+    [i32; 2],
+);
+
 /// `(code, limit_remaining, duration_until_reset seconds)` of status `i`.
 fn st(r: &RateLimitResponse, i: usize) -> (i32, u32, Option<i64>) {
     let s = &r.statuses[i];
@@ -417,7 +426,7 @@ async fn the_go_services_quota_mode_cases() {
     let (quota1, quota2) = ([("quota1", "limit")], [("quota2", "limit")]);
     for b in Backend::both() {
         // (case, [(entries, limit, count before)], overall, codes)
-        let cases: [(&str, [(&[(&str, &str)], u32, u64); 2], i32, [i32; 2]); 5] = [
+        let cases: [QuotaCase<'_>; 5] = [
             ("goq1", [(&regular, 5, 5), (&quota, 3, 0)], OVER, [OVER, OK]),
             ("goq2", [(&regular, 5, 0), (&quota, 3, 3)], OVER, [OK, OVER]),
             ("goq3", [(&regular, 5, 0), (&quota, 3, 0)], OK, [OK, OK]),
@@ -455,5 +464,55 @@ async fn the_go_services_quota_mode_cases() {
         assert_eq!(go.stats("quota2_limit"), [1, 0, 0, 1, 0]);
         let r = go.call(vec![desc(&quota1)], 0).await;
         assert_eq!(st(&r, 0), (OVER, 0, Some(26)), "6 of 5 counted");
+    }
+}
+
+/// `TestOverLimitWithStopCacheKeyIncrementWhenOverlimitConfig`: with the
+/// Go service's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, a request that
+/// one key would take over its limit increments only that key, as
+/// bucket-rls's all-or-nothing does: two hourly windows of 15 and 14 at 10,
+/// then 11 (hits 1, 2): both OK; at 13 with hits 2 the second is over, is
+/// counted to 15, and the first is left at 13 (2 remaining). The over key's
+/// counts are the Go service's; the first key, which neither counts, is not
+/// counted within the limit here (the Go service counts it so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_go_services_stop_increment_when_over_limit_case() {
+    let yaml = "descriptors:
+  - key: key4
+    value: value4
+    rate_limit: {unit: hour, requests_per_unit: 15, fixed}
+  - key: key5
+    value: value5
+    rate_limit: {unit: hour, requests_per_unit: 14, fixed}
+";
+    let (k4, k5) = ([("key4", "value4")], [("key5", "value5")]);
+    for b in Backend::both() {
+        let go = Go::new(&b, "gostop", yaml, 1_000_000);
+        go.add(&k4, 15, 3600, 10).await;
+        go.add(&k5, 14, 3600, 10).await;
+        let both = |h: u64| vec![desc_hits(&k4, h), desc_hits(&k5, h)];
+        let r = go.call(both(1), 0).await;
+        assert_eq!(
+            (st(&r, 0), st(&r, 1)),
+            ((OK, 4, Some(800)), (OK, 3, Some(800)))
+        );
+        let r = go.call(both(2), 0).await;
+        assert_eq!(
+            (st(&r, 0), st(&r, 1)),
+            ((OK, 2, Some(800)), (OK, 1, Some(800)))
+        );
+        assert_eq!(go.stats("key4_value4"), [3, 0, 1, 3, 0], "{}", b.name());
+        assert_eq!(go.stats("key5_value5"), [3, 0, 2, 3, 0]);
+        let r = go.call(both(2), 0).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!(
+            (st(&r, 0), st(&r, 1)),
+            ((OK, 2, Some(800)), (OVER, 0, Some(800)))
+        );
+        assert_eq!(go.stats("key5_value5"), [5, 1, 3, 3, 0]);
+        assert_eq!(go.stats("key4_value4")[..2], [5, 0]);
+        // key4 was left at 13, key5 counted to 15.
+        let r = go.call(vec![desc_hits(&k4, 0), desc_hits(&k5, 0)], 0).await;
+        assert_eq!((st(&r, 0).1, st(&r, 1).0), (2, OVER));
     }
 }

@@ -587,6 +587,59 @@ impl Storage for Gated {
 /// alone (and computes the whole rule), replica B reports in full
 /// meanwhile, then A records. The quota script cuts A's assignment to what
 /// B left: what is sent, and what the hash holds, fit the rule (100/s).
+/// The quota script charges a window rule's allowed counts as the memory
+/// backend does (fixed and sliding windows, past the limit too, across
+/// window edges): the same balance after every report.
+#[tokio::test]
+async fn quota_script_counts_windows_as_the_memory_backend() {
+    use bucket_rls::storage::clock::ManualClock;
+    use bucket_rls::storage::quota::{Held, QuotaReport};
+    use bucket_rls::storage::{ChargeKind, ChargeSpec, Limit, WindowLimit};
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let mem = MemoryStorage::new(Arc::new(clock.clone()));
+    let red = RedisStorage::builder(redis.url())
+        .timeout(Duration::from_secs(2))
+        .test_clock(Arc::new(clock.clone()))
+        .build()
+        .expect("valid URL");
+    let window = WindowLimit::counting(10, std::num::NonZeroU64::new(60).expect("a minute"));
+    for (name, limit) in [
+        ("fixed", Limit::FixedWindow(window)),
+        ("sliding", Limit::SlidingWindow(window)),
+    ] {
+        let entry = |cost: u64| QuotaReport {
+            bucket: format!("t:d1:e|k1:k=v1:{name}"),
+            subscribers: format!("t:qd1:e|k1:k=v1:{name}"),
+            charge: ChargeSpec {
+                limit,
+                cost,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+            subscriber: "a".into(),
+            demand_milli: 1_000,
+            held: None,
+            budget: Held {
+                tokens_per_fill: 10,
+                max_tokens: 10,
+            },
+            live_ms: 15_000,
+        };
+        let mut balances = Vec::new();
+        for (advance_ms, cost) in [(0, 4), (1_000, 8), (5_000, 0), (30_000, 3), (45_000, 1)] {
+            clock.advance(Duration::from_millis(advance_ms));
+            let e = entry(cost);
+            let m = mem.report(std::slice::from_ref(&e)).await.expect("memory");
+            let r = red.report(std::slice::from_ref(&e)).await.expect("redis");
+            assert_eq!(m, r, "{name} after {e:?}");
+            balances.push(m[0].balance_micro / 1_000_000);
+        }
+        // 4 then 8 counted (12 of 10: past the limit, as admitted).
+        assert_eq!(&balances[..3], &[6, -2, -2], "{name}");
+    }
+}
+
 #[tokio::test]
 async fn interleaved_replicas_never_assign_above_the_budget() {
     use bucket_rls::limiter::quota::{Action as Assigned, Answer, Usage};

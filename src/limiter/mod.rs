@@ -445,6 +445,7 @@ impl Limiter {
                 entries = %entries,
                 rule = %counters.label(),
                 source,
+                algorithm = spec.limit.kind().as_str(),
                 cost = spec.cost,
                 refund = spec.kind == ChargeKind::Refund,
                 shadow,

@@ -602,3 +602,49 @@ async fn streams_together_hold_at_most_the_process_bound_of_bucket_state() {
     .await
     .expect("b2's state was given back");
 }
+
+/// A window rule reached through the quota service: what the Envoys
+/// admitted is counted in the rule's window (past its limit too, as it was
+/// admitted already), the window ShouldRateLimit charges for the same
+/// descriptor; the shares are cut from the rule's rate as for a bucket.
+#[tokio::test]
+async fn a_window_rule_counts_what_the_envoys_admitted() {
+    for algorithm in ["fixed_window", "sliding_window"] {
+        let yaml = format!(
+            "domain: w\ndescriptors:\n  - key: tenant\n    rate_limit: {{ unit: minute, requests_per_unit: 60, algorithm: {algorithm} }}\n"
+        );
+        let config = compile_texts(&[("t.yaml".into(), yaml.into_bytes())]).expect("config");
+        let clock = ManualClock::new(1_699_999_980_000_000);
+        let storage = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
+        let l = Arc::new(
+            Limiter::new(config, storage.clone(), ServiceSettings::default())
+                .with_quota_clock(Arc::new(clock.clone())),
+        );
+        let mut s = l.quota_stream("w").expect("bound");
+        let got = s
+            .report(&[usage(&[("tenant", "acme")], 70, 0)])
+            .await
+            .expect("answered");
+        assert!(
+            matches!(action(&got[0]), Action::TokenBucket { .. }),
+            "{algorithm}"
+        );
+        // 70 counted of 60: ShouldRateLimit on the same tenant is over.
+        let req = crate::limiter::Request {
+            domain: "w",
+            descriptors: vec![crate::limiter::Descriptor {
+                entries: vec![("tenant", "acme")],
+                limit: None,
+                hits_addend: None,
+                is_negative_hits: false,
+            }],
+            hits_addend: 1,
+        };
+        let d = l.decide(&req).await.expect("decided");
+        assert_eq!(
+            d.overall_code,
+            crate::limiter::Code::OverLimit,
+            "{algorithm}"
+        );
+    }
+}

@@ -967,7 +967,7 @@ mod tests {
             FixedWindow::SCRIPT_ID,
             SlidingWindow::SCRIPT_ID,
         ] {
-            assert!(src.contains(&format!("\n[{id}] = (function()")), "{id}");
+            assert!(src.contains(&format!("\n[{id}] = function()")), "{id}");
         }
     }
 }

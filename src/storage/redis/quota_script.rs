@@ -4,7 +4,7 @@
 //! reply parsing. Used by the single-node and Sentinel backends; a Cluster
 //! keeps no quota subscribers (`Storage::supports_quota`).
 
-use super::script::{algorithm_part, push_charge};
+use super::script::{algorithm_part, algorithms_table, push_charge};
 use crate::metrics as m;
 use crate::storage::quota::{Held, QuotaReport, QuotaView, SubscriberRecord, unpack};
 use crate::storage::{BackendKind, StorageError};
@@ -13,11 +13,12 @@ use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 /// The script source: the table of algorithms, then `lua/quota.lua`.
 pub const SOURCE: &str = concat!(
-    "local ALGORITHMS = {\n",
+    "local PARTS = {\n",
     algorithm_part!(0, "token_bucket.lua"),
     algorithm_part!(1, "fixed_window.lua"),
     algorithm_part!(2, "sliding_window.lua"),
     "}\n",
+    algorithms_table!(),
     include_str!("../../../lua/quota.lua")
 );
 

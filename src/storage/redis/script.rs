@@ -14,32 +14,45 @@ use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 /// Wraps one algorithm's script part (`lua/algorithms/<name>.lua`, a chunk
-/// that returns its functions) as the entry `$id` of the driver's
-/// `ALGORITHMS` table constructor; `$id` is the algorithm's
+/// that returns its functions) as the entry `$id` of the `PARTS` table
+/// constructor: a function that makes the part's functions; `$id` is the
+/// algorithm's
 /// [`SCRIPT_ID`](crate::storage::algorithm::Algorithm::SCRIPT_ID).
 macro_rules! algorithm_part {
     ($id:literal, $file:literal) => {
         concat!(
             "[",
             $id,
-            "] = (function()\n",
+            "] = function()\n",
             include_str!(concat!("../../../lua/algorithms/", $file)),
-            "\nend)(),\n"
+            "\nend,\n"
         )
     };
 }
 
-pub(crate) use algorithm_part;
+/// The driver's `ALGORITHMS` table over `PARTS`: an algorithm's functions
+/// are made the first time a call uses it, so a call pays for the
+/// algorithms its charges use, not for every algorithm the script has (a
+/// part's functions are closures, made anew on every call).
+macro_rules! algorithms_table {
+    () => {
+        "local ALGORITHMS = setmetatable({}, { __index = function(t, a)\n  local f = PARTS[a]()\n  t[a] = f\n  return f\nend })\n"
+    };
+}
 
-/// The script source, assembled at build time: the table of algorithms,
-/// each algorithm's part, then the request driver (`lua/request.lua`), so a
-/// request is one `EVALSHA` whatever mix of algorithms it carries.
+pub(crate) use {algorithm_part, algorithms_table};
+
+/// The script source, assembled at build time: the table of algorithm
+/// parts, the table of algorithms made from them on first use, then the
+/// request driver (`lua/request.lua`), so a request is one `EVALSHA`
+/// whatever mix of algorithms it carries.
 pub const SOURCE: &str = concat!(
-    "local ALGORITHMS = {\n",
+    "local PARTS = {\n",
     algorithm_part!(0, "token_bucket.lua"),
     algorithm_part!(1, "fixed_window.lua"),
     algorithm_part!(2, "sliding_window.lua"),
     "}\n",
+    algorithms_table!(),
     include_str!("../../../lua/request.lua")
 );
 
