@@ -327,6 +327,72 @@ async fn unary<H: Unary>(
     };
 }
 
+/// The bytes of one length-prefixed gRPC message as its DATA frames arrive.
+/// A message in one frame is kept as that frame, without a copy; a message
+/// in several frames is copied into one buffer that, once the 5-byte prefix
+/// has declared the length, holds at most the whole message (its
+/// capacity is what the request budget counts: grown frame by frame, a
+/// buffer doubles and could hold twice the message).
+#[derive(Default)]
+struct MessageBuf {
+    /// The first frame while it is the only one.
+    first: Option<Bytes>,
+    /// The frames so far, once there are several.
+    buf: BytesMut,
+}
+
+impl MessageBuf {
+    /// Appends one frame's bytes.
+    fn push(&mut self, chunk: Bytes) {
+        if self.first.is_none() && self.buf.is_empty() {
+            self.first = Some(chunk);
+            return;
+        }
+        if let Some(f) = self.first.take() {
+            self.buf.extend_from_slice(&f);
+        }
+        self.buf.extend_from_slice(&chunk);
+    }
+
+    /// Bytes received so far (prefix included).
+    fn len(&self) -> usize {
+        self.first.as_ref().map_or(self.buf.len(), Bytes::len)
+    }
+
+    /// The message length the 5-byte prefix declares (bytes, prefix not
+    /// included), once the prefix is here.
+    fn declared_len(&self) -> Option<usize> {
+        let head = self.first.as_deref().unwrap_or(&self.buf[..]);
+        (head.len() >= 5).then(|| u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize)
+    }
+
+    /// Makes room for `total` bytes (prefix included) at once when they
+    /// have not all arrived.
+    fn reserve_message(&mut self, total: usize) {
+        let have = self.len();
+        if have >= total {
+            return;
+        }
+        if let Some(f) = self.first.take() {
+            self.buf.reserve(total);
+            self.buf.extend_from_slice(&f);
+        } else {
+            self.buf.reserve(total - have);
+        }
+    }
+
+    /// Bytes of memory the buffer holds for the message.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.first.as_ref().map_or(self.buf.capacity(), Bytes::len)
+    }
+
+    /// Everything received, as one buffer.
+    fn into_bytes(self) -> Bytes {
+        self.first.unwrap_or_else(|| self.buf.freeze())
+    }
+}
+
 /// The one length-prefixed message of a unary request body, and its
 /// reservation of the process-wide request budget (made when the length
 /// prefix arrives: `RESOURCE_EXHAUSTED` when the budget cannot hold it).
@@ -334,25 +400,13 @@ async fn read_message(
     mut body: RecvStream,
     max_message_bytes: usize,
 ) -> Result<(Bytes, crate::conn_limit::RequestBytes), Status> {
-    let mut buf = BytesMut::new();
-    let mut first: Option<Bytes> = None;
+    let mut msg = MessageBuf::default();
     let mut held: Option<crate::conn_limit::RequestBytes> = None;
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|e| Status::internal(format!("h2 protocol error: {e}")))?;
         let _ = body.flow_control().release_capacity(chunk.len());
-        // Most requests arrive in one DATA frame: keep it without copying.
-        if first.is_none() && buf.is_empty() {
-            first = Some(chunk);
-        } else {
-            if let Some(f) = first.take() {
-                buf.extend_from_slice(&f);
-            }
-            buf.extend_from_slice(&chunk);
-        }
-        let have = first.as_ref().map_or(buf.len(), Bytes::len);
-        if have >= 5 {
-            let head = first.as_deref().unwrap_or(&buf[..]);
-            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        msg.push(chunk);
+        if let Some(len) = msg.declared_len() {
             if len > max_message_bytes {
                 return Err(Status::out_of_range(format!(
                     "Error, decoded message length too large: found {len} bytes, the limit is: {max_message_bytes} bytes"
@@ -366,11 +420,12 @@ async fn read_message(
                         )
                     },
                 )?);
+                msg.reserve_message(5 + len);
             }
             // The whole message is here: what else the body carries is not
             // read (as tonic reads one message of a unary call), so a client
             // cannot make the server hold more than one message per call.
-            if have >= 5 + len {
+            if msg.len() >= 5 + len {
                 break;
             }
         }
@@ -379,7 +434,7 @@ async fn read_message(
             break;
         }
     }
-    let mut all = first.unwrap_or_else(|| buf.freeze());
+    let mut all = msg.into_bytes();
     let Some(held) = held else {
         return Err(Status::internal("Missing request message."));
     };
@@ -496,5 +551,52 @@ mod tests {
         assert_eq!(t("5x"), None);
         assert_eq!(t("m"), None);
         assert_eq!(grpc_timeout(&HeaderMap::new()), None);
+    }
+
+    /// Frames of `frame` bytes carrying one message of `len` bytes after its
+    /// 5-byte prefix, as a client sends them.
+    fn frames(len: usize, frame: usize) -> Vec<Bytes> {
+        let mut all = vec![0u8];
+        all.extend_from_slice(&u32::try_from(len).unwrap().to_be_bytes());
+        all.resize(5 + len, 7);
+        all.chunks(frame).map(Bytes::copy_from_slice).collect()
+    }
+
+    #[test]
+    fn a_message_in_many_frames_holds_no_more_than_its_declared_size() {
+        for (len, frame) in [
+            (2 << 20, 16 << 10),
+            (100_000, 16 << 10),
+            (70_000, 3),
+            (40, 16 << 10),
+        ] {
+            let mut msg = MessageBuf::default();
+            for chunk in frames(len, frame) {
+                msg.push(chunk);
+                if let Some(declared) = msg.declared_len() {
+                    assert_eq!(declared, len);
+                    msg.reserve_message(5 + declared);
+                }
+                assert!(
+                    msg.capacity() <= 5 + len,
+                    "{len} bytes in frames of {frame}: buffer holds {} after {} received",
+                    msg.capacity(),
+                    msg.len()
+                );
+            }
+            let all = msg.into_bytes();
+            assert_eq!(all.len(), 5 + len);
+            assert!(all[5..].iter().all(|&b| b == 7), "bytes kept in order");
+        }
+    }
+
+    #[test]
+    fn a_message_in_one_frame_is_kept_without_a_copy() {
+        let frame = frames(300, 16 << 10).remove(0);
+        let at = frame.as_ptr();
+        let mut msg = MessageBuf::default();
+        msg.push(frame);
+        msg.reserve_message(305);
+        assert_eq!(msg.into_bytes().as_ptr(), at);
     }
 }
