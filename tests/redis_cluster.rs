@@ -14,7 +14,7 @@ use bucket_rls::storage::algorithm::{BucketLimit, ChargeKind, ChargeSpec, Limit}
 use bucket_rls::storage::key::{KeyValue, encode};
 use bucket_rls::storage::redis::cluster::{RedisClusterStorage, key_slot};
 use bucket_rls::storage::{Charge, StorageError};
-use common::cluster::{RedisCluster, bucket, delay_proxy, value_in};
+use common::cluster::{RedisCluster, bucket, connected, delay_proxy, storage, value_in};
 use common::{desc, desc_hits, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -42,24 +42,6 @@ async fn own_cluster() -> RedisCluster {
     tokio::task::spawn_blocking(RedisCluster::start)
         .await
         .expect("cluster")
-}
-
-/// Waits until the cluster storage has its slot map.
-async fn connected(s: &RedisClusterStorage) {
-    common::eventually::eventually(Duration::from_secs(10), "cluster storage connected", || {
-        let done = s.connected();
-        async move { done.then_some(()) }
-    })
-    .await;
-}
-
-async fn storage(c: &RedisCluster, timeout: Duration) -> RedisClusterStorage {
-    let s = RedisClusterStorage::builder(c.seeds())
-        .timeout(timeout)
-        .build()
-        .expect("valid seeds");
-    connected(&s).await;
-    s
 }
 
 fn st(r: &RateLimitResponse, i: usize) -> (i32, u32) {
