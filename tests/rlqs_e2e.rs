@@ -471,7 +471,13 @@ async fn two_envoys_on_two_replicas_with_redis_cluster_share_one_limit() {
     let up = upstream().await;
     let a = Envoy::start(&quota_envoy(&[r1.grpc], up)).await;
     let b = Envoy::start(&quota_envoy(&[r2.grpc], up)).await;
-    open_buckets(&[&a, &b], &[&r1, &r2]).await;
+    // Half a reporting interval apart: the first Envoy's next report gives
+    // part of the rule back before the second's next report asks (started
+    // together, the second may wait two intervals for its part, which
+    // `two_envoys_share_one_limit_and_follow_a_demand_shift` covers).
+    open_buckets(&[&a], &[&r1]).await;
+    tokio::time::sleep(REPORT_PERIOD / 2).await;
+    open_buckets(&[&b], &[&r2]).await;
     let mut c = Checks::default();
     both_busy(&mut c, &a, &b, 12, "two replicas, Redis Cluster").await;
     c.finish();
