@@ -297,7 +297,8 @@ async fn noscript_on_cluster_nodes_is_transparent() {
 /// stopped. Requests touching the lost slots answer UNAVAILABLE (kind
 /// CLUSTERDOWN) for the whole request; requests whose buckets all live
 /// elsewhere keep working, before and after the cluster marks the nodes failed;
-/// a mixed request charges nothing.
+/// a mixed request charges nothing. A quota report touching the lost slots
+/// fails (its answer is skipped), one on live slots is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_slot_range_fails_only_its_requests() {
     let mut c = own_cluster().await;
@@ -379,6 +380,60 @@ async fn lost_slot_range_fails_only_its_requests() {
     assert!(
         s.ping().await.is_ok(),
         "health stays up while other masters answer"
+    );
+
+    // A quota (RLQS) report with a bucket in the lost slots fails whole
+    // (its answer is skipped); the live slot's call stands: its subscriber
+    // record is written. A report on live slots only is answered.
+    use bucket_rls::limiter::quota::{Answer, QuotaError, Usage};
+    let mut stream = l.quota_stream("c").expect("bound");
+    let (id_a, id_b, id_dead) = (
+        [("route", live_a.as_str())],
+        [("route", live_b.as_str())],
+        [("route", dead.as_str())],
+    );
+    let mixed = [
+        Usage {
+            bucket: &id_a,
+            allowed: 1,
+            denied: 0,
+        },
+        Usage {
+            bucket: &id_dead,
+            allowed: 1,
+            denied: 0,
+        },
+    ];
+    match stream.report(&mixed).await {
+        Err(QuotaError::Storage(e)) => assert_eq!(e.kind(), "CLUSTERDOWN"),
+        other => panic!("a report touching the lost slots answered {other:?}"),
+    }
+    let records = bucket_rls::storage::quota::subscribers_key(
+        &prefix,
+        &bucket(&prefix, "c", "route", &live_a),
+    );
+    let n: u64 = c.query_on(&records, redis::cmd("HLEN").arg(&records));
+    assert_eq!(n, 1, "the live slot's call stands");
+    let live = [
+        Usage {
+            bucket: &id_a,
+            allowed: 1,
+            denied: 0,
+        },
+        Usage {
+            bucket: &id_b,
+            allowed: 1,
+            denied: 0,
+        },
+    ];
+    let got = stream
+        .report(&live)
+        .await
+        .unwrap_or_else(|e| panic!("a report on live slots failed: {e}"));
+    assert!(
+        got.iter()
+            .all(|a| matches!(a.answer, Answer::Assign { .. })),
+        "{got:?}"
     );
 }
 

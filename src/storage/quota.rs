@@ -5,7 +5,8 @@
 //! Envoys allowed (docs/design.md, "Quota sharing").
 //!
 //! [`Storage::report`](super::Storage::report) takes the bucket entries of one
-//! usage report message at once (one Redis script call); each entry:
+//! usage report message at once (one Redis script call; on a Cluster one per
+//! hash slot of the entries' buckets); each entry:
 //! charges `charge` (a consume with debt, so the allowed count is taken
 //! even past the balance, down to the debt bound), drops records not
 //! refreshed for `live_ms`, upserts `subscriber`'s record with its held

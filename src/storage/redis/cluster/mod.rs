@@ -63,6 +63,18 @@
 //! of one second, where refill is whole micro-tokens). Everything else,
 //! statuses included, is identical when no other traffic interleaves.
 //!
+//! # Quota reports (RLQS)
+//! A bucket's quota subscriber records are kept under a key in the bucket's
+//! slot ([`subscribers_key`](crate::storage::quota::subscribers_key): a hash
+//! tag naming the whole bucket key), so the quota script charges a bucket and
+//! records its subscribers in one atomic call, as on a single node.
+//! `Storage::report` groups a report's entries by slot and makes one quota
+//! script call per slot, all in parallel, each through its slot's breaker,
+//! timeout and routing (below), and returns the views in the entries' order.
+//! No reservation is needed: a report records what the Envoys already
+//! admitted. A slot that fails fails the report (the other slots' calls
+//! stand, as after an ambiguous timeout).
+//!
 //! # Redirects, failover and lost slots
 //! The `redis` crate's cluster client keeps the slot map and one multiplexed
 //! connection per node; it is built with **no automatic retries**, because it
