@@ -20,7 +20,7 @@ mod common;
 use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::storage::redis::cluster::{RedisClusterStorage, key_slot};
-use common::cluster::{RedisCluster, Shard, bucket, delay_proxy, value_in};
+use common::cluster::{RedisCluster, Shard, bucket, connected, delay_proxy, value_in};
 use common::eventually::eventually_blocking;
 use common::{desc, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -144,15 +144,6 @@ async fn measure(l: &Limiter, values: &[String], rounds: Rounds, setup: &str) ->
         ));
     }
     report
-}
-
-/// Waits until the cluster storage has its slot map.
-async fn connected(s: &RedisClusterStorage) {
-    common::eventually::eventually(Duration::from_secs(10), "cluster storage connected", || {
-        let done = s.connected();
-        async move { done.then_some(()) }
-    })
-    .await;
 }
 
 /// Plain loopback: the cost of 8 parallel script calls and of merging them.

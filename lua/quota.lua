@@ -1,6 +1,6 @@
 --[[ quota.lua: record one usage report of Envoy's quota service (RLQS)
 for every bucket it lists, atomically per call (one call per report
-message). The Rust model is the memory backend's `Storage::report`
+message; on a Redis Cluster one per hash slot of its buckets). The Rust model is the memory backend's `Storage::report`
 (src/storage/memory.rs); src/storage/quota.rs documents the semantics.
 
 Assembly: src/storage/redis/quota_script.rs builds the script text at build
@@ -14,7 +14,11 @@ since the Unix epoch, all integers below 2^53.
 
 KEYS        per report entry i, two keys: KEYS[2i-1] the rule's bucket (the
             key ShouldRateLimit charges), KEYS[2i] its subscriber records (a
-            hash: `<prefix>q<bucket key after the prefix>`).
+            hash: `<prefix>q{<bucket key>}`, or `<prefix>q<bucket key after
+            the prefix>` under a prefix with a hash tag; in the bucket's
+            Redis Cluster hash slot either way, `subscribers_key` in
+            src/storage/quota.rs). On a Cluster every key of one call is in
+            one slot (one call per slot of a report).
 ARGV[1]     explicit now in microseconds, TESTS ONLY ("" = Redis TIME).
 ARGV[2]     shortest expiry in milliseconds, TESTS ONLY ("" = none).
 ARGV[3]     the entries, 64 bytes each, big-endian unsigned:

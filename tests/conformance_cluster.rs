@@ -39,15 +39,7 @@ impl Backend for ClusterBackend {
             .test_clock(Arc::new(clock))
             .build()
             .expect("valid seeds");
-        common::eventually::eventually(
-            Duration::from_secs(10),
-            "cluster storage connected",
-            || {
-                let done = s.connected();
-                async move { done.then_some(()) }
-            },
-        )
-        .await;
+        common::cluster::connected(&s).await;
         Arc::new(s)
     }
 }

@@ -14,7 +14,7 @@ use bucket_rls::storage::algorithm::{BucketLimit, ChargeKind, ChargeSpec, Limit}
 use bucket_rls::storage::key::{KeyValue, encode};
 use bucket_rls::storage::redis::cluster::{RedisClusterStorage, key_slot};
 use bucket_rls::storage::{Charge, StorageError};
-use common::cluster::{RedisCluster, bucket, delay_proxy, value_in};
+use common::cluster::{RedisCluster, bucket, connected, delay_proxy, storage, value_in};
 use common::{desc, desc_hits, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -42,24 +42,6 @@ async fn own_cluster() -> RedisCluster {
     tokio::task::spawn_blocking(RedisCluster::start)
         .await
         .expect("cluster")
-}
-
-/// Waits until the cluster storage has its slot map.
-async fn connected(s: &RedisClusterStorage) {
-    common::eventually::eventually(Duration::from_secs(10), "cluster storage connected", || {
-        let done = s.connected();
-        async move { done.then_some(()) }
-    })
-    .await;
-}
-
-async fn storage(c: &RedisCluster, timeout: Duration) -> RedisClusterStorage {
-    let s = RedisClusterStorage::builder(c.seeds())
-        .timeout(timeout)
-        .build()
-        .expect("valid seeds");
-    connected(&s).await;
-    s
 }
 
 fn st(r: &RateLimitResponse, i: usize) -> (i32, u32) {
@@ -315,7 +297,8 @@ async fn noscript_on_cluster_nodes_is_transparent() {
 /// stopped. Requests touching the lost slots answer UNAVAILABLE (kind
 /// CLUSTERDOWN) for the whole request; requests whose buckets all live
 /// elsewhere keep working, before and after the cluster marks the nodes failed;
-/// a mixed request charges nothing.
+/// a mixed request charges nothing. A quota report touching the lost slots
+/// fails (its answer is skipped), one on live slots is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_slot_range_fails_only_its_requests() {
     let mut c = own_cluster().await;
@@ -397,6 +380,60 @@ async fn lost_slot_range_fails_only_its_requests() {
     assert!(
         s.ping().await.is_ok(),
         "health stays up while other masters answer"
+    );
+
+    // A quota (RLQS) report with a bucket in the lost slots fails whole
+    // (its answer is skipped); the live slot's call stands: its subscriber
+    // record is written. A report on live slots only is answered.
+    use bucket_rls::limiter::quota::{Answer, QuotaError, Usage};
+    let mut stream = l.quota_stream("c").expect("bound");
+    let (id_a, id_b, id_dead) = (
+        [("route", live_a.as_str())],
+        [("route", live_b.as_str())],
+        [("route", dead.as_str())],
+    );
+    let mixed = [
+        Usage {
+            bucket: &id_a,
+            allowed: 1,
+            denied: 0,
+        },
+        Usage {
+            bucket: &id_dead,
+            allowed: 1,
+            denied: 0,
+        },
+    ];
+    match stream.report(&mixed).await {
+        Err(QuotaError::Storage(e)) => assert_eq!(e.kind(), "CLUSTERDOWN"),
+        other => panic!("a report touching the lost slots answered {other:?}"),
+    }
+    let records = bucket_rls::storage::quota::subscribers_key(
+        &prefix,
+        &bucket(&prefix, "c", "route", &live_a),
+    );
+    let n: u64 = c.query_on(&records, redis::cmd("HLEN").arg(&records));
+    assert_eq!(n, 1, "the live slot's call stands");
+    let live = [
+        Usage {
+            bucket: &id_a,
+            allowed: 1,
+            denied: 0,
+        },
+        Usage {
+            bucket: &id_b,
+            allowed: 1,
+            denied: 0,
+        },
+    ];
+    let got = stream
+        .report(&live)
+        .await
+        .unwrap_or_else(|e| panic!("a report on live slots failed: {e}"));
+    assert!(
+        got.iter()
+            .all(|a| matches!(a.answer, Answer::Assign { .. })),
+        "{got:?}"
     );
 }
 

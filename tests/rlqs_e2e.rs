@@ -1,8 +1,8 @@
 //! End to end through real Envoy 1.40 quota filters
 //! (`envoy.filters.http.rate_limit_quota`, the bootstrap of
 //! `examples/envoy/rlqs/envoy.yaml` on loopback), bucket-rls as its own
-//! process (memory or Redis, one or two replicas) and an upstream inside the
-//! test.
+//! process (memory, Redis or a Redis Cluster; one or two replicas) and an
+//! upstream inside the test.
 //!
 //! Two groups:
 //! - `envoy_client_*`: what Envoy's client does, against a scripted quota
@@ -34,6 +34,7 @@
 
 mod common;
 
+use common::cluster::RedisCluster;
 use common::eventually::eventually;
 use common::free_port;
 use common::http::get as http_get;
@@ -407,20 +408,7 @@ async fn two_envoys_share_one_limit_and_follow_a_demand_shift() {
     let b = Envoy::start(&quota_envoy(&[rls.grpc], up)).await;
     open_buckets(&[&a, &b], &[&rls]).await;
     let mut c = Checks::default();
-
-    // Both offered 2r for 15 s.
-    let t = 15;
-    let load = drive(
-        &[(a.listener, 2.0 * R), (b.listener, 2.0 * R)],
-        Duration::from_secs(t),
-        &[TENANT],
-    )
-    .await;
-    assert_only_200_or_429(&load, "both busy");
-    show(&load, 2, t, "both busy");
-    c.bound(&load, t as f64, "both busy");
-    c.floor(&load, Duration::ZERO, Duration::from_secs(t), "both busy");
-    c.each_served(&load, 2, t, "both busy");
+    both_busy(&mut c, &a, &b, 15, "both busy").await;
 
     // All demand on b (2r) for 20 s: b's share follows within three
     // reports (b admits at least 0.75·r in some second by then).
@@ -442,6 +430,56 @@ async fn two_envoys_share_one_limit_and_follow_a_demand_shift() {
             "demand on b only: b reached 0.75·r per second after {reached:?} s, not within three reporting intervals ({within} s): {per_second:?}"
         )
     });
+    c.finish();
+}
+
+/// Envoys `a` and `b` both offered 2r for `t` seconds: together within the
+/// rule, not starved, neither left with nothing (checks into `c`).
+async fn both_busy(c: &mut Checks, a: &Envoy, b: &Envoy, t: u64, what: &str) {
+    let load = drive(
+        &[(a.listener, 2.0 * R), (b.listener, 2.0 * R)],
+        Duration::from_secs(t),
+        &[TENANT],
+    )
+    .await;
+    assert_only_200_or_429(&load, what);
+    show(&load, 2, t, what);
+    c.bound(&load, t as f64, what);
+    c.floor(&load, Duration::ZERO, Duration::from_secs(t), what);
+    c.each_served(&load, 2, t, what);
+}
+
+/// Two Envoys, each on its own bucket-rls replica, the replicas on one
+/// Redis Cluster (three masters): the replicas agree on the shares through
+/// the subscriber records beside the bucket in its slot, so together the
+/// Envoys stay within the one rule, are not starved, and neither is left
+/// with nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_on_two_replicas_with_redis_cluster_share_one_limit() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("start the cluster");
+    let seeds = cluster.seeds().join(",");
+    let dir = config_dir();
+    let args: Vec<&str> = RLS_ARGS
+        .iter()
+        .copied()
+        .chain(["--redis-cluster", seeds.as_str()])
+        .collect();
+    let r1 = BucketRls::start(dir.path(), &args).await;
+    let r2 = BucketRls::start(dir.path(), &args).await;
+    let up = upstream().await;
+    let a = Envoy::start(&quota_envoy(&[r1.grpc], up)).await;
+    let b = Envoy::start(&quota_envoy(&[r2.grpc], up)).await;
+    // Half a reporting interval apart: the first Envoy's next report gives
+    // part of the rule back before the second's next report asks (started
+    // together, the second may wait two intervals for its part, which
+    // `two_envoys_share_one_limit_and_follow_a_demand_shift` covers).
+    open_buckets(&[&a], &[&r1]).await;
+    tokio::time::sleep(REPORT_PERIOD / 2).await;
+    open_buckets(&[&b], &[&r2]).await;
+    let mut c = Checks::default();
+    both_busy(&mut c, &a, &b, 12, "two replicas, Redis Cluster").await;
     c.finish();
 }
 

@@ -187,7 +187,6 @@ fn status(e: &QuotaError) -> Status {
     match e {
         QuotaError::Invalid(m) => Status::invalid_argument(m.clone()),
         QuotaError::Exhausted(m) => Status::resource_exhausted(m.clone()),
-        QuotaError::Unsupported(m) => Status::failed_precondition(*m),
         QuotaError::NoConfig | QuotaError::Storage(_) => Status::unavailable(e.to_string()),
     }
 }

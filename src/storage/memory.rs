@@ -316,10 +316,6 @@ impl Storage for MemoryStorage {
         Ok(out)
     }
 
-    fn supports_quota(&self) -> bool {
-        true
-    }
-
     fn sweep(&self) {
         MemoryStorage::sweep(self);
     }

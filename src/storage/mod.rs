@@ -223,10 +223,6 @@ impl std::fmt::Display for BackendKind {
     }
 }
 
-/// Why a backend without [`Storage::report`] refuses a quota stream.
-pub const QUOTA_UNSUPPORTED: &str =
-    "RLQS needs the memory backend, single-node Redis or Sentinel (not Redis Cluster)";
-
 /// A place where buckets live.
 #[async_trait]
 pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
@@ -290,13 +286,16 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// refreshed for `live_ms` (an entry with `live_ms` 0 removes only its
     /// own record: the subscriber leaves), and returns the balance and the
     /// live subscribers per entry, in order. Each entry names its own
-    /// subscriber. One call per report message (one
-    /// script call on Redis).
+    /// subscriber. One call per report message: one script call on a single
+    /// node or Sentinel, one per hash slot of its buckets on a Cluster (an
+    /// entry's subscriber records share its bucket's slot).
     ///
     /// # Errors
-    /// [`StorageError`] when the backend cannot answer; by default (Redis
-    /// Cluster) a [`BackendKind::Argument`] error: see
-    /// [`Storage::supports_quota`].
+    /// [`StorageError`] when the backend cannot answer (on a Cluster, when
+    /// any slot of the report fails; the other slots' entries may have been
+    /// recorded). By default (a backend without quota records of its own,
+    /// such as a test wrapper) a [`BackendKind::Argument`] error; every
+    /// backend of the service implements it.
     async fn report(
         &self,
         reports: &[quota::QuotaReport],
@@ -304,15 +303,8 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
         let _ = reports;
         Err(StorageError::backend(
             BackendKind::Argument,
-            QUOTA_UNSUPPORTED,
+            "this storage backend keeps no quota subscriber records",
         ))
-    }
-
-    /// Whether [`Storage::report`] works on this backend (memory, a single
-    /// Redis node, Sentinel); the quota service refuses a stream at once
-    /// otherwise. Default: no.
-    fn supports_quota(&self) -> bool {
-        false
     }
 
     /// Short backend name for logs and `/rlconfig` (`memory`, `redis`).

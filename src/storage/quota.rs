@@ -5,7 +5,8 @@
 //! Envoys allowed (docs/design.md, "Quota sharing").
 //!
 //! [`Storage::report`](super::Storage::report) takes the bucket entries of one
-//! usage report message at once (one Redis script call); each entry:
+//! usage report message at once (one Redis script call; on a Cluster one per
+//! hash slot of the entries' buckets); each entry:
 //! charges `charge` (a consume with debt, so the allowed count is taken
 //! even past the balance, down to the debt bound), drops records not
 //! refreshed for `live_ms`, upserts `subscriber`'s record with its held
@@ -17,16 +18,35 @@
 
 use super::ChargeSpec;
 
-/// The key of a bucket's subscriber records: `<prefix>q` followed by the
-/// bucket key after its prefix. Bucket keys continue the prefix with `d`,
-/// so no bucket key can have this name; on Redis it is a hash.
+/// The key of a bucket's subscriber records, in the bucket key's Redis
+/// Cluster hash slot, so that the one quota script call of a bucket (charge
+/// it, record its subscriber) touches one slot:
+/// - `<prefix>q{<bucket key>}` when the bucket key has no hash tag (then
+///   its slot is the CRC16 of the whole key, and the braces make that the
+///   slot of this key too);
+/// - `<prefix>q<bucket key after the prefix>` when it has one: client text
+///   never forms a tag ([`super::key`] escapes `{` and `}`), so the tag is
+///   the prefix's, and every key starting with the prefix shares it.
+///
+/// Bucket keys continue the prefix with `d`, so no bucket key has this name;
+/// on Redis it is a hash. A prefix with a `{` or `}` that forms no hash tag
+/// (`rls{:`) leaves no such name: the bucket key holds a brace outside any
+/// tag, so no tag can repeat it; the Cluster backend then refuses the report
+/// (its slots differ), the other backends do not mind.
 #[must_use]
 pub fn subscribers_key(prefix: &str, bucket_key: &str) -> String {
     let rest = bucket_key.strip_prefix(prefix).unwrap_or(bucket_key);
-    let mut k = String::with_capacity(prefix.len() + 1 + rest.len());
+    let tagged = super::redis::cluster::hash_tag(bucket_key.as_bytes()).is_some();
+    let mut k = String::with_capacity(prefix.len() + 3 + bucket_key.len());
     k.push_str(prefix);
     k.push('q');
-    k.push_str(rest);
+    if tagged {
+        k.push_str(rest);
+    } else {
+        k.push('{');
+        k.push_str(bucket_key);
+        k.push('}');
+    }
     k
 }
 
@@ -214,7 +234,42 @@ mod tests {
     fn subscriber_keys_sit_beside_the_bucket() {
         assert_eq!(
             subscribers_key("rls:", "rls:d4:edge|k1:a=v1:b"),
-            "rls:qd4:edge|k1:a=v1:b"
+            "rls:q{rls:d4:edge|k1:a=v1:b}"
         );
+        // A hash tag in the prefix is every key's: the name stays short.
+        assert_eq!(
+            subscribers_key("rls:{x}:", "rls:{x}:d4:edge|k1:a=v1:b"),
+            "rls:{x}:qd4:edge|k1:a=v1:b"
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever the client sends (braces included) and with or without
+        /// a hash tag in the prefix, the subscriber records land in their
+        /// bucket's hash slot, and never on a bucket key.
+        #[test]
+        fn subscriber_keys_share_the_slot_of_their_bucket(
+            prefix in proptest::sample::select(vec!["rls:", "", "t:{limits}:", "{a}b{c}:", "x}y{z}:"]),
+            domain in "[a-z{}%|=:]{1,8}",
+            entries in proptest::collection::vec(("[a-z_{}%|=:!#]{0,6}", "[a-z_{}%|=:!#]{0,80}", proptest::bool::ANY), 0..5),
+            rate in proptest::option::of((1u32..1000, 1u64..86_400)),
+        ) {
+            use super::super::key::{KeyValue, encode, push_override_rate};
+            use super::super::redis::cluster::key_slot;
+            let e: Vec<(&str, KeyValue<'_>)> = entries
+                .iter()
+                .map(|(k, v, shared)| {
+                    (k.as_str(), if *shared { KeyValue::Shared(v.as_str()) } else { KeyValue::Value(v.as_str()) })
+                })
+                .collect();
+            let mut bucket = encode(prefix, &domain, &e);
+            if let Some((n, unit)) = rate {
+                push_override_rate(&mut bucket, n, unit);
+            }
+            let subs = subscribers_key(prefix, &bucket);
+            proptest::prop_assert_eq!(key_slot(&subs), key_slot(&bucket), "{} {}", subs, bucket);
+            proptest::prop_assert!(subs.starts_with(prefix));
+            proptest::prop_assert_ne!(&subs, &bucket);
+        }
     }
 }

@@ -10,7 +10,7 @@
 
 use super::free_port;
 use bucket_rls::storage::key::{KeyValue, encode};
-use bucket_rls::storage::redis::cluster::key_slot;
+use bucket_rls::storage::redis::cluster::{RedisClusterStorage, key_slot};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -423,6 +423,13 @@ impl RedisCluster {
         self.node(master).query(redis::cmd("GET").arg(key))
     }
 
+    /// Runs `cmd` on the master serving `key` (by the server's own
+    /// `CLUSTER KEYSLOT`); panics on error.
+    pub fn query_on<T: redis::FromRedisValue>(&self, key: &str, cmd: &redis::Cmd) -> T {
+        let master = self.shard_of(self.keyslot(key)).master;
+        self.node(master).query(cmd)
+    }
+
     /// Calls of `command` (lower case) on the node `port` since it started.
     pub fn command_calls(&self, port: u16, command: &str) -> u64 {
         let info: String = self
@@ -439,6 +446,25 @@ impl RedisCluster {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// Waits until the cluster storage has its slot map.
+pub async fn connected(s: &RedisClusterStorage) {
+    super::eventually::eventually(Duration::from_secs(10), "cluster storage connected", || {
+        let done = s.connected();
+        async move { done.then_some(()) }
+    })
+    .await;
+}
+
+/// A Cluster backend on `c` with response timeout `timeout`, connected.
+pub async fn storage(c: &RedisCluster, timeout: Duration) -> RedisClusterStorage {
+    let s = RedisClusterStorage::builder(c.seeds())
+        .timeout(timeout)
+        .build()
+        .expect("valid seeds");
+    connected(&s).await;
+    s
 }
 
 /// The bucket key of descriptor `[[k=v]]` in `domain` under `prefix`.

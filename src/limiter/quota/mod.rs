@@ -270,8 +270,7 @@ impl Limiter {
     /// Binds a quota stream to `domain` (the first message's).
     ///
     /// # Errors
-    /// [`QuotaError::Invalid`] for an empty or too long domain;
-    /// [`QuotaError::Unsupported`] when storage keeps no quota subscribers.
+    /// [`QuotaError::Invalid`] for an empty or too long domain.
     pub fn quota_stream(self: &Arc<Self>, domain: &str) -> Result<QuotaStream, QuotaError> {
         let q = &self.quotas;
         if domain.is_empty() {
@@ -284,9 +283,6 @@ impl Limiter {
                 "domain longer than {} bytes",
                 q.bounds.max_text_bytes
             )));
-        }
-        if !self.storage.supports_quota() {
-            return Err(QuotaError::Unsupported(crate::storage::QUOTA_UNSUPPORTED));
         }
         let id = q.next_stream.fetch_add(1, Ordering::Relaxed);
         let subscriber = format!("{:016x}-{id}", q.replica);

@@ -289,43 +289,6 @@ async fn bucket_bound_per_stream() {
     ));
 }
 
-/// A backend without quota records (as Redis Cluster): streams are refused
-/// at once, naming what RLQS needs.
-#[derive(Debug)]
-struct NoQuota(MemoryStorage);
-
-#[async_trait::async_trait]
-impl Storage for NoQuota {
-    async fn apply(
-        &self,
-        charges: &[Charge],
-    ) -> Result<crate::storage::RequestResult, StorageError> {
-        self.0.apply(charges).await
-    }
-
-    async fn ping(&self) -> Result<(), StorageError> {
-        Ok(())
-    }
-
-    fn name(&self) -> &'static str {
-        "no-quota"
-    }
-}
-
-#[test]
-fn backends_without_quota_records_refuse_streams() {
-    let config = compile_texts(&[("t.yaml".into(), YAML.as_bytes().to_vec())]).expect("config");
-    let l = Arc::new(Limiter::new(
-        config,
-        Arc::new(NoQuota(MemoryStorage::default())),
-        ServiceSettings::default(),
-    ));
-    assert!(matches!(
-        l.quota_stream("edge"),
-        Err(QuotaError::Unsupported(m)) if m.contains("single-node Redis or Sentinel")
-    ));
-}
-
 /// A backend that holds the first recording call (a report charging
 /// nothing) until told to go on: another stream's report lands between a
 /// stream's read of the records and its recording of the new assignment.
@@ -386,10 +349,6 @@ impl Storage for Gated {
             }
         }
         self.inner.report(reports).await
-    }
-
-    fn supports_quota(&self) -> bool {
-        true
     }
 
     fn name(&self) -> &'static str {

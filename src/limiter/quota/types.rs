@@ -71,10 +71,6 @@ pub enum QuotaError {
     /// allows (gRPC `RESOURCE_EXHAUSTED`): the stream ends.
     #[error("{0}")]
     Exhausted(String),
-    /// The storage backend keeps no quota subscribers (Redis Cluster):
-    /// gRPC `FAILED_PRECONDITION`.
-    #[error("{0}")]
-    Unsupported(&'static str),
     /// The config source has not delivered a config yet (gRPC `UNAVAILABLE`).
     #[error("no rate limit configuration loaded")]
     NoConfig,

@@ -317,6 +317,18 @@ pub(crate) trait ConnSource: Sync {
         call: &'a ScriptCall,
     ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a;
 
+    /// Runs one quota report `args` on `conn` (with the script reloaded on
+    /// `NOSCRIPT`). Default: [`QuotaScript::eval`](quota_script::QuotaScript::eval)
+    /// on the connection as it is (a single node, a Sentinel master).
+    fn eval_quota<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        script: &'a quota_script::QuotaScript,
+        args: &'a quota_script::QuotaArgs,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        script.eval(conn, args)
+    }
+
     /// The error when the timeout ran out while waiting for a connection.
     fn no_connection(&self, timeout: Duration) -> StorageError {
         StorageError::Timeout(timeout)
@@ -623,10 +635,7 @@ impl Pipeline {
         source: &S,
         breaker: &CircuitBreaker,
         reports: &[crate::storage::quota::QuotaReport],
-    ) -> Result<Vec<crate::storage::quota::QuotaView>, StorageError>
-    where
-        S::Conn: ::redis::aio::ConnectionLike,
-    {
+    ) -> Result<Vec<crate::storage::quota::QuotaView>, StorageError> {
         let test_now = self
             .explicit_now_us()
             .map(|now| (now, script::TEST_MIN_TTL_MS));
@@ -639,7 +648,9 @@ impl Pipeline {
         let attempt = async {
             let (t, mut conn) = source.connection().await?;
             tag = Some(t);
-            Ok(self.quota_script.eval(&mut conn, &args).await)
+            Ok(source
+                .eval_quota(&mut conn, &self.quota_script, &args)
+                .await)
         };
         let result = match tokio::time::timeout(self.timeout, attempt).await {
             Err(_) if tag.is_none() => Err(source.no_connection(self.timeout)),

@@ -1,8 +1,8 @@
 //! The quota script (`lua/quota.lua`, assembled with the algorithms'
 //! parts as the request script is): its text, the argument encoding of one
 //! usage report, the `EVALSHA` call with one reload on `NOSCRIPT`, and
-//! reply parsing. Used by the single-node and Sentinel backends; a Cluster
-//! keeps no quota subscribers (`Storage::supports_quota`).
+//! reply parsing. Used by every Redis backend (on a Cluster one call per
+//! hash slot of a report, routed as the request script's calls are).
 
 use super::script::{algorithm_part, algorithms_table, push_charge};
 use crate::metrics as m;
@@ -51,7 +51,7 @@ impl QuotaScript {
         conn: &mut C,
         args: &QuotaArgs,
     ) -> Result<Value, RedisError> {
-        let first = self.command(args).query_async::<Value>(conn).await;
+        let first = self.evalsha_cmd(args).query_async::<Value>(conn).await;
         match first {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
@@ -60,21 +60,30 @@ impl QuotaScript {
                     .arg(SOURCE)
                     .query_async(conn)
                     .await?;
-                self.command(args).query_async::<Value>(conn).await
+                self.evalsha_cmd(args).query_async::<Value>(conn).await
             }
             other => other,
         }
     }
 
-    fn command(&self, args: &QuotaArgs) -> Cmd {
+    /// The `EVALSHA` command of `args` ([`QuotaScript::eval`] adds the
+    /// `NOSCRIPT` handling).
+    #[must_use]
+    pub fn evalsha_cmd(&self, args: &QuotaArgs) -> Cmd {
         let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(args.keys.len());
-        for k in &args.keys {
-            cmd.arg(k.as_bytes());
-        }
-        for a in &args.args {
-            cmd.arg(a.as_slice());
-        }
+        cmd.arg(&self.sha);
+        args.push_keys_and_args(&mut cmd);
+        cmd
+    }
+
+    /// The `EVAL` command of `args` with the full source: runs the call and
+    /// loads the script on that node (the answer to `NOSCRIPT` on a Cluster,
+    /// where a separate `SCRIPT LOAD` could reach another node).
+    #[must_use]
+    pub fn eval_cmd(args: &QuotaArgs) -> Cmd {
+        let mut cmd = ::redis::cmd("EVAL");
+        cmd.arg(SOURCE);
+        args.push_keys_and_args(&mut cmd);
         cmd
     }
 }
@@ -120,6 +129,17 @@ impl QuotaArgs {
             keys,
             args,
             entries: reports.len(),
+        }
+    }
+
+    /// Appends the key count, KEYS and ARGV to `cmd`.
+    fn push_keys_and_args(&self, cmd: &mut Cmd) {
+        cmd.arg(self.keys.len());
+        for k in &self.keys {
+            cmd.arg(k.as_bytes());
+        }
+        for a in &self.args {
+            cmd.arg(a.as_slice());
         }
     }
 

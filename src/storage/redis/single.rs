@@ -298,10 +298,6 @@ impl Storage for RedisStorage {
         inner.pipeline.report(inner, &inner.breaker, reports).await
     }
 
-    fn supports_quota(&self) -> bool {
-        true
-    }
-
     async fn reset(&self, keys: &[&str]) -> Result<Vec<bool>, StorageError> {
         let inner = &*self.inner;
         inner.pipeline.reset(inner, keys).await

@@ -63,6 +63,18 @@
 //! of one second, where refill is whole micro-tokens). Everything else,
 //! statuses included, is identical when no other traffic interleaves.
 //!
+//! # Quota reports (RLQS)
+//! A bucket's quota subscriber records are kept under a key in the bucket's
+//! slot ([`subscribers_key`](crate::storage::quota::subscribers_key): a hash
+//! tag naming the whole bucket key), so the quota script charges a bucket and
+//! records its subscribers in one atomic call, as on a single node.
+//! `Storage::report` groups a report's entries by slot and makes one quota
+//! script call per slot, all in parallel, each through its slot's breaker,
+//! timeout and routing (below), and returns the views in the entries' order.
+//! No reservation is needed: a report records what the Envoys already
+//! admitted. A slot that fails fails the report (the other slots' calls
+//! stand, as after an ambiguous timeout).
+//!
 //! # Redirects, failover and lost slots
 //! The `redis` crate's cluster client keeps the slot map and one multiplexed
 //! connection per node; it is built with **no automatic retries**, because it
@@ -102,12 +114,14 @@ use self::reserve::{SlotCall, SlotOutcome};
 use super::batch::{BatchQueue, BatchTarget, Outcome, Queued, lost};
 use super::breaker::CircuitBreaker;
 use super::errors::redact;
+use super::quota_script::{QuotaArgs, QuotaScript};
 use super::script::{BucketScript, ScriptCall};
 use super::{
     ConnSource, MIN_CONNECT_TIMEOUT, Pipeline, RedisBuilder, RedisSetupError, hold,
     install_crypto_provider,
 };
 use crate::storage::algorithm::{ChargeKind, ChargeSpec, RequestResult};
+use crate::storage::quota::{QuotaReport, QuotaView};
 use crate::storage::{BackendKind, Charge, Storage, StorageError};
 use ::redis::cluster::ClusterClientBuilder;
 use ::redis::cluster_async::ClusterConnection;
@@ -126,7 +140,7 @@ mod reserve;
 mod route;
 pub(crate) mod slot;
 
-pub use slot::{SLOTS, key_slot};
+pub use slot::{SLOTS, hash_tag, key_slot};
 
 /// Delay between attempts of the first connection while the cluster is down.
 const CONNECT_RETRY: Duration = Duration::from_millis(500);
@@ -488,7 +502,16 @@ impl ConnSource for SlotSource<'_> {
         script: &'a BucketScript,
         call: &'a ScriptCall,
     ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
-        route::eval_in_slot(conn, script, self.slot, call)
+        route::eval_in_slot(conn, self.slot, (script, call))
+    }
+
+    fn eval_quota<'a>(
+        &'a self,
+        conn: &'a mut ClusterConnection,
+        script: &'a QuotaScript,
+        args: &'a QuotaArgs,
+    ) -> impl Future<Output = Result<Value, RedisError>> + Send + 'a {
+        route::eval_in_slot(conn, self.slot, (script, args))
     }
 
     fn classify(&self, _pipeline: &Pipeline, e: &RedisError) -> StorageError {
@@ -568,7 +591,7 @@ impl Storage for RedisClusterStorage {
             return Ok(r);
         }
         let now_us = pipeline.explicit_now_us();
-        let slots = reserve::group_by_slot(charges, key_slot);
+        let slots = reserve::group_by_slot(charges.iter().map(|c| c.key.as_str()), key_slot);
         // Check the arguments once, before anything is reserved.
         ScriptCall::new(charges, now_us)?;
         for (slot, _) in &slots {
@@ -610,6 +633,47 @@ impl Storage for RedisClusterStorage {
             inner.record(charges, r, sent_us, epoch);
         }
         result
+    }
+
+    /// One quota script call per hash slot of the report's buckets (each
+    /// entry's subscriber records share its bucket's slot), all slots in
+    /// parallel, each behind its slot's breaker and timeout and routed as a
+    /// request's call is. One slot failing fails the report (the other
+    /// slots' entries were recorded, as after an ambiguous timeout).
+    async fn report(&self, reports: &[QuotaReport]) -> Result<Vec<QuotaView>, StorageError> {
+        let inner = &self.inner;
+        let slots = group_reports_by_slot(reports)?;
+        let calls = slots.iter().map(|(slot, at)| async move {
+            let source = SlotSource { inner, slot: *slot };
+            let breaker = inner.breaker(*slot);
+            if at.len() == reports.len() {
+                inner.pipeline.report(&source, &breaker, reports).await
+            } else {
+                let part: Vec<QuotaReport> = at.iter().map(|&i| reports[i].clone()).collect();
+                inner.pipeline.report(&source, &breaker, &part).await
+            }
+        });
+        let mut views: Vec<Option<QuotaView>> = vec![None; reports.len()];
+        for ((_, at), result) in slots.iter().zip(futures::future::join_all(calls).await) {
+            let part = result?;
+            if part.len() != at.len() {
+                return Err(StorageError::backend(
+                    BackendKind::Reply,
+                    "quota script reply: wrong length",
+                ));
+            }
+            for (&i, view) in at.iter().zip(part) {
+                views[i] = Some(view);
+            }
+        }
+        views
+            .into_iter()
+            .map(|v| {
+                v.ok_or_else(|| {
+                    StorageError::backend(BackendKind::Internal, "a quota entry got no view")
+                })
+            })
+            .collect()
     }
 
     async fn ping(&self) -> Result<(), StorageError> {
@@ -695,9 +759,98 @@ impl Storage for RedisClusterStorage {
     }
 }
 
+/// The entries of one quota report grouped by the hash slot of their
+/// bucket ([`reserve::group_by_slot`]).
+///
+/// # Errors
+/// [`BackendKind::CrossSlot`] naming both keys when an entry's subscriber
+/// records are not in its bucket's slot (a key prefix with a `{` or `}`
+/// that forms no hash tag, see
+/// [`subscribers_key`](crate::storage::quota::subscribers_key)), before
+/// anything is sent.
+fn group_reports_by_slot(reports: &[QuotaReport]) -> Result<Vec<(u16, Vec<usize>)>, StorageError> {
+    if let Some(r) = reports
+        .iter()
+        .find(|r| key_slot(&r.subscribers) != key_slot(&r.bucket))
+    {
+        return Err(StorageError::backend(
+            BackendKind::CrossSlot,
+            format!(
+                "quota subscriber records {:?} are not in the hash slot of their bucket {:?}: the key prefix has a '{{' or '}}' that forms no hash tag; on Redis Cluster RLQS needs a prefix without braces or with a whole {{tag}}",
+                r.subscribers, r.bucket
+            ),
+        ));
+    }
+    Ok(reserve::group_by_slot(
+        reports.iter().map(|r| r.bucket.as_str()),
+        key_slot,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::algorithm::{BucketLimit, Limit};
+    use crate::storage::key::{KeyValue, encode};
+    use crate::storage::quota::{Held, subscribers_key};
+
+    fn entry(prefix: &str, value: &str) -> QuotaReport {
+        let bucket = encode(prefix, "edge", &[("tenant", KeyValue::Value(value))]);
+        QuotaReport {
+            subscribers: subscribers_key(prefix, &bucket),
+            bucket,
+            charge: ChargeSpec {
+                limit: Limit::TokenBucket(BucketLimit {
+                    requests_per_unit: 10,
+                    unit_secs: std::num::NonZeroU64::MIN,
+                    burst: 10,
+                    max_debt: 10,
+                }),
+                cost: 1,
+                kind: ChargeKind::Consume,
+                shadow: false,
+            },
+            subscriber: "s".into(),
+            demand_milli: 1,
+            held: None,
+            budget: Held::default(),
+            live_ms: 15_000,
+        }
+    }
+
+    /// A report's entries go to one call per slot of their buckets, each
+    /// slot's entries in report order; a prefix whose brace forms no hash
+    /// tag, which leaves the subscriber records outside the bucket's slot,
+    /// is refused before anything is sent, naming both keys.
+    #[test]
+    fn quota_entries_are_grouped_by_the_slot_of_their_bucket() {
+        let reports: Vec<QuotaReport> = (0..200).map(|i| entry("rls:", &format!("t{i}"))).collect();
+        let slots = group_reports_by_slot(&reports).expect("grouped");
+        assert!(slots.len() > 100, "{}", slots.len());
+        let mut seen: Vec<usize> = Vec::new();
+        for (slot, at) in &slots {
+            assert!(at.windows(2).all(|w| w[0] < w[1]), "{at:?}");
+            for &i in at {
+                assert_eq!(key_slot(&reports[i].bucket), *slot);
+                assert_eq!(key_slot(&reports[i].subscribers), *slot);
+            }
+            seen.extend(at.iter().copied());
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..200).collect::<Vec<usize>>());
+        // A tag in the prefix: every entry in one slot, one call.
+        let tagged: Vec<QuotaReport> = (0..20)
+            .map(|i| entry("rls:{x}:", &format!("t{i}")))
+            .collect();
+        assert_eq!(group_reports_by_slot(&tagged).expect("grouped").len(), 1);
+        let e = group_reports_by_slot(&[entry("rls{:", "t")])
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("not in the hash slot") && e.contains("rls{:d4:edge"),
+            "{e}"
+        );
+    }
 
     #[tokio::test]
     async fn a_ca_file_needs_tls_seeds() {

@@ -28,19 +28,21 @@ pub(crate) trait SlotCall: Sync {
     }
 }
 
-/// The slots of `charges` in first-seen order, each with the indices of its
-/// charges.
-pub(crate) fn group_by_slot(
-    charges: &[Charge],
+/// The slots of `keys` (a request's charges, a report's buckets) in
+/// first-seen order, each with the indices of its keys.
+pub(crate) fn group_by_slot<'a>(
+    keys: impl IntoIterator<Item = &'a str>,
     slot_of: impl Fn(&str) -> u16,
 ) -> Vec<(u16, Vec<usize>)> {
     let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (i, c) in charges.iter().enumerate() {
-        let s = slot_of(&c.key);
-        match slots.iter_mut().find(|(slot, _)| *slot == s) {
-            Some((_, idx)) => idx.push(i),
-            None => slots.push((s, vec![i])),
-        }
+    let mut at: HashMap<u16, usize> = HashMap::new();
+    for (i, k) in keys.into_iter().enumerate() {
+        let s = slot_of(k);
+        let j = *at.entry(s).or_insert_with(|| {
+            slots.push((s, Vec::new()));
+            slots.len() - 1
+        });
+        slots[j].1.push(i);
     }
     slots
 }
@@ -318,7 +320,12 @@ mod tests {
         }
 
         async fn apply(&self, charges: &[Charge]) -> Result<RequestResult, StorageError> {
-            apply_slots(self, charges, &group_by_slot(charges, key_slot)).await
+            apply_slots(
+                self,
+                charges,
+                &group_by_slot(charges.iter().map(|c| c.key.as_str()), key_slot),
+            )
+            .await
         }
     }
 

@@ -2,13 +2,50 @@
 //! and `ASK` are followed, `TRYAGAIN` waits and retries, `NOSCRIPT` is
 //! answered with one `EVAL` of the full source. Each of these replies proves
 //! the script did not run, so the retry is safe; nothing else is retried.
+//! The same routing serves the request script and the quota script.
 
 use crate::metrics as m;
+use crate::storage::redis::quota_script::{QuotaArgs, QuotaScript};
 use crate::storage::redis::script::{BucketScript, ScriptCall};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use std::time::Duration;
+
+/// One call of a script, as `EVALSHA` or (the answer to `NOSCRIPT`) as
+/// `EVAL` with the full source, which also loads it on that node.
+pub(crate) trait SlotScript: Send {
+    /// The script's name in logs.
+    const NAME: &'static str;
+    /// The `EVALSHA` command of the call.
+    fn evalsha(&self) -> Cmd;
+    /// The `EVAL` command of the call, with the full source.
+    fn eval(&self) -> Cmd;
+}
+
+impl SlotScript for (&BucketScript, &ScriptCall) {
+    const NAME: &'static str = "token bucket";
+
+    fn evalsha(&self) -> Cmd {
+        self.0.evalsha_cmd(self.1)
+    }
+
+    fn eval(&self) -> Cmd {
+        BucketScript::eval_cmd(self.1)
+    }
+}
+
+impl SlotScript for (&QuotaScript, &QuotaArgs) {
+    const NAME: &'static str = "quota";
+
+    fn evalsha(&self) -> Cmd {
+        self.0.evalsha_cmd(self.1)
+    }
+
+    fn eval(&self) -> Cmd {
+        QuotaScript::eval_cmd(self.1)
+    }
+}
 
 /// Redirects (`MOVED`, `ASK`), `TRYAGAIN` waits and `NOSCRIPT` reloads one
 /// slot call may go through before it gives up (within its timeout anyway).
@@ -36,20 +73,19 @@ fn redirect(e: &RedisError) -> Option<(String, u16)> {
 /// `ASK`, waiting on `TRYAGAIN` and answering `NOSCRIPT` with one `EVAL`; each
 /// of these replies proves the script did not run. Any other error (a
 /// timeout, a dropped connection) is returned and never replayed.
-pub(crate) async fn eval_in_slot(
+pub(crate) async fn eval_in_slot<S: SlotScript>(
     conn: &mut ClusterConnection,
-    script: &BucketScript,
     slot: u16,
-    call: &ScriptCall,
+    call: S,
 ) -> Result<Value, RedisError> {
     let mut target = Target::Slot;
     let mut with_source = false;
     let mut last = None;
     for _ in 0..MAX_ATTEMPTS {
         let cmd = if with_source {
-            BucketScript::eval_cmd(call)
+            call.eval()
         } else {
-            script.evalsha_cmd(call)
+            call.evalsha()
         };
         let reply = match &target {
             Target::Slot => {
@@ -87,7 +123,8 @@ pub(crate) async fn eval_in_slot(
                 metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
                 tracing::info!(
                     slot,
-                    "a Redis Cluster node lost the token bucket script (NOSCRIPT); sending it with EVAL"
+                    script = S::NAME,
+                    "a Redis Cluster node lost the script (NOSCRIPT); sending it with EVAL"
                 );
                 with_source = true;
             }

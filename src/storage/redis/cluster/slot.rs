@@ -15,15 +15,17 @@ pub fn key_slot(key: &str) -> u16 {
 
 /// [`key_slot`] of a key that may not be UTF-8 (a key found by `SCAN`).
 pub(crate) fn key_slot_bytes(b: &[u8]) -> u16 {
-    let hashed = b
-        .iter()
-        .position(|c| *c == b'{')
-        .and_then(|open| {
-            let close = b[open + 1..].iter().position(|c| *c == b'}')?;
-            (close > 0).then(|| &b[open + 1..open + 1 + close])
-        })
-        .unwrap_or(b);
-    crc16_xmodem(hashed) % SLOTS
+    crc16_xmodem(hash_tag(b).unwrap_or(b)) % SLOTS
+}
+
+/// The hash tag of `key`, as Redis Cluster finds it: the text between the
+/// first `{` and the first `}` after it, when that text is not empty; a key
+/// without one is hashed whole.
+#[must_use]
+pub fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|c| *c == b'{')?;
+    let close = key[open + 1..].iter().position(|c| *c == b'}')?;
+    (close > 0).then(|| &key[open + 1..open + 1 + close])
 }
 
 fn crc16_xmodem(data: &[u8]) -> u16 {
