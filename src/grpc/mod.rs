@@ -23,6 +23,7 @@
 pub mod codec;
 mod fallback;
 mod h2;
+pub use h2::STREAM_STATE_BYTES;
 pub mod reflection;
 pub mod rlqs;
 
