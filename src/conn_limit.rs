@@ -402,15 +402,18 @@ impl axum::serve::Listener for LimitedListener {
 pub const DEFAULT_BUFFERED_REQUEST_BYTES: usize = 256 << 20;
 
 /// The process-wide budget of request bytes held while calls are read and
-/// decided, on every port: a gRPC call reserves its message's declared
-/// length (5 + the length in its prefix) when that prefix arrives, an HTTP
-/// request to the admin port its `Content-Length` (or the 2 MiB body limit
-/// when it has none) before its body is read. Past the budget new calls are
-/// refused (gRPC `RESOURCE_EXHAUSTED`, HTTP 503) and the calls already
-/// admitted finish; the reservation is given back when the call ends. So
-/// however many connections hold unfinished bodies, the bytes they make the
-/// process buffer stay under the budget (plus each connection's HTTP/2
-/// receive window that is not read yet).
+/// decided, on every port: every stream on the gRPC port reserves its state
+/// and request head (`grpc::STREAM_STATE_BYTES` plus the headers) from the
+/// moment it is taken until its answer is handed to HTTP/2 with the window
+/// to send it, a gRPC call also its message's declared length (5 + the
+/// length in its prefix) when that prefix arrives, an HTTP request to the
+/// admin port its `Content-Length` (or the 2 MiB body limit when it has
+/// none) before its body is read. Past the budget new streams and calls are
+/// refused (gRPC `RESOURCE_EXHAUSTED`, HTTP 503) and those already admitted
+/// finish; a reservation is given back when its stream or call ends. So
+/// however many connections hold unfinished bodies or answers they do not
+/// read, what they make the process hold stays under the budget (plus each
+/// connection's HTTP/2 receive window that is not read yet).
 static BUFFERED_REQUEST_LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 /// Bytes reserved now against [`BUFFERED_REQUEST_LIMIT`] (one atomic: no
 /// lock on the request path).

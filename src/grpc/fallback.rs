@@ -16,11 +16,14 @@ use tonic::service::Routes;
 
 /// Hands a request for another path to tonic and streams its answer back
 /// (health `Watch` streams included), until the body ends or the client
-/// resets the stream.
+/// resets the stream. `_stream` is the stream's share of the process-wide
+/// budget, held as long as the stream is served (an answer waits for
+/// window here, in tonic's body, not in h2).
 pub(super) async fn forward(
     mut routes: Routes,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    _stream: crate::conn_limit::RequestBytes,
 ) {
     type Req = Request<tonic::body::Body>;
     let req: Req = req.map(|b| {

@@ -28,12 +28,14 @@
 
 use super::PortLimits;
 use super::fallback::forward;
+use crate::conn_limit::RequestBytes;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
 use h2::RecvStream;
 use h2::server::SendResponse;
 use http::{HeaderMap, HeaderValue, Request, Response};
+use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::task::Poll;
 use std::time::Duration;
@@ -174,8 +176,10 @@ where
     let mut stopped = std::pin::pin!(stopped);
     let mut stopping = false;
     let mut calls: FuturesUnordered<Call> = FuturesUnordered::new();
-    // The calls of one read, taken before any is run (kept across reads).
-    let mut accepted = Vec::new();
+    // Calls taken and not started yet, each holding its stream's share of
+    // the process-wide budget: the calls of one read are all taken before
+    // any is run, and past `max_in_flight_per_connection` they wait here.
+    let mut pending: VecDeque<Pending> = VecDeque::new();
     // One poll of the connection reads every frame the socket has and then
     // writes every frame queued, so: take all the calls that arrived, run
     // them until they wait (the memory backend never does), and only then
@@ -191,24 +195,23 @@ where
             return Poll::Ready(Ok(false));
         }
         loop {
+            // Every stream is taken as soon as it arrives, so that each is
+            // counted in the process-wide budget from the start (its state,
+            // its headers, later its answer): past the budget it is refused
+            // at once with `RESOURCE_EXHAUSTED`, which frees its state.
+            // Streams one connection holds are bounded by the streams
+            // advertised.
             loop {
-                // At most `max_in_flight_per_connection` calls of one
-                // connection are read and decided at once: past it, the
-                // connection's I/O goes on (pings, window updates, writes)
-                // and new streams wait in h2, bounded by the streams
-                // advertised, their bytes held back by flow control.
-                if calls.len() + accepted.len() >= limits.max_in_flight_per_connection {
-                    if let Poll::Ready(r) = conn.poll_closed(cx) {
-                        return Poll::Ready(r.map(|()| true));
-                    }
-                    break;
-                }
                 match conn.poll_accept(cx) {
-                    Poll::Ready(Some(Ok((req, respond)))) => {
+                    Poll::Ready(Some(Ok((req, mut respond)))) => {
+                        let Some(held) = reserve_stream(&req) else {
+                            let _ = send_status(&mut respond, &budget_used_up());
+                            continue;
+                        };
                         if req.method() == http::Method::POST && req.uri().path() == H::PATH {
-                            accepted.push((req, respond));
+                            pending.push_back((req, respond, held));
                         } else {
-                            tokio::spawn(forward(fallback.clone(), req, respond));
+                            tokio::spawn(forward(fallback.clone(), req, respond, held));
                         }
                     }
                     Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
@@ -216,13 +219,19 @@ where
                     Poll::Pending => break,
                 }
             }
+            // At most `max_in_flight_per_connection` calls of one
+            // connection are read and decided at once; the bytes of the
+            // others stay in h2, bounded by flow control.
             // Each new call is polled once here: one decided at once (the
             // memory backend, a local-cache hit) never enters the set. One
             // that waits is moved in boxed, so the move copies a pointer,
             // and the set polls it again before it waits.
             let mut answered = false;
-            for (req, respond) in accepted.drain(..) {
-                let mut call: Call = Box::pin(unary(handler.clone(), req, respond, limits));
+            while calls.len() < limits.max_in_flight_per_connection {
+                let Some((req, respond, held)) = pending.pop_front() else {
+                    break;
+                };
+                let mut call: Call = Box::pin(unary(handler.clone(), req, respond, limits, held));
                 if call.as_mut().poll(cx).is_ready() {
                     answered = true;
                 } else {
@@ -242,11 +251,11 @@ where
     if !open {
         return Ok(());
     }
-    // The calls still in flight finish (their responses are already queued
-    // or will be), then the connection flushes and closes. Calls taken in
-    // the read that ended the loop have not run yet.
-    for (req, respond) in accepted.drain(..) {
-        calls.push(Box::pin(unary(handler.clone(), req, respond, limits)));
+    // The calls still in flight and those taken but not started finish
+    // (their responses are already queued or will be), then the connection
+    // flushes and closes.
+    for (req, respond, held) in pending.drain(..) {
+        calls.push(Box::pin(unary(handler.clone(), req, respond, limits, held)));
     }
     while calls.next().await.is_some() {}
     poll_fn(|cx| conn.poll_closed(cx)).await
@@ -259,6 +268,44 @@ const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status
 
 /// One unary call in flight on a connection.
 type Call = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A call taken from the connection and not started yet, with its stream's
+/// share of the process-wide budget.
+type Pending = (Request<RecvStream>, SendResponse<Bytes>, RequestBytes);
+
+/// Bytes of the process-wide budget ([`crate::conn_limit`]) one open stream
+/// holds from the moment it is taken until its answer is handed to HTTP/2
+/// with the window to send it, besides its request headers and its message:
+/// h2's state of the stream and its answer. Measured about 1.3 KiB for a
+/// `ShouldRateLimit` call and 3.2 KiB for a reflection stream whose answers
+/// are not read; 4 KiB covers both.
+pub const STREAM_STATE_BYTES: usize = 4 << 10;
+
+/// Longest an answer waits for the peer to grant the flow-control window
+/// to send it (10 s); then the stream is reset (`CANCEL`) and its share of
+/// the budget given back.
+pub(crate) const ANSWER_WINDOW_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The status of a call refused because the process-wide budget is used up.
+fn budget_used_up() -> Status {
+    Status::resource_exhausted(
+        "the service's memory budget for requests being read is used up; retry later",
+    )
+}
+
+/// Reserves an open stream's share of the process-wide budget:
+/// [`STREAM_STATE_BYTES`] and its request head (each header's name and
+/// value plus 32 bytes, as HPACK counts a header list), or `None` when the
+/// budget cannot hold it.
+fn reserve_stream<B>(req: &Request<B>) -> Option<RequestBytes> {
+    let head: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 32)
+        .sum::<usize>()
+        + req.uri().path().len();
+    crate::conn_limit::reserve_request_bytes(STREAM_STATE_BYTES + head)
+}
 
 /// Resolves when a keep-alive ping is not answered in time; never without
 /// pings configured.
@@ -284,6 +331,8 @@ async fn unary<H: Unary>(
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     limits: PortLimits,
+    // The stream's share of the budget, held until its answer is sent.
+    _stream: RequestBytes,
 ) {
     let (parts, body) = req.into_parts();
     if let Some(status) = unsupported_encoding(&parts.headers) {
@@ -321,10 +370,12 @@ async fn unary<H: Unary>(
         .await
     };
     let Some(answer) = answer else { return };
-    let _ = match answer {
-        Ok(framed) => send_framed(&mut respond, framed.0),
-        Err(status) => send_status(&mut respond, &status),
-    };
+    match answer {
+        Ok(framed) => send_framed(&mut respond, framed.0).await,
+        Err(status) => {
+            let _ = send_status(&mut respond, &status);
+        }
+    }
 }
 
 /// The bytes of one length-prefixed gRPC message as its DATA frames arrive.
@@ -399,9 +450,9 @@ impl MessageBuf {
 async fn read_message(
     mut body: RecvStream,
     max_message_bytes: usize,
-) -> Result<(Bytes, crate::conn_limit::RequestBytes), Status> {
+) -> Result<(Bytes, RequestBytes), Status> {
     let mut msg = MessageBuf::default();
-    let mut held: Option<crate::conn_limit::RequestBytes> = None;
+    let mut held: Option<RequestBytes> = None;
     while let Some(chunk) = body.data().await {
         let chunk = chunk.map_err(|e| Status::internal(format!("h2 protocol error: {e}")))?;
         let _ = body.flow_control().release_capacity(chunk.len());
@@ -413,13 +464,9 @@ async fn read_message(
                 )));
             }
             if held.is_none() {
-                held = Some(crate::conn_limit::reserve_request_bytes(5 + len).ok_or_else(
-                    || {
-                        Status::resource_exhausted(
-                            "the service's memory budget for requests being read is used up; retry later",
-                        )
-                    },
-                )?);
+                held = Some(
+                    crate::conn_limit::reserve_request_bytes(5 + len).ok_or_else(budget_used_up)?,
+                );
                 msg.reserve_message(5 + len);
             }
             // The whole message is here: what else the body carries is not
@@ -514,12 +561,45 @@ fn grpc_headers() -> Response<()> {
 }
 
 /// Sends `buf`, one length-prefixed message, with `grpc-status: 0`.
-fn send_framed(respond: &mut SendResponse<Bytes>, buf: BytesMut) -> Result<(), h2::Error> {
-    let mut stream = respond.send_response(grpc_headers(), false)?;
-    stream.send_data(buf.freeze(), false)?;
+async fn send_framed(respond: &mut SendResponse<Bytes>, buf: BytesMut) {
+    let Ok(mut stream) = respond.send_response(grpc_headers(), false) else {
+        return;
+    };
+    let len = buf.len();
+    // The answer goes to h2 only with the window to send it, so h2 never
+    // holds answers a peer does not take; until then it waits here, with the
+    // stream's share of the budget, for at most ANSWER_WINDOW_TIMEOUT. With
+    // window to spare (the usual case) h2 assigns it at once.
+    stream.reserve_capacity(len);
+    if stream.capacity() < len {
+        let granted = poll_fn(|cx| {
+            loop {
+                if stream.capacity() >= len {
+                    return Poll::Ready(true);
+                }
+                match stream.poll_capacity(cx) {
+                    Poll::Ready(Some(Ok(_))) => {}
+                    Poll::Ready(_) => return Poll::Ready(false),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        });
+        match tokio::time::timeout(ANSWER_WINDOW_TIMEOUT, granted).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(_) => {
+                tracing::debug!("gRPC answer not sent: the peer granted no window in time");
+                stream.send_reset(h2::Reason::CANCEL);
+                return;
+            }
+        }
+    }
+    if stream.send_data(buf.freeze(), false).is_err() {
+        return;
+    }
     let mut trailers = HeaderMap::with_capacity(1);
     trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
-    stream.send_trailers(trailers)
+    let _ = stream.send_trailers(trailers);
 }
 
 /// Sends a trailers-only response carrying `status`.

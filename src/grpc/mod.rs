@@ -23,6 +23,7 @@
 pub mod codec;
 mod fallback;
 mod h2;
+pub use h2::STREAM_STATE_BYTES;
 pub mod reflection;
 pub mod rlqs;
 
@@ -48,9 +49,13 @@ pub const MAX_MESSAGE_BYTES: usize = 2 << 20;
 
 /// The bounds of one connection on the gRPC port, so that the memory one
 /// connection can hold is bounded: a peer that opens streams and never
-/// grants flow-control window keeps at most `max_concurrent_streams` small
-/// responses waiting, and partly sent requests hold at most
-/// `max_in_flight_per_connection` × `max_message_bytes`.
+/// grants flow-control window keeps at most `max_in_flight_per_connection`
+/// answers waiting (each for at most 10 s) and `max_concurrent_streams`
+/// streams open, and partly sent requests hold at most
+/// `max_in_flight_per_connection` × `max_message_bytes`. Every stream and
+/// message also counts in the process-wide budget
+/// ([`crate::conn_limit::reserve_request_bytes`]), which bounds them across
+/// connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortLimits {
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` advertised: streams one connection

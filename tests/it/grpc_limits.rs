@@ -333,3 +333,120 @@ async fn past_the_request_memory_budget_new_calls_are_refused_and_others_finish(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// What one window-less connection got for its calls: answers that began
+/// (response headers without `grpc-status`: the message waits for window)
+/// and calls refused with `RESOURCE_EXHAUSTED`. The connection is dropped
+/// on return.
+async fn window_less_calls(rls: &BucketRls, calls: usize) -> (usize, usize) {
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, mut conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .expect("HTTP/2 handshake");
+    let mut pings = conn.ping_pong().expect("ping handle");
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    pings.ping(h2::Ping::opaque()).await.expect("pong");
+    let mut client = client;
+    let mut held = futures::stream::FuturesUnordered::new();
+    for i in 0..calls {
+        client = client.ready().await.expect("connection alive");
+        let (resp, mut body) = client.send_request(post(rls.grpc), false).expect("stream");
+        body.send_data(frame(i), true).expect("body");
+        held.push(async move { (resp.await, body) });
+    }
+    let (mut begun, mut refused) = (0, 0);
+    let mut kept = Vec::new();
+    while let Ok(Some((resp, body))) =
+        tokio::time::timeout(Duration::from_secs(2), held.next()).await
+    {
+        let resp = resp.expect("a response, not a reset");
+        match resp
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_owned())
+        {
+            None => begun += 1,
+            Some(s) => {
+                assert_eq!(s, "8", "refused with RESOURCE_EXHAUSTED: {resp:?}");
+                refused += 1;
+            }
+        }
+        kept.push((resp, body));
+    }
+    drop((kept, held, client));
+    task.abort();
+    (begun, refused)
+}
+
+/// Streams count in the process-wide budget from the moment they are taken
+/// until their answer is sent: a peer that opens calls and never grants
+/// window to answer them holds at most what the budget allows (1 MiB here,
+/// about 4 KiB a stream), past it its calls are refused at once with
+/// `RESOURCE_EXHAUSTED`, and when it goes away the budget is free again
+/// for the next one. (Before, every stream's answer waited in memory
+/// outside the budget, so connections multiplied it.)
+#[tokio::test]
+async fn streams_whose_answers_a_peer_does_not_take_count_in_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(
+        &config,
+        &[
+            "--log-level",
+            "warn",
+            "--max-buffered-request-bytes",
+            "1048576",
+        ],
+    )
+    .await;
+    const CALLS: usize = 600;
+    let most = 1_048_576 / bucket_rls::grpc::STREAM_STATE_BYTES;
+    let (begun, refused) = window_less_calls(&rls, CALLS).await;
+    assert!(
+        begun >= 1,
+        "some answers began ({begun} began, {refused} refused)"
+    );
+    assert!(
+        refused >= CALLS - most,
+        "at most {most} of {CALLS} streams fit in the budget: {refused} refused, {begun} began"
+    );
+    // Another client is served once that peer is gone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut grpc = RateLimitServiceClient::connect(format!("http://{}", rls.grpc))
+        .await
+        .expect("connect");
+    loop {
+        match grpc
+            .should_rate_limit(crate::common::req(
+                "flood",
+                vec![crate::common::desc(&[("k", "after")])],
+                1,
+            ))
+            .await
+        {
+            Ok(r) => {
+                assert_eq!(r.into_inner().overall_code, 1, "OK");
+                break;
+            }
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the budget never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    // The same peer again gets as many streams as the first time.
+    let (begun_again, refused_again) = window_less_calls(&rls, CALLS).await;
+    assert_eq!(
+        begun_again, begun,
+        "{refused_again} refused the second time"
+    );
+}
