@@ -425,7 +425,7 @@ const MAX_KEY_NO: usize = (1 << 24) - 1;
 pub(crate) fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec) {
     let sc = spec.limit.script_charge(spec.cost, spec.kind);
     let mut flags = match spec.kind {
-        ChargeKind::Consume => 0,
+        ChargeKind::Consume | ChargeKind::Reserve(_) | ChargeKind::Settle { .. } => 0,
         ChargeKind::Refund | ChargeKind::Return { .. } => u64::from(FLAG_REFUND),
     };
     if spec.shadow {
@@ -519,6 +519,7 @@ fn parse_one(bytes: &[u8], charges: usize) -> Result<(RequestResult, usize), &'s
             enough: flags & REPLY_ENOUGH != 0,
             remaining_micro,
             window,
+            ..ChargeResult::default()
         });
     }
     Ok((

@@ -207,6 +207,7 @@ async fn compensate<S: SlotCall>(
                 enough: cr.enough || c.spec.kind == ChargeKind::Refund,
                 remaining_micro: i64::try_from(before.min(cap)).unwrap_or(i64::MAX),
                 window: cr.window,
+                ..cr
             });
         }
     }
@@ -535,6 +536,7 @@ mod tests {
                 enough: true,
                 remaining_micro: 100 * MICRO_I64,
                 window: None,
+                ..ChargeResult::default()
             }
         );
         assert_eq!(
@@ -556,6 +558,7 @@ mod tests {
                 enough: false,
                 remaining_micro: 70 * MICRO_I64,
                 window: None,
+                ..ChargeResult::default()
             }
         );
         assert_eq!(slots.tokens("a", debt), -10 * MICRO_I64);
