@@ -250,3 +250,52 @@ async fn concurrent_pairs_leave_the_exact_balance_in_memory() {
             .is_empty()
     );
 }
+
+/// A production-mode Redis backend (time from Redis `TIME`).
+fn redis_storage(
+    server: &common::redis::RedisServer,
+) -> Arc<bucket_rls::storage::redis::RedisStorage> {
+    Arc::new(
+        bucket_rls::storage::redis::RedisStorage::builder(server.url())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("valid URL"),
+    )
+}
+
+/// Two service replicas on one `redis-server`: 32 concurrent
+/// reserve/settle pairs, each settled on the other replica, leave the exact
+/// balance and no open reservation; the books expire in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_pairs_leave_the_exact_balance_on_redis_with_two_replicas() {
+    let server = common::redis::RedisServer::start();
+    let prefix = common::unique_prefix("reserve");
+    let a = redis_storage(&server);
+    let b = redis_storage(&server);
+    let replicas = [limiter_on(a.clone(), &prefix), limiter_on(b, &prefix)];
+    let used = concurrent_pairs(&replicas, 32).await;
+    assert_eq!(
+        tokens(balance(&*a, &prefix, "ann").await),
+        BUDGET as i64 - used as i64
+    );
+    let bucket = key::reservation_bucket(
+        &prefix,
+        "llm",
+        &[("user", KeyValue::Value("ann"))],
+        "request_id",
+    );
+    let open: u64 = server.query(redis::cmd("HLEN").arg(key::book_key(&bucket)));
+    assert_eq!(open, 0);
+    // Reserves beyond the budget are denied and charge nothing; a
+    // reservation left open is kept with a TTL of at most its own.
+    let left = BUDGET - used;
+    assert_eq!(reserve(&replicas[0], "ann", "big", left + 1).await, OVER);
+    assert_eq!(reserve(&replicas[1], "ann", "open", 5).await, OK);
+    assert_eq!(tokens(balance(&*a, &prefix, "ann").await), left as i64 - 5);
+    let pttl: i64 = server.query(redis::cmd("PTTL").arg(key::book_key(&bucket)));
+    assert!((1..=60_000).contains(&pttl), "book PTTL {pttl}");
+    // Settled on the other replica beyond the estimate, and again.
+    assert_eq!(settle(&replicas[0], "ann", "open", 25).await, OK);
+    assert_eq!(settle(&replicas[1], "ann", "open", 25).await, OK);
+    assert_eq!(tokens(balance(&*a, &prefix, "ann").await), left as i64 - 50);
+}

@@ -956,7 +956,9 @@ pub fn apply_request_with_books(
     }
     let written_books = if admitted { &mut wbook } else { &mut kbook };
     for (i, b) in written_books.iter_mut().enumerate() {
-        if let Some((book, true)) = b.take() {
+        if let Some((mut book, true)) = b.take() {
+            // A book is stored with its live reservations only.
+            book.retain(|_, h| h.expires_us > now_us);
             put_book(i, book);
         }
     }

@@ -190,6 +190,7 @@ pub(crate) fn record(book: &mut Book, r: &Reserve, cost: u64, now_us: u64) -> Re
 /// Found: the difference to its estimate is charged (down to `-max_debt`,
 /// never raised by the clamp) or given back (never above the capacity).
 /// Not found (or expired): `actual` is charged in full, the same way.
+/// `actual` counts at most [`MAX_HELD_TOKENS`].
 pub(crate) fn settle(
     limit: &BucketLimit,
     level: i128,
@@ -199,6 +200,7 @@ pub(crate) fn settle(
     now_us: u64,
 ) -> (i128, ReservationOutcome, bool) {
     let debt = i128::try_from(limit.debt_micro()).unwrap_or(0);
+    let actual = actual.min(MAX_HELD_TOKENS);
     match book.remove(id) {
         Some(h) if h.expires_us > now_us => {
             let level = if actual >= h.tokens {
