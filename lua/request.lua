@@ -87,7 +87,8 @@ ARGV[4]     absent or empty for one request. A batch: per request, in
 ARGV[5]     absent when no charge is a reservation's. Else the
             reservation records (docs/design.md, "Reservations"), 32 bytes
             each, big-endian: charge number (4; 1-based over ARGV[3]), op
-            (1; 1 = reserve, 2 = settle), book key index (3; 1-based into
+            (1; 1 = reserve, 2 = settle, 3 = unreserve: a refund that also
+            takes its cost off the open reservation), book key index (3; 1-based into
             KEYS: the hash of the bucket's open reservations, in the
             bucket's hash slot), id (16 bytes), ttl in seconds (4),
             max_open (4). A reserve is a consume under D = 0 (it never
@@ -586,6 +587,32 @@ local function general(first, n)
         end
       end
       OUTC[c], EXPC[c] = outcome, expired
+    elseif rec and rec[1] == 3 then
+      -- An unreserve (reservation.rs unreserve): a refund that also takes
+      -- its cost off the open reservation.
+      local bk = rec[2]
+      local b = wbook(bk)
+      local h = b.map[rec[3]]
+      local c2 = cost
+      if c2 > MAX_HELD then
+        c2 = MAX_HELD
+      end
+      if h and h[2] > now then
+        if h[1] <= c2 then
+          b.map[rec[3]] = nil
+          b.n = b.n - 1
+        else
+          b.map[rec[3]] = { h[1] - c2, h[2] }
+        end
+        WBD[bk] = true
+      end
+      local after, changed = alg[REFUND](w, c2, p1, p2, p3, x, now)
+      if changed then
+        w = after
+        DIRTY[k] = true
+      end
+      ENOUGH[c] = 1
+      OUTC[c], EXPC[c] = 0, 0
     elseif rec then
       -- A settlement: always enough, and it stands.
       local bk = rec[2]

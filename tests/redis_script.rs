@@ -130,6 +130,8 @@ enum KindGen {
     Reserve(u8, u32, u32),
     /// A settlement of reservation `id`.
     Settle(u8),
+    /// The undoing of a reserve of reservation `id`.
+    Unreserve(u8),
 }
 
 fn kind() -> impl Strategy<Value = KindGen> {
@@ -140,6 +142,7 @@ fn kind() -> impl Strategy<Value = KindGen> {
         5 => (0u8..4, prop::sample::select(vec![1u32, 2, 60]), 1u32..4)
             .prop_map(|(id, ttl, max_open)| KindGen::Reserve(id, ttl, max_open)),
         4 => (0u8..4).prop_map(KindGen::Settle),
+        2 => (0u8..4).prop_map(KindGen::Unreserve),
     ]
 }
 
@@ -303,6 +306,9 @@ fn charges_of(case: u64, keys: &Keys, gens: &[ChargeGen], now_us: u64) -> Vec<Ch
                         max_open: *max_open,
                     }),
                     KindGen::Settle(id) => ChargeKind::Settle {
+                        id: reservation_id(*id),
+                    },
+                    KindGen::Unreserve(id) => ChargeKind::Unreserve {
                         id: reservation_id(*id),
                     },
                 },

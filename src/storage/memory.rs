@@ -241,9 +241,12 @@ impl MemoryStorage {
         let hasher = &self.hasher;
         // The books of the keys reservation charges touch (a copy: the
         // driver writes whole books back).
-        let reserving = indexed
-            .iter()
-            .any(|(_, s)| matches!(s.kind, ChargeKind::Reserve(_) | ChargeKind::Settle { .. }));
+        let reserving = indexed.iter().any(|(_, s)| {
+            matches!(
+                s.kind,
+                ChargeKind::Reserve(_) | ChargeKind::Settle { .. } | ChargeKind::Unreserve { .. }
+            )
+        });
         let books: SmallVec<[Option<Book>; 4]> = if reserving {
             keys.iter()
                 .zip(&shard_ids)

@@ -289,7 +289,8 @@ pub(crate) fn window_script_charge(
         ChargeKind::Consume
         | ChargeKind::Refund
         | ChargeKind::Reserve(_)
-        | ChargeKind::Settle { .. } => 0,
+        | ChargeKind::Settle { .. }
+        | ChargeKind::Unreserve { .. } => 0,
     };
     ScriptCharge {
         algorithm,

@@ -610,6 +610,13 @@ pub enum ChargeKind {
         /// The reservation settled.
         id: ReservationId,
     },
+    /// The undoing of an admitted reserve of `cost` for reservation `id`
+    /// (a Redis Cluster's compensation): a refund of `cost` that also takes
+    /// `cost` off the open reservation (forgetting it when nothing is left).
+    Unreserve {
+        /// The reservation the reserve went to.
+        id: ReservationId,
+    },
 }
 
 impl ChargeKind {
@@ -617,7 +624,10 @@ impl ChargeKind {
     /// [`ChargeKind::Return`]).
     #[must_use]
     pub const fn gives_back(self) -> bool {
-        matches!(self, Self::Refund | Self::Return { .. })
+        matches!(
+            self,
+            Self::Refund | Self::Return { .. } | Self::Unreserve { .. }
+        )
     }
 
     /// Whether the charge takes its cost only when it fits
@@ -817,7 +827,10 @@ pub fn apply_request_with_books(
             }
         };
         let bucket = match (limit, spec.kind) {
-            (Limit::TokenBucket(l), ChargeKind::Reserve(_) | ChargeKind::Settle { .. }) => {
+            (
+                Limit::TokenBucket(l),
+                ChargeKind::Reserve(_) | ChargeKind::Settle { .. } | ChargeKind::Unreserve { .. },
+            ) => {
                 if wbook.is_empty() {
                     wbook = smallvec![None; states.len()];
                     kbook = smallvec![None; states.len()];
@@ -898,7 +911,26 @@ pub fn apply_request_with_books(
                     ..ChargeResult::default()
                 });
             }
-            (ChargeKind::Refund | ChargeKind::Return { .. }, _) => {
+            (ChargeKind::Unreserve { id }, Some(l)) => {
+                let Level::TokenBucket(v) = slot.0 else {
+                    unreachable!("a token bucket limit reads a token bucket level")
+                };
+                let (book, book_dirty) =
+                    wbook[*key].get_or_insert_with(|| (stored_book(*key), false));
+                let (after, changed) = reservation::unreserve(&l, v, book, &id, spec.cost, now_us);
+                if after != v {
+                    slot.0 = Level::TokenBucket(after);
+                    slot.1 = true;
+                }
+                if changed {
+                    *book_dirty = true;
+                }
+                results.push(ChargeResult {
+                    enough: true,
+                    ..ChargeResult::default()
+                });
+            }
+            (ChargeKind::Refund | ChargeKind::Return { .. } | ChargeKind::Unreserve { .. }, _) => {
                 let taken_at_us = match spec.kind {
                     ChargeKind::Return { taken_at_us } => Some(taken_at_us),
                     _ => None,

@@ -220,6 +220,39 @@ pub(crate) fn settle(
     }
 }
 
+/// The undoing of an admitted reserve of `cost` tokens for `id` on a
+/// bucket at `level`: `cost` given back (never above the capacity) and
+/// taken off the open reservation, which is forgotten when that leaves
+/// nothing. Returns the level after it and whether the book changed.
+/// `cost` counts at most [`MAX_HELD_TOKENS`].
+pub(crate) fn unreserve(
+    limit: &BucketLimit,
+    level: i128,
+    book: &mut Book,
+    id: &ReservationId,
+    cost: u64,
+    now_us: u64,
+) -> (i128, bool) {
+    let cost = cost.min(MAX_HELD_TOKENS);
+    let cap = i128::try_from(limit.capacity_micro()).unwrap_or(i128::MAX);
+    let level = level
+        .saturating_add(i128::from(cost) * i128::from(MICRO))
+        .min(cap)
+        .max(level);
+    let changed = match book.get_mut(id) {
+        Some(h) if h.expires_us > now_us => {
+            if h.tokens <= cost {
+                book.remove(id);
+            } else {
+                h.tokens -= cost;
+            }
+            true
+        }
+        _ => false,
+    };
+    (level, changed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -254,7 +254,9 @@ impl Algorithm for TokenBucket {
             // Whatever the estimate it settles, a settlement's excess is
             // clamped at the debt bound below a balance of at most the
             // capacity; book entries stop growing at the same bound.
-            ChargeKind::Settle { .. } => cost.min(super::reservation::MAX_HELD_TOKENS),
+            ChargeKind::Settle { .. } | ChargeKind::Unreserve { .. } => {
+                cost.min(super::reservation::MAX_HELD_TOKENS)
+            }
             // A balance is never below -u32::MAX tokens (the largest debt bound).
             ChargeKind::Refund | ChargeKind::Return { .. } => {
                 cost.min(cap_tokens + u64::from(u32::MAX))

@@ -258,6 +258,7 @@ impl ScriptCall {
             let (op, id, ttl_secs, max_open) = match spec.kind {
                 ChargeKind::Reserve(r) => (1u8, r.id, r.ttl_secs, r.max_open),
                 ChargeKind::Settle { id } => (2, id, 0, 0),
+                ChargeKind::Unreserve { id } => (3, id, 0, 0),
                 _ => continue,
             };
             if spec.limit.token_bucket().is_none() {
@@ -502,7 +503,9 @@ pub(crate) fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec
     let sc = spec.limit.script_charge(spec.cost, spec.kind);
     let mut flags = match spec.kind {
         ChargeKind::Consume | ChargeKind::Reserve(_) | ChargeKind::Settle { .. } => 0,
-        ChargeKind::Refund | ChargeKind::Return { .. } => u64::from(FLAG_REFUND),
+        ChargeKind::Refund | ChargeKind::Return { .. } | ChargeKind::Unreserve { .. } => {
+            u64::from(FLAG_REFUND)
+        }
     };
     if spec.shadow {
         flags |= u64::from(FLAG_SHADOW);
