@@ -142,7 +142,9 @@ Durations and remaining counts are computed by the caller from these.
 
 Reads: one MGET of every key; the keys it finds missing are checked with
 one EXISTS, and read again with GET only when some of them exist (a value
-of another type, which GET refuses with WRONGTYPE).
+of another type, which GET refuses with WRONGTYPE). The books of
+reservations (ARGV[5]) are in KEYS too; MGET reads them as missing and they
+are left out of that check; each is read with HGETALL when first used.
 
 Writes (per request, then each key once at the end of the call): a key
 whose level changed is written (SET with PX, its algorithm's encode; DEL
@@ -222,9 +224,16 @@ else
   end
 end
 
+-- The books (hashes, which MGET reads as missing) are not checked.
+local isbook = {}
+if RES then
+  for _, r in pairs(RES) do
+    isbook[r[2]] = true
+  end
+end
 local absent, na = nil, 0
 for i = 1, nk do
-  if not vals[i] then
+  if not vals[i] and not isbook[i] then
     if na == 0 then
       absent = {}
     end
