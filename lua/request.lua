@@ -100,9 +100,13 @@ ARGV[5]     absent when no charge is a reservation's. Else the
             when none is open) or gives the rest back (the token bucket's
             eighth function, settle). Book entries: field = id, value =
             tokens (8) and expiry in microseconds (8); an entry past its
-            expiry is as missing. A book written is rewritten whole (DEL,
-            HSET, PEXPIRE at its latest expiry); its entries are read once
-            per call (HGETALL).
+            expiry is as missing (it stays until a reserve at the cap, or a
+            use of its id, drops it). Field "m": the latest expiry ever
+            written, in microseconds (decimal); the hash expires then. A
+            book is read per id (HLEN and HGET "m" once, HGET per id used;
+            HGETALL only at a reserve that finds it full) and written per
+            entry changed (HSET, HDEL), so a call costs the same whatever the
+            number of open reservations, but at the cap.
 
 Batch: the requests are evaluated one after the other, each exactly as if
 its own call came alone at the same now: it sees what the requests before it
@@ -378,8 +382,11 @@ local function push(reply, nv, pieces, c, enough, left, prev)
 end
 
 -- Books of open reservations, per book key index bk: BOOK[bk] as the
--- requests of this call so far left it ({ map = id -> { tokens, expiry },
--- n = entries }), read once; BORDER lists the books written, in order.
+-- requests of this call so far left it: { map = id -> { tokens, expiry }
+-- or false (none), n = entries, bk, orig = id -> what Redis held (read per
+-- id with HGET as ids are used, all at once with HGETALL only at a
+-- reserve that finds the book full), m = the latest expiry ever written
+-- (the field "m") }; BORDER lists the books written, in order.
 -- Per request: the working copy WB[bk] and whether it changed (WBD), the
 -- copy with only the settlements (KB, KBD), the books touched (RB); per
 -- charge its outcome (OUTC) and expired entries dropped (EXPC).
@@ -390,28 +397,55 @@ local MAX_HELD = 8589934592
 local function load_book(bk)
   local b = BOOK[bk]
   if b == nil then
-    local map, n = {}, 0
-    local flat = rcall('HGETALL', KEYS[bk])
-    for i = 1, #flat, 2 do
-      local t, e = sunpack('>I8I8', flat[i + 1])
-      map[flat[i]] = { t, e }
-      n = n + 1
+    local n = rcall('HLEN', KEYS[bk])
+    local m = rcall('HGET', KEYS[bk], 'm')
+    if m then
+      n = n - 1
+      m = tonumber(m)
+    else
+      m = 0
     end
-    b = { map = map, n = n }
+    b = { map = {}, n = n, bk = bk, orig = {}, m = m }
     BOOK[bk] = b
   end
   return b
 end
 
--- A book as a request writes it: its live entries only.
-local function prune(b)
-  for i, x in pairs(b.map) do
-    if x[2] <= now then
-      b.map[i] = nil
-      b.n = b.n - 1
+-- What Redis held for id, decoded (false: none), noted in the book `b`,
+-- in the book of the call and as read.
+local function fetched(b, id, v)
+  local h = false
+  if v then
+    local t, e = sunpack('>I8I8', v)
+    h = { t, e }
+  end
+  b.map[id] = h
+  local base = BOOK[b.bk]
+  if base.map[id] == nil then
+    base.map[id] = h
+  end
+  base.orig[id] = h
+  return h
+end
+
+-- The entry of id in book b (false: none).
+local function get(b, id)
+  local h = b.map[id]
+  if h == nil then
+    h = fetched(b, id, rcall('HGET', KEYS[b.bk], id))
+  end
+  return h
+end
+
+-- Every entry of book b (a reserve at the cap looks at them all).
+local function load_all(b)
+  local flat = rcall('HGETALL', KEYS[b.bk])
+  for i = 1, #flat, 2 do
+    local id = flat[i]
+    if id ~= 'm' and b.map[id] == nil then
+      fetched(b, id, flat[i + 1])
     end
   end
-  return b
 end
 
 local function copy_book(b)
@@ -419,7 +453,7 @@ local function copy_book(b)
   for id, h in pairs(b.map) do
     m[id] = h
   end
-  return { map = m, n = b.n }
+  return { map = m, n = b.n, bk = b.bk, orig = b.orig, m = b.m }
 end
 
 local function wbook(bk)
@@ -447,19 +481,20 @@ end
 -- make_room).
 local function make_room(b, id, maxopen)
   local expired = 0
-  local h = b.map[id]
+  local h = get(b, id)
   if h then
     if h[2] > now then
       return false, 0
     end
-    b.map[id] = nil
+    b.map[id] = false
     b.n = b.n - 1
     expired = 1
   end
   if b.n >= maxopen then
+    load_all(b)
     for i, x in pairs(b.map) do
-      if x[2] <= now then
-        b.map[i] = nil
+      if x and x[2] <= now then
+        b.map[i] = false
         b.n = b.n - 1
         expired = expired + 1
       end
@@ -471,7 +506,7 @@ end
 -- Records an admitted reserve (reservation.rs record): 1 opened, 2 added.
 local function record(b, id, cost, ttl)
   local e = now + ttl * MICRO
-  local h = b.map[id]
+  local h = get(b, id)
   if h then
     local t = h[1] + cost
     if t > MAX_HELD then
@@ -491,9 +526,9 @@ end
 -- A settlement on level w (reservation.rs settle): the level after it,
 -- the outcome (4 settled, 5 none open) and the expired entries dropped.
 local function settle_book(alg, w, b, id, cost, p1, p2, p3, x)
-  local h = b.map[id]
+  local h = get(b, id)
   if h then
-    b.map[id] = nil
+    b.map[id] = false
     b.n = b.n - 1
   end
   if h and h[2] > now then
@@ -601,14 +636,14 @@ local function general(first, n)
       -- its cost off the open reservation.
       local bk = rec[2]
       local b = wbook(bk)
-      local h = b.map[rec[3]]
+      local h = get(b, rec[3])
       local c2 = cost
       if c2 > MAX_HELD then
         c2 = MAX_HELD
       end
       if h and h[2] > now then
         if h[1] <= c2 then
-          b.map[rec[3]] = nil
+          b.map[rec[3]] = false
           b.n = b.n - 1
         else
           b.map[rec[3]] = { h[1] - c2, h[2] }
@@ -720,7 +755,7 @@ local function general(first, n)
       for i = 1, nrb do
         local bk = RB[i]
         if WBD[bk] then
-          BOOK[bk] = prune(WB[bk])
+          BOOK[bk] = WB[bk]
           if not BOOKW[bk] then
             BOOKW[bk] = true
             nb = nb + 1
@@ -766,7 +801,7 @@ local function general(first, n)
       for i = 1, nrb do
         local bk = RB[i]
         if KBD[bk] then
-          BOOK[bk] = prune(KB[bk])
+          BOOK[bk] = KB[bk]
           if not BOOKW[bk] then
             BOOKW[bk] = true
             nb = nb + 1
@@ -864,37 +899,57 @@ local function run(first, n)
   return spack('>BBi8I8I8', 0, 2, left, now, prev)
 end
 
--- Stores the books the requests wrote: each rewritten whole, expiring
--- with its latest entry (an empty book, or one of expired entries only, is
--- deleted).
+-- Stores the books the requests wrote: only the entries that changed
+-- (HSET, HDEL), the latest expiry ever written in the field "m", and the
+-- hash expires then (an empty book is deleted).
 local function flush_books()
   for i = 1, nb do
     local bk = BORDER[i]
     local b = BOOK[bk]
-    rcall('DEL', KEYS[bk])
-    local args, na, maxe = {}, 0, 0
-    for id, h in pairs(b.map) do
-      if h[2] > now then
-        args[na + 1] = id
-        args[na + 2] = spack('>I8I8', h[1], h[2])
-        na = na + 2
-        if h[2] > maxe then
-          maxe = h[2]
+    if b.n <= 0 then
+      rcall('DEL', KEYS[bk])
+    else
+      local set, ns, del, nd, m = {}, 0, {}, 0, b.m
+      for id, h in pairs(b.map) do
+        local o = b.orig[id]
+        if h then
+          if not o or o[1] ~= h[1] or o[2] ~= h[2] then
+            set[ns + 1] = id
+            set[ns + 2] = spack('>I8I8', h[1], h[2])
+            ns = ns + 2
+            if h[2] > m then
+              m = h[2]
+            end
+          end
+        elseif o then
+          nd = nd + 1
+          del[nd] = id
         end
       end
-    end
-    if na > 0 then
-      for j = 1, na, 1000 do
+      for j = 1, nd, 1000 do
         local last = j + 999
-        if last > na then
-          last = na
+        if last > nd then
+          last = nd
         end
-        rcall('HSET', KEYS[bk], unpack(args, j, last))
+        rcall('HDEL', KEYS[bk], unpack(del, j, last))
       end
-      local us = maxe - now
+      for j = 1, ns, 1000 do
+        local last = j + 999
+        if last > ns then
+          last = ns
+        end
+        rcall('HSET', KEYS[bk], unpack(set, j, last))
+      end
+      if m ~= b.m then
+        rcall('HSET', KEYS[bk], 'm', string.format('%d', m))
+      end
+      local us = m - now
       local ttl = (us - fmod(us, 1000)) / 1000
       if fmod(us, 1000) > 0 then
         ttl = ttl + 1
+      end
+      if ttl < 1 then
+        ttl = 1
       end
       if ttl < min_ttl then
         ttl = min_ttl

@@ -988,9 +988,7 @@ pub fn apply_request_with_books(
     }
     let written_books = if admitted { &mut wbook } else { &mut kbook };
     for (i, b) in written_books.iter_mut().enumerate() {
-        if let Some((mut book, true)) = b.take() {
-            // A book is stored with its live reservations only.
-            book.retain(|_, h| h.expires_us > now_us);
+        if let Some((book, true)) = b.take() {
             put_book(i, book);
         }
     }
