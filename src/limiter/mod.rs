@@ -332,9 +332,9 @@ impl Limiter {
                 quota[*charge] = true;
             }
         }
-        let lacks =
-            |i: usize| charges[i].spec.kind == ChargeKind::Consume && !first.charges[i].enough;
-        let is_quota_consume = |i: usize| quota[i] && charges[i].spec.kind == ChargeKind::Consume;
+        // (A reserve takes like a consume.)
+        let lacks = |i: usize| charges[i].spec.kind.takes() && !first.charges[i].enough;
+        let is_quota_consume = |i: usize| quota[i] && charges[i].spec.kind.takes();
         let normal_lacks =
             (0..charges.len()).any(|i| lacks(i) && !quota[i] && !charges[i].spec.shadow);
         let quota_left = (0..charges.len()).any(|i| is_quota_consume(i) && !lacks(i));
@@ -363,8 +363,7 @@ impl Limiter {
             if next.admitted {
                 return Ok(merged);
             }
-            let now_lacks =
-                |i: usize| charges[i].spec.kind == ChargeKind::Consume && !merged.charges[i].enough;
+            let now_lacks = |i: usize| charges[i].spec.kind.takes() && !merged.charges[i].enough;
             let normal_lacks = kept
                 .iter()
                 .any(|&i| now_lacks(i) && !quota[i] && !charges[i].spec.shadow);
