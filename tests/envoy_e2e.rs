@@ -1330,7 +1330,7 @@ fn llm_rate_limits<'a>(bootstrap: &'a mut Value, prefix: &str) -> &'a mut Value 
 /// descriptor); a response whose `x-tokens-used` is missing, negative, not
 /// a number or above 2^32 gets no settlement, so its estimate stays
 /// charged; `%CEL(request.size / 4)%` gives an estimate from the request's
-/// size.
+/// size; a client's own `x-request-id` is replaced at this edge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_sends_no_reserve_or_settlement_without_a_number() {
     let s =
@@ -1389,6 +1389,22 @@ async fn envoy_sends_no_reserve_or_settlement_without_a_number() {
         .await;
     assert_eq!(r.status, 200);
     balance_becomes(&s, "eve", 2200 - 5 * 100).await;
+    // At this edge (use_remote_address) Envoy replaces a client's
+    // x-request-id with its own: a client cannot choose its ids.
+    let r = s
+        .get(
+            "/v1/llm/x?tokens=1",
+            &[
+                eve,
+                ("x-estimate", "1"),
+                ("x-request-id", "chosen-by-client"),
+            ],
+        )
+        .await;
+    let seen = r
+        .header("x-seen-request-id")
+        .expect("an x-request-id upstream");
+    assert_ne!(seen, "chosen-by-client");
     // %CEL(request.size / 4)%: a 400-byte body reserves 100.
     let body = "x".repeat(400);
     let r = common::http::send(
