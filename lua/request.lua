@@ -82,8 +82,31 @@ ARGV[3]     every charge, in request order (a batch: the requests one after
                          (below 2^40; the token bucket's max_debt D, a
                          window's target of a refund).
 
-ARGV[4]     absent for one request. A batch: per request, in order, its
-            number of charges as a big-endian u32 (4 bytes each).
+ARGV[4]     absent or empty for one request. A batch: per request, in
+            order, its number of charges as a big-endian u32 (4 bytes each).
+ARGV[5]     absent when no charge is a reservation's. Else the
+            reservation records (docs/design.md, "Reservations"), 32 bytes
+            each, big-endian: charge number (4; 1-based over ARGV[3]), op
+            (1; 1 = reserve, 2 = settle, 3 = unreserve: a refund that also
+            takes its cost off the open reservation), book key index (3; 1-based into
+            KEYS: the hash of the bucket's open reservations, in the
+            bucket's hash slot), id (16 bytes), ttl in seconds (4),
+            max_open (4). A reserve is a consume under D = 0 (it never
+            stands) that, when its request is admitted, keeps its cost in the
+            book under the id for ttl; past max_open other open
+            reservations it does not have enough. A settle always has enough
+            and stands: it removes the id from the book and charges the
+            excess of its cost over the estimate held (or the whole cost
+            when none is open) or gives the rest back (the token bucket's
+            eighth function, settle). Book entries: field = id, value =
+            tokens (8) and expiry in microseconds (8); an entry past its
+            expiry is as missing (it stays until a reserve at the cap, or a
+            use of its id, drops it). Field "m": the latest expiry ever
+            written, in microseconds (decimal); the hash expires then. A
+            book is read per id (HLEN and HGET "m" once, HGET per id used;
+            HGETALL only at a reserve that finds it full) and written per
+            entry changed (HSET, HDEL), so a call costs the same whatever the
+            number of open reservations, but at the cap.
 
 Batch: the requests are evaluated one after the other, each exactly as if
 its own call came alone at the same now: it sees what the requests before it
@@ -104,7 +127,9 @@ charge:
              stand were written).
   then per charge i, in request order:
   flags_i    1 byte: bit 0: charge i had enough (always for a refund);
-             bit 1: a window report follows left_i.
+             bit 1: a window report follows left_i; bits 2..4: what a
+             reservation charge did (reservation.rs ReservationOutcome
+             code); bit 5: expired_i follows.
   left_i     8 bytes, signed: what charge i's key has left, in micro-units
              (report), after the request (admitted: under the limit of the
              key's last charge) or before it (not admitted: under charge
@@ -112,6 +137,8 @@ charge:
   at_i       (window report) 8 bytes: now, in microseconds.
   prev_i     (window report) 8 bytes: the previous window's count, in
              micro-units.
+  expired_i  (bit 5) 4 bytes: expired reservations charge i dropped from
+             its book.
 (One packed string instead of an array of 2n + 1 integers: the client parses
 it in a few instructions, where an array of integers costs a parser step per
 element.)
@@ -119,7 +146,9 @@ Durations and remaining counts are computed by the caller from these.
 
 Reads: one MGET of every key; the keys it finds missing are checked with
 one EXISTS, and read again with GET only when some of them exist (a value
-of another type, which GET refuses with WRONGTYPE).
+of another type, which GET refuses with WRONGTYPE). The books of
+reservations (ARGV[5]) are in KEYS too; MGET reads them as missing and they
+are left out of that check; each is read with HGETALL when first used.
 
 Writes (per request, then each key once at the end of the call): a key
 whose level changed is written (SET with PX, its algorithm's encode; DEL
@@ -142,9 +171,10 @@ local min_ttl = tonumber(ARGV[2]) or 0
 -- lookup per use.
 local rcall, pcall_redis = redis.call, redis.pcall
 local spack, sunpack = struct.pack, struct.unpack
+local fmod = math.fmod
 local schar = string.char
 -- Positions of an algorithm's functions in its array (see the header).
-local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT = 1, 2, 3, 4, 5, 6, 7
+local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT, SETTLE = 1, 2, 3, 4, 5, 6, 7, 8
 
 local now
 if ARGV[1] ~= '' then
@@ -156,7 +186,21 @@ end
 
 -- ARGV[4]: the request sizes of a batch (absent: one request).
 local sizes = ARGV[4]
+if sizes == '' then
+  sizes = nil
+end
 local batch = sizes ~= nil
+
+-- ARGV[5]: the reservation records by charge number (nil: none).
+local RES
+if ARGV[5] ~= nil and ARGV[5] ~= '' then
+  RES = {}
+  local recs = ARGV[5]
+  for pos = 1, #recs, 32 do
+    local cno, op, bk, id, ttl, maxopen = sunpack('>I4I1I3c16I4I4', recs, pos)
+    RES[cno] = { op, bk, id, ttl, maxopen }
+  end
+end
 
 -- Every key in one MGET (in slices, to stay inside Lua's stack for a
 -- call with very many keys). MGET reads a key of another type as
@@ -184,9 +228,16 @@ else
   end
 end
 
+-- The books (hashes, which MGET reads as missing) are not checked.
+local isbook = {}
+if RES then
+  for _, r in pairs(RES) do
+    isbook[r[2]] = true
+  end
+end
 local absent, na = nil, 0
 for i = 1, nk do
-  if not vals[i] then
+  if not vals[i] and not isbook[i] then
     if na == 0 then
       absent = {}
     end
@@ -208,7 +259,7 @@ end
 -- A call of one request with one charge, every call at low load: the
 -- one-charge path of `run` below, inline, with its write (making the
 -- functions below costs more than this path's own work).
-if not batch and #ARGV[3] == 32 then
+if not batch and #ARGV[3] == 32 and RES == nil then
   local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', ARGV[3], 1)
   local alg = ALGORITHMS[a]
   local s = vals[k]
@@ -330,6 +381,162 @@ local function push(reply, nv, pieces, c, enough, left, prev)
   return nv + 4, true
 end
 
+-- Books of open reservations, per book key index bk: BOOK[bk] as the
+-- requests of this call so far left it: { map = id -> { tokens, expiry }
+-- or false (none), n = entries, bk, orig = id -> what Redis held (read per
+-- id with HGET as ids are used, all at once with HGETALL only at a
+-- reserve that finds the book full), m = the latest expiry ever written
+-- (the field "m") }; BORDER lists the books written, in order.
+-- Per request: the working copy WB[bk] and whether it changed (WBD), the
+-- copy with only the settlements (KB, KBD), the books touched (RB); per
+-- charge its outcome (OUTC) and expired entries dropped (EXPC).
+local BOOK, BOOKW, BORDER, nb = {}, {}, {}, 0
+local WB, WBD, KB, KBD, RB, nrb, OUTC, EXPC = {}, {}, {}, {}, {}, 0, {}, {}
+local MAX_HELD = 8589934592
+
+local function load_book(bk)
+  local b = BOOK[bk]
+  if b == nil then
+    local n = rcall('HLEN', KEYS[bk])
+    local m = rcall('HGET', KEYS[bk], 'm')
+    if m then
+      n = n - 1
+      m = tonumber(m)
+    else
+      m = 0
+    end
+    b = { map = {}, n = n, bk = bk, orig = {}, m = m }
+    BOOK[bk] = b
+  end
+  return b
+end
+
+-- What Redis held for id, decoded (false: none), noted in the book `b`,
+-- in the book of the call and as read.
+local function fetched(b, id, v)
+  local h = false
+  if v then
+    local t, e = sunpack('>I8I8', v)
+    h = { t, e }
+  end
+  b.map[id] = h
+  local base = BOOK[b.bk]
+  if base.map[id] == nil then
+    base.map[id] = h
+  end
+  base.orig[id] = h
+  return h
+end
+
+-- The entry of id in book b (false: none).
+local function get(b, id)
+  local h = b.map[id]
+  if h == nil then
+    h = fetched(b, id, rcall('HGET', KEYS[b.bk], id))
+  end
+  return h
+end
+
+-- Every entry of book b (a reserve at the cap looks at them all).
+local function load_all(b)
+  local flat = rcall('HGETALL', KEYS[b.bk])
+  for i = 1, #flat, 2 do
+    local id = flat[i]
+    if id ~= 'm' and b.map[id] == nil then
+      fetched(b, id, flat[i + 1])
+    end
+  end
+end
+
+local function copy_book(b)
+  local m = {}
+  for id, h in pairs(b.map) do
+    m[id] = h
+  end
+  return { map = m, n = b.n, bk = b.bk, orig = b.orig, m = b.m }
+end
+
+local function wbook(bk)
+  local b = WB[bk]
+  if b == nil then
+    b = copy_book(load_book(bk))
+    WB[bk], WBD[bk] = b, false
+    nrb = nrb + 1
+    RB[nrb] = bk
+  end
+  return b
+end
+
+local function kbook(bk)
+  local b = KB[bk]
+  if b == nil then
+    b = copy_book(load_book(bk))
+    KB[bk], KBD[bk] = b, false
+  end
+  return b
+end
+
+-- Whether the book is full of other open reservations for a reserve of
+-- id, and the expired entries dropped to find out (reservation.rs
+-- make_room).
+local function make_room(b, id, maxopen)
+  local expired = 0
+  local h = get(b, id)
+  if h then
+    if h[2] > now then
+      return false, 0
+    end
+    b.map[id] = false
+    b.n = b.n - 1
+    expired = 1
+  end
+  if b.n >= maxopen then
+    load_all(b)
+    for i, x in pairs(b.map) do
+      if x and x[2] <= now then
+        b.map[i] = false
+        b.n = b.n - 1
+        expired = expired + 1
+      end
+    end
+  end
+  return b.n >= maxopen, expired
+end
+
+-- Records an admitted reserve (reservation.rs record): 1 opened, 2 added.
+local function record(b, id, cost, ttl)
+  local e = now + ttl * MICRO
+  local h = get(b, id)
+  if h then
+    local t = h[1] + cost
+    if t > MAX_HELD then
+      t = MAX_HELD
+    end
+    b.map[id] = { t, e }
+    return 2
+  end
+  if cost > MAX_HELD then
+    cost = MAX_HELD
+  end
+  b.map[id] = { cost, e }
+  b.n = b.n + 1
+  return 1
+end
+
+-- A settlement on level w (reservation.rs settle): the level after it,
+-- the outcome (4 settled, 5 none open) and the expired entries dropped.
+local function settle_book(alg, w, b, id, cost, p1, p2, p3, x)
+  local h = get(b, id)
+  if h then
+    b.map[id] = false
+    b.n = b.n - 1
+  end
+  if h and h[2] > now then
+    return alg[SETTLE](w, h[1], cost, p1, p2, p3, x), 4, 0
+  end
+  return alg[SETTLE](w, false, cost, p1, p2, p3, x), 5, h and 1 or 0
+end
+
 -- The working tables of a request with several charges, per key k (index
 -- into KEYS): the stored string RAW[k] (false: missing), the working level
 -- W[k] and whether it changed (DIRTY[k]), the algorithm and limit of its
@@ -395,7 +602,88 @@ local function general(first, n)
     end
     LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
     local x = (flags - low) / 4
-    if refund then
+    local rec = RES and RES[(cpos - 1) / 32 + 1]
+    if rec and rec[1] == 1 then
+      -- A reserve: a consume under D = 0, and room in the book.
+      local bk = rec[2]
+      local b = wbook(bk)
+      local full, expired = make_room(b, rec[3], rec[5])
+      if expired > 0 then
+        WBD[bk] = true
+      end
+      local after, ok, changed = alg[CONSUME](w, cost, p1, p2, p3, 0)
+      local outcome = 0
+      if full then
+        outcome = 3
+      end
+      if ok and not full then
+        if changed then
+          w = after
+          DIRTY[k] = true
+        end
+        outcome = record(b, rec[3], cost, rec[4])
+        WBD[bk] = true
+        ENOUGH[c] = 1
+      else
+        ENOUGH[c] = 0
+        if not shadow then
+          admitted = false
+        end
+      end
+      OUTC[c], EXPC[c] = outcome, expired
+    elseif rec and rec[1] == 3 then
+      -- An unreserve (reservation.rs unreserve): a refund that also takes
+      -- its cost off the open reservation.
+      local bk = rec[2]
+      local b = wbook(bk)
+      local h = get(b, rec[3])
+      local c2 = cost
+      if c2 > MAX_HELD then
+        c2 = MAX_HELD
+      end
+      if h and h[2] > now then
+        if h[1] <= c2 then
+          b.map[rec[3]] = false
+          b.n = b.n - 1
+        else
+          b.map[rec[3]] = { h[1] - c2, h[2] }
+        end
+        WBD[bk] = true
+      end
+      local after, changed = alg[REFUND](w, c2, p1, p2, p3, x, now)
+      if changed then
+        w = after
+        DIRTY[k] = true
+      end
+      ENOUGH[c] = 1
+      OUTC[c], EXPC[c] = 0, 0
+    elseif rec then
+      -- A settlement: always enough, and it stands.
+      local bk = rec[2]
+      local after, outcome, expired = settle_book(alg, w, wbook(bk), rec[3], cost, p1, p2, p3, x)
+      if after ~= w then
+        w = after
+        DIRTY[k] = true
+      end
+      if outcome == 4 or expired > 0 then
+        WBD[bk] = true
+      end
+      local d = DW[k]
+      if d == nil then
+        d = readk(alg, k, RAW[k], p1, p2, p3)
+      else
+        local _, _, q1, q2, q3 = sunpack('>I1I3I4I4I4', packed, DP[k])
+        d = alg[REBASE](d, p1, p2, p3, q1, q2, q3)
+      end
+      local kd, kout, kexp = settle_book(alg, d, kbook(bk), rec[3], cost, p1, p2, p3, x)
+      if kout == 4 or kexp > 0 then
+        KBD[bk] = true
+      end
+      DW[k] = kd
+      DP[k] = cpos
+      ENOUGH[c] = 1
+      OUTC[c], EXPC[c] = outcome, expired
+    elseif refund then
       local changed
       w, changed = alg[REFUND](w, cost, p1, p2, p3, x, now)
       if changed then
@@ -449,8 +737,31 @@ local function general(first, n)
       end
       for c = 1, n do
         local k = KEY[c]
+        local at = nv + 1
         nv, w = push(reply, nv, PIECES, c, ENOUGH[c], LA[k][REPORT](W[k], L1[k], L2[k], L3[k], now))
         wide = wide or w
+        local o = OUTC[c]
+        if o then
+          reply[at] = reply[at] + 4 * o
+          if EXPC[c] > 0 then
+            reply[at] = reply[at] + 32
+            nv = nv + 1
+            reply[nv] = EXPC[c]
+            PIECES[c] = PIECES[c] .. 'I4'
+            wide = true
+          end
+        end
+      end
+      for i = 1, nrb do
+        local bk = RB[i]
+        if WBD[bk] then
+          BOOK[bk] = WB[bk]
+          if not BOOKW[bk] then
+            BOOKW[bk] = true
+            nb = nb + 1
+            BORDER[nb] = bk
+          end
+        end
       end
     else
       reply[1] = 0
@@ -462,8 +773,41 @@ local function general(first, n)
         a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
         pos = pos + 32
         local alg = ALGORITHMS[a]
+        local at = nv + 1
         nv, w = push(reply, nv, PIECES, c, ENOUGH[c], alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)), p1, p2, p3, now))
         wide = wide or w
+        local o = OUTC[c]
+        if o then
+          local rec = RES[(pos - 33) / 32 + 1]
+          local e = EXPC[c]
+          -- A denied request keeps no reserve: only a refusal at the cap
+          -- is reported, and expired entries count where written.
+          if rec[1] == 1 then
+            e = 0
+            if o ~= 3 then
+              o = 0
+            end
+          end
+          reply[at] = reply[at] + 4 * o
+          if e > 0 then
+            reply[at] = reply[at] + 32
+            nv = nv + 1
+            reply[nv] = e
+            PIECES[c] = PIECES[c] .. 'I4'
+            wide = true
+          end
+        end
+      end
+      for i = 1, nrb do
+        local bk = RB[i]
+        if KBD[bk] then
+          BOOK[bk] = KB[bk]
+          if not BOOKW[bk] then
+            BOOKW[bk] = true
+            nb = nb + 1
+            BORDER[nb] = bk
+          end
+        end
       end
       for i = 1, nr do
         local k = RK[i]
@@ -492,6 +836,16 @@ local function general(first, n)
     RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k], DP[k] =
       nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
   end
+  if RES then
+    for i = 1, nrb do
+      local bk = RB[i]
+      WB[bk], WBD[bk], KB[bk], KBD[bk] = nil, nil, nil, nil
+    end
+    nrb = 0
+    for c = 1, n do
+      OUTC[c], EXPC[c] = nil, nil
+    end
+  end
   if failed ~= nil then
     return nil, failed
   end
@@ -501,7 +855,7 @@ end
 -- One request of n charges starting at byte `first` of ARGV[3]: its reply
 -- (see the header), or nil and the error of reading one of its keys.
 local function run(first, n)
-  if n ~= 1 then
+  if n ~= 1 or RES then
     return general(first, n)
   end
   -- One charge (the usual request): the general path without its tables.
@@ -545,9 +899,73 @@ local function run(first, n)
   return spack('>BBi8I8I8', 0, 2, left, now, prev)
 end
 
+-- Stores the books the requests wrote: only the entries that changed
+-- (HSET, HDEL), the latest expiry ever written in the field "m", and the
+-- hash expires then (an empty book is deleted).
+local function flush_books()
+  for i = 1, nb do
+    local bk = BORDER[i]
+    local b = BOOK[bk]
+    if b.n <= 0 then
+      rcall('DEL', KEYS[bk])
+    else
+      local set, ns, del, nd, m = {}, 0, {}, 0, b.m
+      for id, h in pairs(b.map) do
+        local o = b.orig[id]
+        if h then
+          if not o or o[1] ~= h[1] or o[2] ~= h[2] then
+            set[ns + 1] = id
+            set[ns + 2] = spack('>I8I8', h[1], h[2])
+            ns = ns + 2
+            if h[2] > m then
+              m = h[2]
+            end
+          end
+        elseif o then
+          nd = nd + 1
+          del[nd] = id
+        end
+      end
+      for j = 1, nd, 1000 do
+        local last = j + 999
+        if last > nd then
+          last = nd
+        end
+        rcall('HDEL', KEYS[bk], unpack(del, j, last))
+      end
+      for j = 1, ns, 1000 do
+        local last = j + 999
+        if last > ns then
+          last = ns
+        end
+        rcall('HSET', KEYS[bk], unpack(set, j, last))
+      end
+      if m ~= b.m then
+        rcall('HSET', KEYS[bk], 'm', string.format('%d', m))
+      end
+      local us = m - now
+      local ttl = (us - fmod(us, 1000)) / 1000
+      if fmod(us, 1000) > 0 then
+        ttl = ttl + 1
+      end
+      if ttl < 1 then
+        ttl = 1
+      end
+      if ttl < min_ttl then
+        ttl = min_ttl
+      end
+      if ttl > MAX_TTL_MS then
+        ttl = MAX_TTL_MS
+      end
+      rcall('PEXPIRE', KEYS[bk], string.format('%d', ttl))
+    end
+  end
+end
+
 -- Stores what the requests left: each key written once, with the expiry
 -- of its last write.
 local function flush()
+  flush_books()
   for i = 1, nw do
     local k = ORDER[i]
     local value, ttl = PA[k][ENCODE](PL[k], now, P1[k], P2[k], P3[k])

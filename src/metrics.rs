@@ -56,6 +56,21 @@ pub const REQUEST_DURATION: &str = "bucket_rls_request_duration_seconds";
 pub const RULE_REQUESTS: &str = "bucket_rls_rule_requests_total";
 /// Buckets made full by `POST /reset` on the admin port (no labels).
 pub const BUCKET_RESETS: &str = "bucket_rls_bucket_resets_total";
+/// Reserves that opened a new reservation (docs/design.md, "Reservations").
+pub const RESERVATIONS_OPENED: &str = "bucket_rls_reservations_opened_total";
+/// Reserves that added their estimate to a reservation still open (the same
+/// id reserved again).
+pub const RESERVATIONS_ADDED: &str = "bucket_rls_reservations_added_total";
+/// Settlements that found their reservation.
+pub const RESERVATIONS_SETTLED: &str = "bucket_rls_reservations_settled_total";
+/// Reservations found past their TTL and dropped, their estimate left
+/// charged (counted when storage next looks at the bucket's reservations).
+pub const RESERVATIONS_EXPIRED: &str = "bucket_rls_reservations_expired_total";
+/// Reserves refused because the bucket held `max_open` open reservations.
+pub const RESERVATIONS_REFUSED: &str = "bucket_rls_reservations_refused_total";
+/// Settlements that found no open reservation (expired, or settled already),
+/// charged in full.
+pub const SETTLEMENTS_UNMATCHED: &str = "bucket_rls_settlements_without_reservation_total";
 /// Buckets the memory backend forgot early because its bucket cap was reached (no labels).
 pub const MEMORY_EVICTIONS: &str = "bucket_rls_memory_evictions_total";
 
@@ -130,6 +145,24 @@ pub fn describe() {
     );
     describe_histogram!(REQUEST_DURATION, Unit::Seconds, "ShouldRateLimit latency");
     describe_counter!(XDS_RESPONSES, "xDS responses ACKed or NACKed");
+    describe_counter!(RESERVATIONS_OPENED, "Reservations opened");
+    describe_counter!(
+        RESERVATIONS_ADDED,
+        "Reserves added to a reservation still open"
+    );
+    describe_counter!(RESERVATIONS_SETTLED, "Reservations settled");
+    describe_counter!(
+        RESERVATIONS_EXPIRED,
+        "Reservations dropped after their TTL, estimate left charged"
+    );
+    describe_counter!(
+        RESERVATIONS_REFUSED,
+        "Reserves refused at a bucket's max_open"
+    );
+    describe_counter!(
+        SETTLEMENTS_UNMATCHED,
+        "Settlements without an open reservation, charged in full"
+    );
     describe_counter!(
         MEMORY_EVICTIONS,
         "Buckets forgotten early because the memory backend's bucket cap was reached"

@@ -43,36 +43,51 @@ fn edge_config() -> String {
 }
 
 /// A test upstream: counts requests; `nowork` in the query asks for a
-/// refund; `tokens=N` reports N tokens used.
-async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
+/// refund; `tokens=N` reports N tokens used; `hold` holds the answer until
+/// the returned gate is opened (a response still running); every answer
+/// echoes the request's `x-request-id` as `x-seen-request-id`.
+async fn upstream() -> (SocketAddr, Arc<AtomicU64>, tokio::sync::watch::Sender<bool>) {
     let hits = Arc::new(AtomicU64::new(0));
     let counter = hits.clone();
-    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
-        let counter = counter.clone();
-        async move {
-            counter.fetch_add(1, Ordering::SeqCst);
-            let mut headers = axum::http::HeaderMap::new();
-            if uri.query().is_some_and(|q| q.contains("nowork")) {
-                headers.insert(
-                    "x-ratelimit-refund",
-                    axum::http::HeaderValue::from_static("1"),
-                );
+    let (gate, opened) = tokio::sync::watch::channel(false);
+    let app = axum::Router::new().fallback(
+        move |uri: axum::http::Uri, req_headers: axum::http::HeaderMap| {
+            let counter = counter.clone();
+            let mut opened = opened.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                if uri
+                    .query()
+                    .is_some_and(|q| q.split('&').any(|p| p == "hold"))
+                {
+                    let _ = opened.wait_for(|open| *open).await;
+                }
+                let mut headers = axum::http::HeaderMap::new();
+                if let Some(id) = req_headers.get("x-request-id") {
+                    headers.insert("x-seen-request-id", id.clone());
+                }
+                if uri.query().is_some_and(|q| q.contains("nowork")) {
+                    headers.insert(
+                        "x-ratelimit-refund",
+                        axum::http::HeaderValue::from_static("1"),
+                    );
+                }
+                let tokens = uri
+                    .query()
+                    .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("tokens=")));
+                if let Some(v) = tokens.and_then(|t| axum::http::HeaderValue::from_str(t).ok()) {
+                    headers.insert("x-tokens-used", v);
+                }
+                (headers, "ok\n")
             }
-            let tokens = uri
-                .query()
-                .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("tokens=")));
-            if let Some(v) = tokens.and_then(|t| axum::http::HeaderValue::from_str(t).ok()) {
-                headers.insert("x-tokens-used", v);
-            }
-            (headers, "ok\n")
-        }
-    });
+        },
+    );
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .await
         .expect("bind upstream");
     let addr = listener.local_addr().expect("upstream addr");
     tokio::spawn(async move { axum::serve(listener, app).await.expect("upstream server") });
-    (addr, hits)
+    (addr, hits, gate)
 }
 
 /// Envoy + bucket-rls (one or more replicas) + upstream.
@@ -80,6 +95,8 @@ struct Stack {
     rls: Vec<BucketRls>,
     envoy: Envoy,
     upstream_hits: Arc<AtomicU64>,
+    /// Opens the upstream's answers to `hold` requests.
+    upstream_gate: tokio::sync::watch::Sender<bool>,
     /// The bucket-rls config directory (`edge.yaml` inside).
     config_dir: tempfile::TempDir,
 }
@@ -107,7 +124,7 @@ impl Stack {
             rls.push(BucketRls::start(config_dir.path(), rls_args).await);
         }
         let grpc: Vec<SocketAddr> = rls.iter().map(|r| r.grpc).collect();
-        let (up, upstream_hits) = upstream().await;
+        let (up, upstream_hits, upstream_gate) = upstream().await;
         let mut bootstrap = envoy_for_loopback(
             yaml_file(&example("envoy.yaml")),
             &[("bucket_rls", &grpc), ("upstream", &[up])],
@@ -122,6 +139,7 @@ impl Stack {
             rls,
             envoy,
             upstream_hits,
+            upstream_gate,
             config_dir,
         }
     }
@@ -696,7 +714,7 @@ async fn l4_example_limits_new_connections_per_client_ip() {
     )
     .expect("copy tcp.yaml");
     let rls = BucketRls::start(config_dir.path(), &[]).await;
-    let (up, hits) = upstream().await;
+    let (up, hits, _gate) = upstream().await;
     let mut bootstrap = envoy_for_loopback(
         yaml_file(&example("envoy-l4.yaml")),
         &[("bucket_rls", &[rls.grpc]), ("upstream", &[up])],
@@ -931,7 +949,7 @@ async fn envoy_adds_retry_after_only_when_the_service_does_not() {
                     },
                 ),
         );
-        let (up, hits) = upstream().await;
+        let (up, hits, _gate) = upstream().await;
         let mut bootstrap = envoy_for_loopback(
             yaml_file(&example("envoy.yaml")),
             &[("bucket_rls", &[rls]), ("upstream", &[up])],
@@ -1089,4 +1107,316 @@ descriptors:
         "bucket-rls log:\n{}",
         rls.proc.logs()
     );
+}
+
+/// The reserve/settle route of the example (`/v1/llm/`: 500 tokens
+/// reserved per request, settled with `x-tokens-used`) on a budget of 2200
+/// tokens per year (no refill to speak of), reservations kept 3 s.
+fn reserve_config() -> String {
+    let yaml = edge_config()
+        .replace(
+            "reservation: {ttl_seconds: 3600}",
+            "reservation: {ttl_seconds: 3}",
+        )
+        .replace(
+            "name: llm_tokens_per_user\n          unit: hour\n          requests_per_unit: 2000",
+            "name: llm_tokens_per_user\n          unit: year\n          requests_per_unit: 2200",
+        );
+    assert!(
+        yaml.contains("ttl_seconds: 3}") && yaml.contains("requests_per_unit: 2200"),
+        "the example's reservation rule changed shape; update this test"
+    );
+    yaml
+}
+
+/// A user's balance in whole tokens (0 in debt), asked of bucket-rls
+/// directly with a settlement of 0 tokens for an id never reserved, which
+/// changes nothing.
+async fn llm_balance(s: &Stack, user: &str) -> u32 {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", s.rls[0].grpc))
+        .await
+        .expect("connect to bucket-rls");
+    let entry = |k: &str, v: &str| Entry {
+        key: k.into(),
+        value: v.into(),
+    };
+    let d = RateLimitDescriptor {
+        entries: vec![
+            entry("user", user),
+            entry("request_id", "balance-probe"),
+            entry("phase", "settle"),
+        ],
+        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 }),
+        ..Default::default()
+    };
+    let r = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![d],
+            hits_addend: 0,
+        })
+        .await
+        .expect("answer")
+        .into_inner();
+    r.statuses[0].limit_remaining
+}
+
+/// A settlement sent again, as a second Envoy or a replay would: the
+/// entries of `/v1/llm/`'s stream-done descriptor for request `id`.
+async fn settle_again(s: &Stack, user: &str, id: &str, tokens: u64) {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", s.rls[0].grpc))
+        .await
+        .expect("connect to bucket-rls");
+    let entry = |k: &str, v: &str| Entry {
+        key: k.into(),
+        value: v.into(),
+    };
+    let d = RateLimitDescriptor {
+        entries: vec![
+            entry("user", user),
+            entry("request_id", id),
+            entry("phase", "settle"),
+        ],
+        hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: tokens }),
+        ..Default::default()
+    };
+    let r = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![d],
+            hits_addend: 0,
+        })
+        .await
+        .expect("answer")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}
+
+/// Waits until `user`'s balance is `want` whole tokens (settlements are
+/// sent when a response ends, after the client has it).
+async fn balance_becomes(s: &Stack, user: &str, want: u32) {
+    common::eventually::eventually(Duration::from_secs(10), "the settlement landed", || async {
+        (llm_balance(s, user).await == want).then_some(())
+    })
+    .await;
+}
+
+/// Reserve, then settle, through a real Envoy (examples/envoy/README.md,
+/// "Reserve, then settle"): 20 concurrent calls reserving 500 on a budget
+/// of 2200 admit exactly 4 while all are in flight, and the 16 denied take
+/// nothing; once they end, each settlement leaves exactly the budget less
+/// the tokens used (one above the estimate charges the difference);
+/// another user has its own budget; a settlement sent twice is charged in
+/// full the second time; a call whose client goes away before the answer
+/// sends no settlement, and its estimate stays charged after the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_then_settle_through_envoy_keeps_the_exact_budget() {
+    let s = Arc::new(Stack::start(&reserve_config(), |_| {}).await);
+    // A client that goes away while its response is held: Envoy resets
+    // the stream before response headers and sends no settlement.
+    let gone = tokio::spawn({
+        let s = s.clone();
+        async move {
+            s.get("/v1/llm/a?hold&tokens=100", &[("x-api-key", "cat")])
+                .await
+        }
+    });
+    common::eventually::eventually(Duration::from_secs(10), "cat's call upstream", || async {
+        (s.hits() == 1).then_some(())
+    })
+    .await;
+    gone.abort();
+    // 20 at once: tokens used 250, 400, 550 or 520 (550 and 520 above the
+    // estimate), so any four admitted use at most 2200.
+    let used = |i: u64| [250, 400, 550, 520][usize::try_from(i % 4).expect("small")];
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..20u64 {
+        let s = s.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = s
+                .get(
+                    &format!("/v1/llm/a?hold&tokens={}", used(i)),
+                    &[("x-api-key", "ann")],
+                )
+                .await;
+            let _ = tx.send((i, r.status));
+        });
+    }
+    drop(tx);
+    // The denied ones answer while the admitted ones are held upstream.
+    let mut denied = 0;
+    while denied < 16 {
+        let (_, status) = rx.recv().await.expect("an answer");
+        assert_eq!(status, 429, "only 4 of 20 fit 2200 at 500 each");
+        denied += 1;
+    }
+    common::eventually::eventually(Duration::from_secs(10), "4 held upstream", || async {
+        (s.hits() == 5).then_some(())
+    })
+    .await;
+    // 2200 - 4 x 500: the 16 denied reserves took nothing.
+    assert_eq!(llm_balance(&s, "ann").await, 200);
+    s.upstream_gate.send_replace(true);
+    let mut spent = 0;
+    while let Some((i, status)) = rx.recv().await {
+        assert_eq!(status, 200);
+        spent += used(i);
+    }
+    balance_becomes(&s, "ann", u32::try_from(2200 - spent).expect("small")).await;
+    // Another user: its own 2200. A call that used 800 (300 above the
+    // estimate) is charged 800.
+    assert_eq!(llm_balance(&s, "bob").await, 2200);
+    let r = s.get("/v1/llm/b?tokens=800", &[("x-api-key", "bob")]).await;
+    assert_eq!(r.status, 200);
+    balance_becomes(&s, "bob", 1400).await;
+    // Its settlement again (as a replay would send it): no reservation is
+    // open any more, so it is charged in full.
+    let id = r
+        .header("x-seen-request-id")
+        .expect("the upstream saw x-request-id")
+        .to_owned();
+    settle_again(&s, "bob", &id, 800).await;
+    assert_eq!(llm_balance(&s, "bob").await, 600);
+    // ... down to the debt floor (-2000), which the next call shows as
+    // a 429.
+    settle_again(&s, "bob", &id, 10_000).await;
+    let r = s.get("/v1/llm/b?tokens=1", &[("x-api-key", "bob")]).await;
+    assert_eq!(r.status, 429);
+    // The call whose client went away: after the TTL its reservation is
+    // forgotten and its estimate stays charged.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(llm_balance(&s, "cat").await, 1700);
+    let metrics = common::http::get(s.rls[0].http, "/metrics", &[])
+        .await
+        .expect("metrics");
+    let count = |name: &str| -> u64 {
+        metrics
+            .body
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    };
+    assert_eq!(count("bucket_rls_reservations_opened_total "), 6);
+    assert_eq!(count("bucket_rls_reservations_settled_total "), 5);
+}
+
+/// The `/v1/llm/` route's `rate_limits` in the bootstrap.
+fn llm_rate_limits<'a>(bootstrap: &'a mut Value, prefix: &str) -> &'a mut Value {
+    let hcm = &mut bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array_mut()
+        .expect("routes");
+    let route = routes
+        .iter_mut()
+        .find(|r| r["match"]["prefix"] == prefix)
+        .expect("the route in envoy.yaml");
+    &mut route["typed_per_filter_config"]["envoy.filters.http.ratelimit"]["rate_limits"]
+}
+
+/// What Envoy 1.40 sends when the numbers are missing (checked here, as
+/// examples/envoy/README.md states it): with the estimate from
+/// `%REQ(x-estimate)%`, a request without the header, or with a value that
+/// is not a number, is let in unchecked (Envoy drops the request-time
+/// descriptor); a response whose `x-tokens-used` is missing, negative, not
+/// a number or above 2^32 gets no settlement, so its estimate stays
+/// charged; `%CEL(request.size / 4)%` gives an estimate from the request's
+/// size; a client's own `x-request-id` is replaced at this edge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_sends_no_reserve_or_settlement_without_a_number() {
+    let s =
+        Stack::start(&reserve_config(), |b| {
+            let limits = llm_rate_limits(b, "/v1/llm/");
+            limits[0]["hits_addend"] = serde_json::json!({"format": "%REQ(x-estimate)%"});
+            // /v1/cel/: the same entries, the estimate a quarter of the size.
+            let mut cel = limits.clone();
+            cel[0]["hits_addend"] = serde_json::json!({"format": "%CEL(request.size / 4)%"});
+            let hcm = &mut b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+                ["typed_config"];
+            let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+                .as_array_mut()
+                .expect("routes");
+            let mut route = routes
+                .iter()
+                .find(|r| r["match"]["prefix"] == "/v1/llm/")
+                .expect("llm route")
+                .clone();
+            route["match"]["prefix"] = "/v1/cel/".into();
+            route["typed_per_filter_config"]["envoy.filters.http.ratelimit"]["rate_limits"] = cel;
+            routes.insert(0, route);
+        })
+        .await;
+    let dan = ("x-api-key", "dan");
+    // Drain dan's budget to the debt floor.
+    settle_again(&s, "dan", "drain", 10_000).await;
+    assert_eq!(
+        s.get("/v1/llm/x?tokens=1", &[dan, ("x-estimate", "5")])
+            .await
+            .status,
+        429
+    );
+    // No estimate, or one that is not a number: not checked at all.
+    assert_eq!(s.get("/v1/llm/x", &[dan]).await.status, 200);
+    assert_eq!(
+        s.get("/v1/llm/x", &[dan, ("x-estimate", "abc")])
+            .await
+            .status,
+        200
+    );
+    // Estimates of 100 whose responses report no usable number: no
+    // settlement, each estimate stays charged. Then one that settles.
+    let eve = ("x-api-key", "eve");
+    for tokens in ["", "&tokens=-5", "&tokens=abc", "&tokens=4294967296"] {
+        let r = s
+            .get(
+                &format!("/v1/llm/x?a=1{tokens}"),
+                &[eve, ("x-estimate", "100")],
+            )
+            .await;
+        assert_eq!(r.status, 200);
+    }
+    let r = s
+        .get("/v1/llm/x?tokens=100", &[eve, ("x-estimate", "100")])
+        .await;
+    assert_eq!(r.status, 200);
+    balance_becomes(&s, "eve", 2200 - 5 * 100).await;
+    // At this edge (use_remote_address) Envoy replaces a client's
+    // x-request-id with its own: a client cannot choose its ids.
+    let r = s
+        .get(
+            "/v1/llm/x?tokens=1",
+            &[
+                eve,
+                ("x-estimate", "1"),
+                ("x-request-id", "chosen-by-client"),
+            ],
+        )
+        .await;
+    let seen = r
+        .header("x-seen-request-id")
+        .expect("an x-request-id upstream");
+    assert_ne!(seen, "chosen-by-client");
+    // %CEL(request.size / 4)%: a 400-byte body reserves 100.
+    let body = "x".repeat(400);
+    let r = common::http::send(
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        s.envoy.listener,
+        "POST",
+        "/v1/cel/x",
+        &[("x-api-key", "fay")],
+        Some(&body),
+    )
+    .await
+    .expect("through Envoy");
+    assert_eq!(r.status, 200);
+    assert_eq!(llm_balance(&s, "fay").await, 2100);
 }

@@ -505,6 +505,16 @@ fn run_local_script_serves_the_walkthrough_without_docker() {
         text.contains("run-local: token budget: 200 200 200 "),
         "{text}"
     );
+    // Reserve, then settle: 4 of 10 concurrent calls on 2000 tokens with
+    // 500 reserved each; 800 left after they settle at 300.
+    assert!(
+        text.contains("run-local: reserve/settle, ten at once: 4 let in, 6 denied"),
+        "{text}"
+    );
+    assert!(
+        text.contains("run-local: reserve/settle, three at once after settling: 1 let in"),
+        "{text}"
+    );
     assert!(text.ends_with("run-local: ok\n"), "{text}");
 }
 

@@ -445,3 +445,71 @@ descriptors:
         );
     }
 }
+
+/// The reservation counters (docs/design.md, "Reservations") count each
+/// outcome exactly; a reserve refused at `max_open` is logged once per
+/// interval whatever the number of refusals.
+#[test]
+fn reservation_outcomes_counted_and_refusals_logged_once() {
+    let _serial = LOGGING.blocking_lock();
+    bucket_rls::metrics::install();
+    let (logs, _guard) = capture_logs();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clock = ManualClock::new(1_000_000);
+        let storage = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
+        let l = limiter(
+            "domain: res\ndescriptors:\n  - key: user\n    descriptors:\n      - key: id\n        reservation: {ttl_seconds: 10, max_open: 2}\n        rate_limit: {unit: hour, requests_per_unit: 1000}\n",
+            storage,
+            "res:",
+        );
+        let call = |id: &'static str, settle: bool, cost: u64| {
+            let l = l.clone();
+            async move {
+                let mut entries = vec![("user", "u"), ("id", id)];
+                if settle {
+                    entries.push(("phase", "settle"));
+                }
+                l.should_rate_limit(&req("res", vec![desc_hits(&entries, cost)], 0))
+                    .await
+                    .expect("answer")
+                    .overall_code
+            }
+        };
+        let names = [
+            m::RESERVATIONS_OPENED,
+            m::RESERVATIONS_ADDED,
+            m::RESERVATIONS_SETTLED,
+            m::SETTLEMENTS_UNMATCHED,
+            m::RESERVATIONS_REFUSED,
+            m::RESERVATIONS_EXPIRED,
+        ];
+        let counts = || {
+            let text = scrape();
+            names.map(|n| metric(&text, n, &[]).unwrap_or(0.0))
+        };
+        let before = counts();
+        assert_eq!(call("a", false, 10).await, Code::Ok as i32);
+        assert_eq!(call("a", false, 10).await, Code::Ok as i32);
+        assert_eq!(call("a", true, 15).await, Code::Ok as i32);
+        assert_eq!(call("a", true, 15).await, Code::Ok as i32);
+        assert_eq!(call("b", false, 10).await, Code::Ok as i32);
+        assert_eq!(call("c", false, 10).await, Code::Ok as i32);
+        // b and c open: d and e are refused.
+        assert_eq!(call("d", false, 10).await, Code::OverLimit as i32);
+        assert_eq!(call("e", false, 10).await, Code::OverLimit as i32);
+        // After the TTL: d finds both expired and drops them.
+        clock.advance(std::time::Duration::from_secs(11));
+        assert_eq!(call("d", false, 10).await, Code::Ok as i32);
+        let after = counts();
+        let delta: Vec<f64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+        // opened a, b, c, d; added a; settled a; a again unmatched;
+        // refused d, e; expired b, c.
+        assert_eq!(delta, vec![4.0, 1.0, 1.0, 1.0, 2.0, 2.0]);
+        let text = String::from_utf8(logs.0.lock().clone()).unwrap();
+        assert_eq!(text.matches("reservation refused").count(), 1, "{text}");
+    });
+}

@@ -794,3 +794,155 @@ async fn a_slowing_reload_keeps_drained_keys_on_every_master() {
         assert_eq!(r.statuses[0].limit_remaining, 0, "{v}: {r:?}");
     }
 }
+
+const BUDGETS: &str = "domain: llm
+descriptors:
+  - key: route
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: tight
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: user
+    descriptors:
+      - key: request_id
+        reservation: {ttl_seconds: 60}
+        rate_limit: {unit: year, requests_per_unit: 1000, max_debt: 500}
+";
+
+/// Reservations on a real cluster (docs/design.md, "Reservations"): the
+/// book is in its bucket's slot (as the server computes it); 40 concurrent
+/// reserves of 100 on a budget of 1000, each beside a descriptor on
+/// another master, admit exactly 10; a reserve beside a denying descriptor
+/// on another master is undone (estimate back, reservation forgotten);
+/// settlements on a second service instance leave the exact balance and
+/// an empty book.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reserves_and_settlements_stay_atomic_across_masters() {
+    let c = shared_async().await;
+    let prefix = loop {
+        let p = unique_prefix("reserve");
+        let user = bucket_rls::storage::key::reservation_bucket(
+            &p,
+            "llm",
+            &[("user", KeyValue::Value("ann"))],
+            "request_id",
+        );
+        let route = bucket(&p, "llm", "route", "r");
+        let tight = bucket(&p, "llm", "tight", "t");
+        let m = |k: &str| c.shard_of(key_slot(k)).master;
+        if m(&user) != m(&route) && m(&user) != m(&tight) {
+            break p;
+        }
+    };
+    let user = bucket_rls::storage::key::reservation_bucket(
+        &prefix,
+        "llm",
+        &[("user", KeyValue::Value("ann"))],
+        "request_id",
+    );
+    let book = bucket_rls::storage::key::book_key(&user);
+    assert_eq!(c.keyslot(&book), c.keyslot(&user), "{book}");
+    let a = limiter(
+        BUDGETS,
+        Arc::new(storage(c, Duration::from_secs(2)).await),
+        &prefix,
+    );
+    let b = limiter(
+        BUDGETS,
+        Arc::new(storage(c, Duration::from_secs(2)).await),
+        &prefix,
+    );
+    let reserve = |l: Arc<Limiter>, id: String, beside: (&'static str, &'static str)| async move {
+        let r = req(
+            "llm",
+            vec![
+                desc_hits(&[("user", "ann"), ("request_id", &id)], 100),
+                desc_hits(&[beside], 1),
+            ],
+            0,
+        );
+        l.should_rate_limit(&r).await.expect("answer").overall_code
+    };
+    // Denied on another master: nothing charged, nothing kept.
+    assert_eq!(
+        reserve(a.clone(), "undone".into(), ("tight", "t")).await,
+        OK
+    );
+    assert_eq!(
+        reserve(a.clone(), "undone".into(), ("tight", "t")).await,
+        OVER
+    );
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let l = if i % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.push(tokio::spawn(reserve(l, format!("id-{i}"), ("route", "r"))));
+    }
+    let mut admitted = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        if t.await.expect("caller") == OK {
+            admitted.push(i);
+        }
+    }
+    // 1000 - 100 ("undone" the first time, admitted) leaves room for 9.
+    assert_eq!(admitted.len(), 9, "{admitted:?}");
+    let master = c.shard_of(key_slot(&book)).master;
+    let node = redis::Client::open(format!("redis://127.0.0.1:{master}")).expect("url");
+    let mut node = node.get_connection().expect("node");
+    let open: u64 = redis::cmd("HLEN")
+        .arg(&book)
+        .query(&mut node)
+        .expect("HLEN");
+    // Ten reservations, and the field "m" (the latest expiry written).
+    assert_eq!(open, 10 + 1);
+    // Settled on the other instance: actual 60 + i % 7 each, "undone" at 0.
+    let mut used = 0;
+    for &i in &admitted {
+        let actual = 60 + (i as u64 % 7);
+        used += actual;
+        let l = if i % 2 == 0 { &b } else { &a };
+        let d = desc_hits(
+            &[
+                ("user", "ann"),
+                ("request_id", &format!("id-{i}")),
+                ("phase", "settle"),
+            ],
+            actual,
+        );
+        let r = l
+            .should_rate_limit(&req("llm", vec![d], 0))
+            .await
+            .expect("answer");
+        assert_eq!(r.overall_code, OK);
+    }
+    let d = desc_hits(
+        &[
+            ("user", "ann"),
+            ("request_id", "undone"),
+            ("phase", "settle"),
+        ],
+        0,
+    );
+    a.should_rate_limit(&req("llm", vec![d], 0))
+        .await
+        .expect("answer");
+    let open: u64 = redis::cmd("HLEN")
+        .arg(&book)
+        .query(&mut node)
+        .expect("HLEN");
+    assert_eq!(open, 0);
+    // The balance: a reserve of the whole rest is admitted, one more token
+    // is not (the year-long unit refills nothing meanwhile).
+    let left = 1000 - used;
+    let probe = |id: &'static str, cost: u64| {
+        let a = a.clone();
+        async move {
+            let r = req(
+                "llm",
+                vec![desc_hits(&[("user", "ann"), ("request_id", id)], cost)],
+                0,
+            );
+            a.should_rate_limit(&r).await.expect("answer").overall_code
+        }
+    };
+    assert_eq!(probe("rest+1", left + 1).await, OVER);
+    assert_eq!(probe("rest", left).await, OK);
+}

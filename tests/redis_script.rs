@@ -11,8 +11,8 @@
 mod common;
 
 use bucket_rls::storage::algorithm::{
-    self, AlgorithmKind, BucketLimit, BucketState, ChargeKind, ChargeSpec, Limit, RequestResult,
-    State, WindowLimit, WindowState,
+    self, AlgorithmKind, Book, BucketLimit, BucketState, ChargeKind, ChargeSpec, Held, Limit,
+    RequestResult, ReservationId, Reserve, State, WindowLimit, WindowState,
 };
 use bucket_rls::storage::redis::script::{BucketScript, SOURCE, ScriptCall};
 use bucket_rls::storage::{Charge, group_by_key};
@@ -125,6 +125,13 @@ enum KindGen {
     Consume,
     Refund,
     Return(u64),
+    /// A reserve of reservation `id` kept `ttl` seconds, at most `max_open`
+    /// open per bucket.
+    Reserve(u8, u32, u32),
+    /// A settlement of reservation `id`.
+    Settle(u8),
+    /// The undoing of a reserve of reservation `id`.
+    Unreserve(u8),
 }
 
 fn kind() -> impl Strategy<Value = KindGen> {
@@ -132,7 +139,15 @@ fn kind() -> impl Strategy<Value = KindGen> {
         16 => Just(KindGen::Consume),
         3 => Just(KindGen::Refund),
         1 => prop_oneof![Just(0u64), 0u64..3_000_000, 0u64..120_000_000].prop_map(KindGen::Return),
+        5 => (0u8..4, prop::sample::select(vec![1u32, 2, 60]), 1u32..4)
+            .prop_map(|(id, ttl, max_open)| KindGen::Reserve(id, ttl, max_open)),
+        4 => (0u8..4).prop_map(KindGen::Settle),
+        2 => (0u8..4).prop_map(KindGen::Unreserve),
     ]
+}
+
+fn reservation_id(n: u8) -> ReservationId {
+    ReservationId::of(&format!("request-{n}"))
 }
 
 /// One charge: key number, optional own limit (else the key's: a charge
@@ -168,26 +183,55 @@ fn sequence() -> impl Strategy<Value = (Keys, Vec<(i64, Vec<ChargeGen>)>)> {
 }
 
 /// The model's store: what the memory backend keeps (a full bucket, an
-/// empty window is dropped).
-type Model = HashMap<String, State>;
+/// empty window is dropped), and the books of reservations by bucket key.
+#[derive(Default)]
+struct Model {
+    states: HashMap<String, State>,
+    books: HashMap<String, Book>,
+    /// The books written by the requests run since it was last cleared.
+    books_written: std::collections::HashSet<String>,
+}
+
+impl Model {
+    fn get(&self, key: &str) -> Option<&State> {
+        self.states.get(key)
+    }
+}
 
 /// Runs the model; returns its result and the keys it wrote.
 fn run_model(model: &mut Model, charges: &[Charge], now_us: u64) -> (RequestResult, Vec<String>) {
     let (keys, indexed) = group_by_key(charges);
-    let states: Vec<Option<State>> = keys.iter().map(|k| model.get(*k).copied()).collect();
+    let states: Vec<Option<State>> = keys.iter().map(|k| model.get(k).copied()).collect();
+    let books: Vec<Option<&Book>> = keys.iter().map(|k| model.books.get(*k)).collect();
     let mut last = vec![None; keys.len()];
     for (i, spec) in &indexed {
         last[*i] = Some(spec.limit);
     }
     let mut puts = Vec::new();
-    let r = algorithm::apply_request(&indexed, &states, now_us, |i, st| puts.push((i, st)));
+    let mut book_puts = Vec::new();
+    let r = algorithm::apply_request_with_books(
+        &indexed,
+        &states,
+        &books,
+        now_us,
+        |i, st| puts.push((i, st)),
+        |i, b| book_puts.push((i, b)),
+    );
+    for (i, b) in book_puts {
+        model.books_written.insert(keys[i].to_owned());
+        if b.is_empty() {
+            model.books.remove(keys[i]);
+        } else {
+            model.books.insert(keys[i].to_owned(), b);
+        }
+    }
     let written = puts.iter().map(|(i, _)| keys[*i].to_owned()).collect();
     for (i, st) in puts {
         let l: Limit = last[i].expect("charged bucket has a limit");
         if l.expiry_us(&st) == 0 {
-            model.remove(keys[i]);
+            model.states.remove(keys[i]);
         } else {
-            model.insert(keys[i].to_owned(), st);
+            model.states.insert(keys[i].to_owned(), st);
         }
     }
     (r, written)
@@ -256,6 +300,17 @@ fn charges_of(case: u64, keys: &Keys, gens: &[ChargeGen], now_us: u64) -> Vec<Ch
                     KindGen::Return(ago) => ChargeKind::Return {
                         taken_at_us: now_us.saturating_sub(*ago),
                     },
+                    KindGen::Reserve(id, ttl_secs, max_open) => ChargeKind::Reserve(Reserve {
+                        id: reservation_id(*id),
+                        ttl_secs: *ttl_secs,
+                        max_open: *max_open,
+                    }),
+                    KindGen::Settle(id) => ChargeKind::Settle {
+                        id: reservation_id(*id),
+                    },
+                    KindGen::Unreserve(id) => ChargeKind::Unreserve {
+                        id: reservation_id(*id),
+                    },
                 },
                 shadow: *shadow,
             },
@@ -274,7 +329,7 @@ fn check_batches(
     limits: &Keys,
     steps: &[(i64, Vec<Vec<ChargeGen>>)],
 ) -> Result<(), TestCaseError> {
-    let mut model = Model::new();
+    let mut model = Model::default();
     let mut now = T0_US;
     for (dt, requests) in steps {
         now = now.saturating_add_signed(*dt);
@@ -286,6 +341,7 @@ fn check_batches(
         // limit of the last charge of the last request that wrote it.
         let mut expected = Vec::new();
         let mut last_limit: HashMap<String, Limit> = HashMap::new();
+        model.books_written.clear();
         for charges in &requests {
             let (r, written) = run_model(&mut model, charges, now);
             for key in written {
@@ -312,10 +368,19 @@ fn check_batches(
         // bucket, so no key can expire in real time between them.
         let mut pipe = redis::pipe();
         pipe.atomic().add_command(script.evalsha_cmd(&call));
-        for key in &call.keys {
+        // The buckets (the books are the keys named `{bucket}~r`).
+        let buckets: Vec<&String> = call.keys.iter().filter(|k| !k.starts_with('{')).collect();
+        for key in &buckets {
             pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
             // Keep it: Redis expires in real time, the model in test time.
             pipe.cmd("PERSIST").arg(key).ignore();
+        }
+        // Every book of the case's buckets, and its expiry.
+        let book_keys: Vec<String> = (0..3).map(|k| format!("prop:{case}:{k}")).collect();
+        for key in &book_keys {
+            let book = bucket_rls::storage::key::book_key(key);
+            pipe.cmd("HGETALL").arg(&book).cmd("PTTL").arg(&book);
+            pipe.cmd("PERSIST").arg(&book).ignore();
         }
         let replies: Vec<redis::Value> = pipe
             .query(conn)
@@ -333,8 +398,51 @@ fn check_batches(
                 .collect::<Result<_, _>>()?
         };
         prop_assert_eq!(&got, &expected, "replies at now={} for {:?}", now, requests);
+        // Every book: its live reservations as the model's, expiring with
+        // the latest of them.
+        let base = 1 + 2 * buckets.len();
+        for (j, key) in book_keys.iter().enumerate() {
+            let flat: Vec<(Vec<u8>, Vec<u8>)> =
+                redis::from_redis_value(replies[base + 2 * j].clone()).expect("HGETALL reply");
+            let pttl: i64 =
+                redis::from_redis_value(replies[base + 2 * j + 1].clone()).expect("PTTL reply");
+            let stored: Book = flat
+                .into_iter()
+                // The field "m" holds the latest expiry written.
+                .filter(|(id, _)| id.as_slice() != b"m")
+                .map(|(id, v)| {
+                    let id: [u8; 16] = id.try_into().expect("16-byte id");
+                    let tokens = u64::from_be_bytes(v[..8].try_into().expect("8 bytes"));
+                    let expires_us = u64::from_be_bytes(v[8..16].try_into().expect("8 bytes"));
+                    (ReservationId(id), Held { tokens, expires_us })
+                })
+                .collect();
+            // Every entry, expired ones included: both drop an expired
+            // entry only where they look at it.
+            let want: Book = model.books.get(key).cloned().unwrap_or_default();
+            prop_assert_eq!(&stored, &want, "book of {} at now={}", key, now);
+            if let Some(latest) = want
+                .values()
+                .map(|h| h.expires_us)
+                .filter(|e| *e > now)
+                .max()
+                .filter(|_| model.books_written.contains(key))
+            {
+                // The hash lives at least as long as its latest live entry
+                // (it expires with the latest entry ever written).
+                let px = u128::from(latest.saturating_sub(now)).div_ceil(1000);
+                let pttl = u128::try_from(pttl).unwrap_or(0);
+                prop_assert!(
+                    pttl + 1000 >= px && pttl <= 200_000,
+                    "book of {} PTTL {} for {}",
+                    key,
+                    pttl,
+                    px
+                );
+            }
+        }
         // Stored state and expiry of every bucket of the batch.
-        for (i, key) in call.keys.iter().enumerate() {
+        for (i, key) in buckets.iter().copied().enumerate() {
             let raw: Option<Vec<u8>> =
                 redis::from_redis_value(replies[1 + 2 * i].clone()).expect("GET reply");
             let pttl: i64 =
@@ -554,7 +662,7 @@ fn a_key_read_under_another_algorithm_starts_afresh() {
             .arg("switch")
             .query(&mut conn)
             .expect("DEL");
-        let mut model = Model::new();
+        let mut model = Model::default();
         for (n, requests) in steps.iter().enumerate() {
             let now = T0_US + 1000 * u64::try_from(n).expect("small");
             let expected: Vec<RequestResult> = requests
@@ -682,7 +790,7 @@ fn extremes_match_model() {
         ],
     ];
     for (n, seq) in seqs.iter().enumerate() {
-        let mut model = Model::new();
+        let mut model = Model::default();
         let mut now = T0_US;
         for (dt, spec) in seq {
             now += dt;

@@ -413,3 +413,66 @@ async fn losing_every_sentinel_is_logged_once_and_the_known_master_is_kept() {
         rls.proc.logs()
     );
 }
+
+/// Reservations through a master found by the Sentinels (docs/design.md,
+/// "Reservations"): 16 concurrent reserve/settle pairs leave the exact
+/// balance (1000 - the tokens used) and an empty book on the master; a
+/// settlement sent twice is charged in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reserve_and_settle_through_the_discovered_master() {
+    const BUDGET: &str = "
+domain: llm
+descriptors:
+  - key: user
+    descriptors:
+      - key: request_id
+        reservation: {ttl_seconds: 60}
+        rate_limit: {unit: year, requests_per_unit: 1000, max_debt: 500}
+";
+    let s = setup().await;
+    let prefix = unique_prefix("sentinel-reserve");
+    let l = limiter(BUDGET, storage(&s).await, &prefix);
+    let call = |l: Arc<Limiter>, id: String, settle: Option<u64>| async move {
+        let mut entries = vec![("user", "ann"), ("request_id", id.as_str())];
+        if settle.is_some() {
+            entries.push(("phase", "settle"));
+        }
+        let d = desc_hits(&entries, settle.unwrap_or(50));
+        let r = l
+            .should_rate_limit(&req("llm", vec![d], 0))
+            .await
+            .expect("answer");
+        (r.overall_code, r.statuses[0].limit_remaining)
+    };
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let l = l.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = format!("r{i}");
+            assert_eq!(call(l.clone(), id.clone(), None).await.0, OK);
+            assert_eq!(call(l, id, Some(20 + i)).await.0, OK);
+            20 + i
+        }));
+    }
+    let mut used = 0;
+    for t in tasks {
+        used += t.await.expect("pair");
+    }
+    // A settlement of 0 for an id never reserved reports the balance.
+    let left = 1000 - u32::try_from(used).expect("small");
+    assert_eq!(call(l.clone(), "probe".into(), Some(0)).await.1, left);
+    let user = bucket_rls::storage::key::reservation_bucket(
+        &prefix,
+        "llm",
+        &[("user", KeyValue::Value("ann"))],
+        "request_id",
+    );
+    let book = bucket_rls::storage::key::book_key(&user);
+    let open: u64 = s
+        .data_node(s.master_port())
+        .query(redis::cmd("HLEN").arg(&book));
+    assert_eq!(open, 0);
+    // r0 again: charged in full.
+    call(l.clone(), "r0".into(), Some(20)).await;
+    assert_eq!(call(l, "probe".into(), Some(0)).await.1, left - 20);
+}

@@ -104,6 +104,7 @@ Try the walkthrough of examples/envoy/README.md:
   curl -si localhost:$edge/ -H 'x-api-key: alice'          # five per minute: the sixth is 429
   for i in 1 2 3; do curl -s -o /dev/null -w '%{http_code}\n' localhost:$edge/v1/export -H 'x-api-key: bob'; done
   for i in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code}\n' localhost:$edge/v1/chat/x -H 'x-api-key: dave'; done   # token budget
+  for i in \$(seq 1 10); do curl -s -o /dev/null -w '%{http_code}\n' localhost:$edge/v1/llm/x -H 'x-api-key: erin' & done; wait   # reserve, then settle
   curl -s localhost:$h1/rlconfig                         # the rules in force
   curl -s localhost:$h1/metrics | grep bucket_rls_over_limit
 
@@ -145,4 +146,26 @@ case "$chat" in
   "200 200 200 429 429 " | "200 200 200 200 429 ") ;;
   *) echo "run-local: expected three 200, then 429 once the charges land, on /v1/chat/" >&2; exit 1 ;;
 esac
+# Reserve, then settle on /v1/llm/: 2000 tokens per hour per user, each
+# request reserving 500 before it starts; the upstream answers after 1 s
+# with 300 tokens used. Ten calls at once: exactly four are let in (4 x 500
+# reserved), six are 429 and take nothing. When the four end, each settles
+# at 300 and 200 comes back: 2000 - 1200 = 800 left, so of three more
+# calls at once one is let in (300 left, below the estimate, for the others).
+llm_call() {
+  curl -s -o /dev/null -w '%{http_code}\n' "127.0.0.1:$edge/v1/llm/x" -H 'x-api-key: erin'
+}
+burst="$(for _ in $(seq 1 10); do llm_call & done; wait)"
+ok=$(grep -c '^200$' <<<"$burst" || true)
+denied=$(grep -c '^429$' <<<"$burst" || true)
+echo "run-local: reserve/settle, ten at once: $ok let in, $denied denied"
+[ "$ok" = 4 ] && [ "$denied" = 6 ] ||
+  { echo "run-local: expected 4 of 10 concurrent calls let in on a 2000-token budget with 500 reserved each" >&2; exit 1; }
+# The settlements are sent when each response ends, after the client has it.
+sleep 0.5
+after="$(for _ in 1 2 3; do llm_call & done; wait)"
+ok=$(grep -c '^200$' <<<"$after" || true)
+echo "run-local: reserve/settle, three at once after settling: $ok let in"
+[ "$ok" = 1 ] ||
+  { echo "run-local: expected 800 tokens left after settling at 300 each: one of three concurrent calls let in" >&2; exit 1; }
 echo "run-local: ok"

@@ -268,6 +268,37 @@ local function kept(w, R, U, C)
   return R > 0 and w < C * MICRO
 end
 
+-- A settlement of `cost` tokens (reservation.rs settle) against a
+-- reservation holding `held` tokens (false: none open): the excess over
+-- the estimate is charged (debt semantics, clamped at -D and never raised
+-- by the clamp), the rest given back (never above the capacity); without
+-- a reservation the whole cost is charged the same way.
+local function settle(w, held, cost, R, U, C, D)
+  local debt = 0
+  if R > 0 then
+    debt = D * MICRO
+  end
+  if held and cost < held then
+    local cap = 0
+    if R > 0 then
+      cap = C * MICRO
+    end
+    local new = w + (held - cost) * MICRO
+    if new > cap then
+      new = cap
+    end
+    if new < w then
+      new = w
+    end
+    return new
+  end
+  if held then
+    cost = cost - held
+  end
+  return charge_debt(w, cost, debt)
+end
+
 -- In the order of lua/request.lua's contract (an array: cheaper to build
--- on every call than a table with named fields).
-return { read, rebase, consume, refund, report, encode_state, kept }
+-- on every call than a table with named fields); the eighth, settle, is
+-- the token bucket's alone (reservations).
+return { read, rebase, consume, refund, report, encode_state, kept, settle }

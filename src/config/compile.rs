@@ -8,7 +8,9 @@
 
 use super::files::hash_files;
 use super::scalar;
-use super::schema::{self, RawDescriptor, RawFile, RawRateLimit, RawReplace, StrayKey, Text};
+use super::schema::{
+    self, RawDescriptor, RawFile, RawRateLimit, RawReplace, RawReservation, StrayKey, Text,
+};
 use super::{
     Config, ConfigError, ConfigErrors, DomainConfig, MetricLevel, MetricLevelKind, Policy, Rule,
     Unit,
@@ -36,8 +38,10 @@ const DESCRIPTOR_KEYS: &[&str] = &[
     "quota_mode",
     "value_to_metric",
     "metadata",
+    "reservation",
     "descriptors",
 ];
+const RESERVATION_KEYS: &[&str] = &["ttl_seconds", "max_open"];
 const RATE_LIMIT_KEYS: &[&str] = &[
     "unit",
     "requests_per_unit",
@@ -221,6 +225,7 @@ impl Ctx<'_> {
                 ("the top level", FILE_KEYS),
                 ("a descriptor", DESCRIPTOR_KEYS),
                 ("rate_limit", RATE_LIMIT_KEYS),
+                ("reservation", RESERVATION_KEYS),
             ]
             .iter()
             .find(|(_, ks)| ks.contains(&k.name.as_str()) && !std::ptr::eq(*ks, here))
@@ -579,7 +584,35 @@ fn compile_level(
                 }
                 replaces.extend(compile_replaces(cx, r, &format!("{rl_path}.replaces")));
             }
+            let reservation = d.reservation.as_ref().and_then(|r| {
+                compile_reservation(
+                    cx,
+                    r,
+                    &format!("{here}.reservation"),
+                    value.is_some(),
+                    d.descriptors.as_ref().is_some_and(|c| !c.is_empty()),
+                )
+            });
             if let Some((policy, name)) = compile_rate_limit(cx, rl, &rl_path) {
+                if reservation.is_some() {
+                    let res_line = d.reservation.as_ref().and_then(|r| r.line);
+                    match policy {
+                        Policy::Limited {
+                            algorithm: AlgorithmKind::TokenBucket,
+                            ..
+                        } => {}
+                        Policy::Limited { algorithm, .. } => cx.err(
+                            res_line,
+                            &format!("{here}.reservation"),
+                            format!("a reservation needs a token bucket rule, and this rule is a {algorithm} (add 'algorithm: token_bucket' to its rate_limit)"),
+                        ),
+                        Policy::Unlimited => cx.err(
+                            res_line,
+                            &format!("{here}.reservation"),
+                            "a reservation needs a token bucket rule, and this rule is 'unlimited: true' (it has no bucket to reserve from)",
+                        ),
+                    }
+                }
                 if let Some(n) = &name
                     && replaces.iter().any(|r| r == n)
                 {
@@ -600,6 +633,7 @@ fn compile_level(
                         .any(|l| l.value_to_metric)
                         .then(|| chain.clone()),
                     levels: chain.clone().into(),
+                    reservation,
                     source: source_of(cx.file, d.line),
                     counters: Arc::new(RuleCounters::new(composite.clone())),
                 });
@@ -609,6 +643,15 @@ fn compile_level(
                 d.line,
                 &here,
                 "'replaces' needs a rate_limit on the same descriptor",
+            );
+        }
+        if d.rate_limit.is_none()
+            && let Some(r) = &d.reservation
+        {
+            cx.err(
+                r.line,
+                &format!("{here}.reservation"),
+                "a reservation needs a rate_limit on the same descriptor (the token bucket it reserves from)",
             );
         }
         if let Some(children) = &d.descriptors {
@@ -634,6 +677,81 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
         serde_json::Value::String(_) => "a string",
         serde_json::Value::Array(_) => "a list",
         serde_json::Value::Object(_) => "a mapping",
+    }
+}
+
+/// A descriptor's `reservation:` block at `path`: `ttl_seconds` (1 ..
+/// [`MAX_TTL_SECS`](crate::storage::algorithm::reservation::MAX_TTL_SECS),
+/// required) and `max_open` (1 .. `MAX_MAX_OPEN`, default
+/// `DEFAULT_MAX_OPEN`). The entry must be key-only (every request's id is
+/// a new value) and end its path (its settlement is its path plus the
+/// phase entry).
+fn compile_reservation(
+    cx: &mut Ctx<'_>,
+    r: &RawReservation,
+    path: &str,
+    has_value: bool,
+    has_children: bool,
+) -> Option<super::ReservationRule> {
+    use crate::storage::algorithm::reservation::{DEFAULT_MAX_OPEN, MAX_MAX_OPEN, MAX_TTL_SECS};
+    let errors_before = cx.errors.len();
+    cx.stray(&r.stray, path, RESERVATION_KEYS);
+    if has_value {
+        cx.err(
+            r.line,
+            path,
+            "a reservation entry must be key-only (no 'value'): it carries each request's own id, such as x-request-id",
+        );
+    }
+    if has_children {
+        cx.err(
+            r.line,
+            path,
+            "a reservation entry must end its path (no 'descriptors' below it): its settlement is this path plus the entry phase=settle",
+        );
+    }
+    let ttl = match &r.ttl_seconds {
+        None => {
+            cx.err(
+                r.line,
+                path,
+                "missing 'ttl_seconds' (how long an unsettled reservation is kept: longer than the longest response)",
+            );
+            None
+        }
+        Some(t) => cx.uint(t, path, "ttl_seconds").and_then(|v| {
+            if v == 0 || v > MAX_TTL_SECS {
+                cx.err(
+                    t.line,
+                    path,
+                    format!("ttl_seconds must be between 1 and {MAX_TTL_SECS} (one week), got {v}"),
+                );
+                None
+            } else {
+                Some(v)
+            }
+        }),
+    };
+    let max_open = match &r.max_open {
+        None => Some(DEFAULT_MAX_OPEN),
+        Some(t) => cx.uint(t, path, "max_open").and_then(|v| {
+            if v == 0 || v > MAX_MAX_OPEN {
+                cx.err(
+                    t.line,
+                    path,
+                    format!("max_open must be between 1 and {MAX_MAX_OPEN}, got {v}"),
+                );
+                None
+            } else {
+                Some(v)
+            }
+        }),
+    };
+    match (ttl, max_open) {
+        (Some(ttl_secs), Some(max_open)) if cx.errors.len() == errors_before => {
+            Some(super::ReservationRule { ttl_secs, max_open })
+        }
+        _ => None,
     }
 }
 

@@ -31,6 +31,8 @@ pub struct RuleSummary {
     pub max_debt: u32,
     /// The algorithm (token bucket for `unlimited`).
     pub algorithm: AlgorithmKind,
+    /// `reservation` as `(ttl_seconds, max_open)`, when the rule has one.
+    pub reservation: Option<(u32, u32)>,
 }
 
 /// Rules by path (`domain.key_value.key`), sorted.
@@ -62,6 +64,7 @@ pub fn rules_of(config: &Config) -> Rules {
                     name: r.name.clone(),
                     max_debt,
                     algorithm,
+                    reservation: r.reservation.map(|x| (x.ttl_secs, x.max_open)),
                 },
             );
         }
@@ -105,6 +108,7 @@ pub fn rules_from_rlconfig(body: &[u8]) -> Result<Rules, String> {
                 name: r.name,
                 max_debt: r.max_debt.unwrap_or(0),
                 algorithm,
+                reservation: r.reservation.map(|x| (x.ttl_seconds, x.max_open)),
             },
         );
     }
@@ -313,7 +317,10 @@ pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
         // A debt bound that changed makes any change one to review: it
         // decides whether denied requests are charged.
         let kind = match (old.get(path), new.get(path)) {
-            (Some(o), Some(n)) if o.max_debt != n.max_debt && !kind.needs_review() => {
+            (Some(o), Some(n))
+                if (o.max_debt != n.max_debt || o.reservation != n.reservation)
+                    && !kind.needs_review() =>
+            {
                 ChangeKind::Changed
             }
             _ => kind,
@@ -338,6 +345,25 @@ pub fn diff(old: &Rules, new: &Rules) -> Vec<RuleChange> {
                     o.max_debt,
                     n.max_debt,
                     debt_effect(o.max_debt, n.max_debt)
+                );
+            }
+            if o.reservation != n.reservation {
+                let show = |v: Option<(u32, u32)>| {
+                    v.map_or_else(
+                        || "none".to_owned(),
+                        |(ttl, max_open)| format!("ttl {ttl} s, max_open {max_open}"),
+                    )
+                };
+                let _ = write!(
+                    line,
+                    " (reservation {} -> {}{})",
+                    show(o.reservation),
+                    show(n.reservation),
+                    if o.reservation.is_some() != n.reservation.is_some() {
+                        ": the rule's buckets start full under their new key"
+                    } else {
+                        ""
+                    }
                 );
             }
             if o.name != n.name {
@@ -469,6 +495,32 @@ descriptors:
         );
         assert!(diff(&rules(OLD), &rules(OLD)).is_empty());
         assert_eq!(summary(&[]), "no rule changed");
+    }
+
+    /// Adding, changing or removing a `reservation` is a change to review,
+    /// and says that the rule's buckets move to a new key.
+    #[test]
+    fn a_changed_reservation_is_a_change_to_review() {
+        let yaml = |res: &str| {
+            format!(
+                "domain: d\ndescriptors:\n  - key: u\n    descriptors:\n      - key: id\n{res}        rate_limit: {{unit: hour, requests_per_unit: 10}}\n"
+            )
+        };
+        let plain = rules(&yaml(""));
+        let short = rules(&yaml("        reservation: {ttl_seconds: 60}\n"));
+        let long = rules(&yaml(
+            "        reservation: {ttl_seconds: 600, max_open: 5}\n",
+        ));
+        let c = diff(&plain, &short);
+        assert_eq!(c[0].kind, ChangeKind::Changed);
+        assert_eq!(
+            c[0].line,
+            "d.u.id: changed: 10/hour burst 10 -> 10/hour burst 10 (reservation none -> ttl 60 s, max_open 1000: the rule's buckets start full under their new key)"
+        );
+        assert_eq!(
+            diff(&short, &long)[0].line,
+            "d.u.id: changed: 10/hour burst 10 -> 10/hour burst 10 (reservation ttl 60 s, max_open 1000 -> ttl 600 s, max_open 5)"
+        );
     }
 
     #[test]

@@ -163,6 +163,15 @@ impl Policy {
     }
 }
 
+/// A rule's `reservation` setting (docs/design.md, "Reservations").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReservationRule {
+    /// `ttl_seconds`: how long an unsettled reservation is kept, seconds.
+    pub ttl_secs: u32,
+    /// `max_open`: most open reservations per bucket.
+    pub max_open: u32,
+}
+
 /// A compiled rule: a node of the descriptor tree that carries a `rate_limit`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
@@ -194,6 +203,10 @@ pub struct Rule {
     /// a reload needs to name the storage keys of this rule's buckets
     /// ([`crate::storage::key::rule_prefixes`]).
     pub levels: Arc<[MetricLevel]>,
+    /// `reservation`: the rule's last entry is each request's reservation
+    /// id, not part of the bucket's identity (docs/design.md,
+    /// "Reservations").
+    pub reservation: Option<ReservationRule>,
     /// File the rule came from and its line, for `/rlconfig`.
     pub source: String,
     /// The counters of label [`Rule::path`], looked up once per config.

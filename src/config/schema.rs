@@ -112,6 +112,8 @@ pub struct RawDescriptor {
     pub metadata: Option<(Option<u32>, serde_json::Value)>,
     /// `descriptors:`
     pub descriptors: Option<Vec<RawDescriptor>>,
+    /// `reservation:` (boxed, as `rate_limit`).
+    pub reservation: Option<Box<RawReservation>>,
     /// Keys that do not belong on a descriptor.
     pub stray: Vec<StrayKey>,
 }
@@ -138,6 +140,19 @@ pub struct RawRateLimit {
     /// `replaces:`
     pub replaces: Option<Vec<RawReplace>>,
     /// Keys that do not belong in `rate_limit`.
+    pub stray: Vec<StrayKey>,
+}
+
+/// A `reservation:` block (docs/design.md, "Reservations").
+#[derive(Debug, Default)]
+pub struct RawReservation {
+    /// Line where the block starts, 1-based, when known.
+    pub line: Option<u32>,
+    /// `ttl_seconds:`
+    pub ttl_seconds: Option<Text>,
+    /// `max_open:`
+    pub max_open: Option<Text>,
+    /// Keys that do not belong in `reservation`.
     pub stray: Vec<StrayKey>,
 }
 
@@ -203,7 +218,7 @@ macro_rules! line_slot {
         }
     )*};
 }
-line_slot!(RawDescriptor, RawRateLimit, RawReplace);
+line_slot!(RawDescriptor, RawRateLimit, RawReservation, RawReplace);
 
 fn stray<'de, A: MapAccess<'de>>(
     map: &mut A,
@@ -247,6 +262,7 @@ map_visitor!(
                 }
             }
             "rate_limit" => out.rate_limit = map.next_value()?,
+            "reservation" => out.reservation = map.next_value()?,
             "replaces" => {
                 out.replaces = map.next_value::<Option<SeqOf<RawReplace>>>()?.map(|s| s.0)
             }
@@ -283,6 +299,18 @@ map_visitor!(
             "replaces" => {
                 out.replaces = map.next_value::<Option<SeqOf<RawReplace>>>()?.map(|s| s.0)
             }
+            _ => stray(&mut map, &key, &mut out.stray)?,
+        }
+    }
+);
+
+map_visitor!(
+    RawReservation,
+    "a reservation mapping (`ttl_seconds`, `max_open`)",
+    |out, key, map| {
+        match key.value.as_str() {
+            "ttl_seconds" => out.ttl_seconds = map.next_value()?,
+            "max_open" => out.max_open = map.next_value()?,
             _ => stray(&mut map, &key, &mut out.stray)?,
         }
     }

@@ -120,6 +120,15 @@ pub struct DomainView {
     pub rules: Vec<RuleView>,
 }
 
+/// A rule's `reservation` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservationView {
+    /// How long an unsettled reservation is kept, seconds.
+    pub ttl_seconds: u32,
+    /// Most open reservations per bucket.
+    pub max_open: u32,
+}
+
 /// One rule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RuleView {
@@ -166,6 +175,10 @@ pub struct RuleView {
     /// Names of the rules it replaces.
     #[serde(default)]
     pub replaces: Vec<String>,
+    /// `reservation` (docs/design.md, "Reservations"), when the rule has
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<ReservationView>,
     /// `file:line` it came from.
     #[serde(default)]
     pub source: String,
@@ -217,6 +230,10 @@ impl RlConfig {
                             value_to_metric: r.metric_levels.is_some(),
                             metadata: r.metadata.as_deref().cloned(),
                             replaces: r.replaces.clone(),
+                            reservation: r.reservation.map(|res| ReservationView {
+                                ttl_seconds: res.ttl_secs,
+                                max_open: res.max_open,
+                            }),
                             source: r.source.clone(),
                         }
                     })

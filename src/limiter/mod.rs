@@ -82,7 +82,14 @@ pub struct Limiter {
     request_duration: std::sync::OnceLock<metrics::Histogram>,
     /// Envoy's quota service streams ([`quota`]).
     quotas: quota::Quotas,
+    /// When a refused reservation was last logged (at most one line per
+    /// [`RESERVATION_WARN_INTERVAL`]), and how many were not logged since.
+    reservation_log: Mutex<(Option<Instant>, u64)>,
 }
+
+/// Shortest time between two log lines about reservations refused at a
+/// bucket's `max_open`.
+const RESERVATION_WARN_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Limiter {
     /// A limiter serving `config` from `storage`.
@@ -111,6 +118,7 @@ impl Limiter {
             failure_log: failure::FailureLog::default(),
             value_labels: labels::ValueLabels::default(),
             request_duration: std::sync::OnceLock::new(),
+            reservation_log: Mutex::new((None, 0)),
             quotas: quota::Quotas::new(
                 if settings.rlqs_deny_unmatched {
                     quota::Unmatched::Deny
@@ -257,6 +265,7 @@ impl Limiter {
         };
         match result {
             Ok(result) => {
+                self.note_reservations(req, &plans, &charges, &result);
                 let v = verdict::respond(&self.settings, &plans, &charges, &result);
                 let mut decision = v.decision;
                 headers::add(
@@ -323,9 +332,9 @@ impl Limiter {
                 quota[*charge] = true;
             }
         }
-        let lacks =
-            |i: usize| charges[i].spec.kind == ChargeKind::Consume && !first.charges[i].enough;
-        let is_quota_consume = |i: usize| quota[i] && charges[i].spec.kind == ChargeKind::Consume;
+        // (A reserve takes like a consume.)
+        let lacks = |i: usize| charges[i].spec.kind.takes() && !first.charges[i].enough;
+        let is_quota_consume = |i: usize| quota[i] && charges[i].spec.kind.takes();
         let normal_lacks =
             (0..charges.len()).any(|i| lacks(i) && !quota[i] && !charges[i].spec.shadow);
         let quota_left = (0..charges.len()).any(|i| is_quota_consume(i) && !lacks(i));
@@ -354,8 +363,7 @@ impl Limiter {
             if next.admitted {
                 return Ok(merged);
             }
-            let now_lacks =
-                |i: usize| charges[i].spec.kind == ChargeKind::Consume && !merged.charges[i].enough;
+            let now_lacks = |i: usize| charges[i].spec.kind.takes() && !merged.charges[i].enough;
             let normal_lacks = kept
                 .iter()
                 .any(|&i| now_lacks(i) && !quota[i] && !charges[i].spec.shadow);
@@ -464,6 +472,64 @@ impl Limiter {
     /// map key and the log line carry it clipped to
     /// [`labels::MAX_LABEL_VALUE_BYTES`] (with its full length logged), so
     /// long domains cost neither memory nor log volume.
+    /// Counts what reserves and settlements did (docs/design.md,
+    /// "Reservations": the `reservations_*` metrics) and logs, at most once
+    /// per [`RESERVATION_WARN_INTERVAL`], a reserve refused because its
+    /// bucket holds `max_open` open reservations.
+    fn note_reservations(
+        &self,
+        req: &Request<'_>,
+        plans: &[plan::Plan],
+        charges: &[Charge],
+        result: &RequestResult,
+    ) {
+        use crate::storage::ReservationOutcome as O;
+        for (i, (c, r)) in charges.iter().zip(&result.charges).enumerate() {
+            if r.expired > 0 {
+                metrics::counter!(m::RESERVATIONS_EXPIRED).increment(u64::from(r.expired));
+            }
+            match r.reservation {
+                O::None => {}
+                O::Opened => metrics::counter!(m::RESERVATIONS_OPENED).increment(1),
+                O::Added => metrics::counter!(m::RESERVATIONS_ADDED).increment(1),
+                O::Settled => metrics::counter!(m::RESERVATIONS_SETTLED).increment(1),
+                O::Unmatched => metrics::counter!(m::SETTLEMENTS_UNMATCHED).increment(1),
+                O::Full => {
+                    metrics::counter!(m::RESERVATIONS_REFUSED).increment(1);
+                    let max_open = match c.spec.kind {
+                        crate::storage::ChargeKind::Reserve(r) => r.max_open,
+                        _ => 0,
+                    };
+                    let mut log = self.reservation_log.lock();
+                    let now = Instant::now();
+                    if log
+                        .0
+                        .is_some_and(|t| now.duration_since(t) < RESERVATION_WARN_INTERVAL)
+                    {
+                        log.1 += 1;
+                        continue;
+                    }
+                    let suppressed = std::mem::take(&mut log.1);
+                    log.0 = Some(now);
+                    drop(log);
+                    let rule = plans.iter().find_map(|p| match p {
+                        plan::Plan::Limited {
+                            charge, counters, ..
+                        } if *charge == i => Some(counters.label().to_owned()),
+                        _ => None,
+                    });
+                    tracing::warn!(
+                        domain = %labels::ValueLabels::clip(req.domain),
+                        rule = rule.as_deref().unwrap_or(""),
+                        max_open,
+                        suppressed,
+                        "reservation refused: the bucket already holds max_open open reservations (answered OVER_LIMIT; raise reservation.max_open or lower ttl_seconds if callers are not at fault)"
+                    );
+                }
+            }
+        }
+    }
+
     fn note_unknown_domain(&self, domain: &str) {
         let clipped = labels::ValueLabels::clip(domain);
         let mut seen = self.unknown_domains.lock();

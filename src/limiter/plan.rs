@@ -9,6 +9,7 @@ use crate::config::{DomainConfig, Metadata, MetricLevel, MetricLevelKind, Policy
 use crate::matcher;
 use crate::metrics::RuleCounters;
 use crate::settings::ServiceSettings;
+use crate::storage::algorithm::reservation::{MAX_RESERVATION_ID_BYTES, ReservationId, Reserve};
 use crate::storage::key::{self, KeyValue};
 use crate::storage::{
     AlgorithmKind, BucketLimit, Charge, ChargeKind, ChargeSpec, Limit, WindowLimit,
@@ -62,12 +63,23 @@ pub(super) fn plan(
     // looked up at all: answered OK without a limit, with no work that
     // grows with its length (docs/design.md, "Matching descriptors").
     let too_long = |d: &super::request::Descriptor<'_>| d.entries.len() > settings.max_entries;
+    // A descriptor ending with the settlement marker whose other entries
+    // match a reservation rule is that reservation's settlement
+    // (docs/design.md, "Reservations"); it needs no rule of its own.
+    let settles: Vec<bool> = req
+        .descriptors
+        .iter()
+        .map(|d| !too_long(d) && settlement_of(domain, &d.entries).is_some())
+        .collect();
     let matched: Vec<Option<matcher::Matched<'_>>> = req
         .descriptors
         .iter()
-        .map(|d| {
+        .zip(&settles)
+        .map(|(d, &settle)| {
             if too_long(d) {
                 None
+            } else if settle {
+                settlement_of(domain, &d.entries)
             } else {
                 matcher::find(&domain.root, &d.entries)
             }
@@ -86,18 +98,42 @@ pub(super) fn plan(
     // Pass 2: build charges.
     let mut plans = Vec::with_capacity(req.descriptors.len());
     let mut charges = Vec::new();
-    for (d, mt) in req.descriptors.iter().zip(&matched) {
+    for ((d, mt), &settle) in req.descriptors.iter().zip(&matched).zip(&settles) {
         if too_long(d) {
             plans.push(Plan::NoLimit);
             continue;
         }
         let cost = d.cost(req.hits_addend);
-        let kind = if d.is_negative_hits {
-            ChargeKind::Refund
-        } else {
-            ChargeKind::Consume
-        };
         let rule = mt.as_ref().map(|m| &domain.rules[m.rule]);
+        // The reservation of a reservation rule's descriptor: its last
+        // entry (the settlement's last but one) is the id, the entries above
+        // it key the bucket.
+        let reserving = match rule.and_then(|r| r.reservation) {
+            Some(res) if d.limit.is_none() && !d.is_negative_hits => {
+                let id_at = if settle {
+                    d.entries.len() - 2
+                } else {
+                    d.entries.len() - 1
+                };
+                let id = ReservationId::of_bytes(clip_id(d.entries[id_at].1));
+                let kind = if settle {
+                    ChargeKind::Settle { id }
+                } else {
+                    ChargeKind::Reserve(Reserve {
+                        id,
+                        ttl_secs: res.ttl_secs,
+                        max_open: res.max_open,
+                    })
+                };
+                Some((id_at, kind))
+            }
+            _ => None,
+        };
+        let kind = match reserving {
+            Some((_, kind)) => kind,
+            None if d.is_negative_hits => ChargeKind::Refund,
+            None => ChargeKind::Consume,
+        };
         if let Some(r) = rule
             && d.limit.is_none()
             && r.name.as_deref().is_some_and(|n| replaced.contains(n))
@@ -187,7 +223,7 @@ pub(super) fn plan(
             }
         };
         let shared = mt.as_ref().map(|m| m.shared.as_slice()).unwrap_or(&[]);
-        let entries: Vec<(&str, KeyValue<'_>)> = d
+        let mut entries: Vec<(&str, KeyValue<'_>)> = d
             .entries
             .iter()
             .enumerate()
@@ -202,6 +238,13 @@ pub(super) fn plan(
                 )
             })
             .collect();
+        if let Some((id_at, _)) = reserving {
+            // Every reservation of the entries above the id charges one
+            // bucket: the id entry's key stays (the bucket is apart from a
+            // rule on the entries above), with no value.
+            entries.truncate(id_at + 1);
+            entries[id_at].1 = KeyValue::Shared(key::RESERVATION_VALUE);
+        }
         let counters = match rule {
             Some(r) => rule_counters(r, &domain.name, &d.entries, labels),
             None => domain.override_counters.clone(),
@@ -236,6 +279,34 @@ pub(super) fn plan(
         });
     }
     (plans, charges)
+}
+
+/// The last entry of a settlement descriptor: `phase` = `settle`, added by
+/// the response-end `rate_limits` entry (a `generic_key` with
+/// `descriptor_key: phase`), so the settlement is told from the reserve by
+/// what Envoy sends, never by whether a reservation is open.
+pub const SETTLE_ENTRY: (&str, &str) = ("phase", "settle");
+
+/// The match of a settlement: `entries` end with [`SETTLE_ENTRY`] and the
+/// others match a rule with a `reservation`.
+fn settlement_of<'a>(
+    domain: &'a DomainConfig,
+    entries: &[(&str, &str)],
+) -> Option<matcher::Matched<'a>> {
+    let (last, rest) = entries.split_last()?;
+    if *last != SETTLE_ENTRY || rest.is_empty() {
+        return None;
+    }
+    matcher::find(&domain.root, rest).filter(|m| domain.rules[m.rule].reservation.is_some())
+}
+
+/// A reservation id as the service reads it: its first
+/// [`MAX_RESERVATION_ID_BYTES`] bytes (ids longer than that which share
+/// them share a reservation; a client only collides with itself, as the
+/// bucket is its own).
+fn clip_id(id: &str) -> &[u8] {
+    let b = id.as_bytes();
+    &b[..b.len().min(MAX_RESERVATION_ID_BYTES)]
 }
 
 /// The counters of `rule`'s metric label for a descriptor of `entries`: the

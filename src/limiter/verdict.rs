@@ -179,9 +179,7 @@ pub(super) fn respond(
     charges: &[Charge],
     result: &RequestResult,
 ) -> Verdict {
-    let lacks = |charge: usize| {
-        charges[charge].spec.kind == ChargeKind::Consume && !result.charges[charge].enough
-    };
+    let lacks = |charge: usize| charges[charge].spec.kind.takes() && !result.charges[charge].enough;
     let mut normal_over = false;
     let (mut quota_total, mut quota_over) = (0usize, 0usize);
     for p in plans {
@@ -194,7 +192,7 @@ pub(super) fn respond(
         {
             if *quota {
                 // A refund asks for nothing: it is no quota to pass on.
-                if charges[*charge].spec.kind == ChargeKind::Consume {
+                if charges[*charge].spec.kind.takes() {
                     quota_total += 1;
                     quota_over += usize::from(lacks(*charge));
                 }
@@ -295,7 +293,7 @@ pub(super) fn respond(
         // reset; one request counts at most u32::MAX hits (the reference
         // service's hits are u32 throughout).
         let counted = cost.min(u64::from(u32::MAX));
-        if spec.kind == ChargeKind::Consume {
+        if spec.kind.takes() {
             counters.increment(RuleCounter::Hits, counted);
             counters.increment(
                 match (r.enough, shadow || settings.global_shadow_mode) {
@@ -307,7 +305,7 @@ pub(super) fn respond(
             );
         }
         let status = if spec.kind == ChargeKind::Refund || r.enough {
-            if spec.kind == ChargeKind::Consume && charged {
+            if spec.kind.takes() && charged {
                 counters.increment(RuleCounter::WithinLimit, counted);
                 if let Some(go) = go {
                     counters.increment(RuleCounter::NearLimit, go.near_within());
@@ -322,7 +320,7 @@ pub(super) fn respond(
             // another descriptor denied: if the charge leaves it short for
             // the same request again, the retry must wait for it too.
             if let Some(after) = debt_after
-                && spec.kind == ChargeKind::Consume
+                && spec.kind.takes()
                 && !shadow
             {
                 let need = need_micro[charge_idx].max(spec.own_need_micro());

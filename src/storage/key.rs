@@ -111,6 +111,42 @@ pub fn encode(prefix: &str, domain: &str, entries: &[(&str, KeyValue<'_>)]) -> S
     out
 }
 
+/// What a reservation rule's bucket key carries in place of the id
+/// entry's value (docs/design.md, "Reservations"): a shared pattern no
+/// wildcard rule writes, so every id of the entries above lands in one
+/// bucket, apart from the bucket of any rule on those entries alone.
+pub const RESERVATION_VALUE: &str = "*reservation*";
+
+/// The bucket key of a reservation rule for the entries above its id entry
+/// and the id entry's key `id_key`.
+#[must_use]
+pub fn reservation_bucket(
+    prefix: &str,
+    domain: &str,
+    above: &[(&str, KeyValue<'_>)],
+    id_key: &str,
+) -> String {
+    let mut entries = above.to_vec();
+    entries.push((id_key, KeyValue::Shared(RESERVATION_VALUE)));
+    encode(prefix, domain, &entries)
+}
+
+/// The Redis key of the open reservations of the bucket under
+/// `bucket_key`, in the same Redis Cluster hash slot: the bucket key with
+/// `~r` appended when it has a hash tag of its own (the prefix's), else the
+/// bucket key made the hash tag (client text never holds `{` or `}`).
+#[must_use]
+pub fn book_key(bucket_key: &str) -> String {
+    let tagged = bucket_key
+        .find('{')
+        .is_some_and(|o| bucket_key[o + 1..].find('}').is_some_and(|c| c > 0));
+    if tagged {
+        format!("{bucket_key}~r")
+    } else {
+        format!("{{{bucket_key}}}~r")
+    }
+}
+
 /// The starts of every bucket key a rule's buckets can have, from the
 /// rule's levels (top down): the key up to its first level whose value
 /// comes from the request (a key-only or per-value wildcard level), that

@@ -18,7 +18,7 @@
 //! `bucket_rls_memory_evictions_total` counts them. Redis is the backend for
 //! exact limits at that scale.
 
-use super::algorithm::{self, Limit, State};
+use super::algorithm::{self, Book, ChargeKind, Limit, State};
 use super::clock::{Clock, MonotonicClock};
 use super::quota::{QuotaReport, QuotaView, SubscriberRecord};
 use super::{Charge, RequestResult, Storage, StorageError, group_by_key};
@@ -39,6 +39,10 @@ pub const DEFAULT_MAX_BUCKETS: usize = 2_000_000;
 struct Shard {
     /// key -> (state, microsecond time at which it is the same as never seen)
     map: HashMap<String, (State, u64)>,
+    /// bucket key -> its open reservations (docs/design.md,
+    /// "Reservations"), under the bucket's shard lock. Kept apart from the
+    /// bucket: a bucket full again is forgotten, its reservations are not.
+    books: HashMap<String, Book>,
     next_sweep_len: usize,
     /// Cap evictions so far: each draws a new random order.
     evict_round: u64,
@@ -81,7 +85,45 @@ impl Shard {
         self.next_sweep_len = (self.map.len() * 2).max(MIN_SWEEP_LEN);
     }
 
+    /// Keeps at most `max_len` books: expired reservations go first, then
+    /// a random eighth of the books (as for buckets: no client can choose
+    /// which); their estimates stay charged.
+    fn enforce_book_cap(&mut self, now_us: u64, max_len: usize, hasher: &RandomState) {
+        if self.books.len() <= max_len {
+            return;
+        }
+        self.sweep_books(now_us);
+        if self.books.len() <= max_len {
+            return;
+        }
+        self.evict_round = self.evict_round.wrapping_add(1);
+        let round = self.evict_round;
+        let score = |k: &String| hasher.hash_one((k.as_str(), round, "book"));
+        let mut scores: Vec<u64> = self.books.keys().map(score).collect();
+        let drop = (self.books.len() / 8).max(self.books.len() - max_len);
+        let (_, threshold, _) = scores.select_nth_unstable(drop - 1);
+        let threshold = *threshold;
+        let mut budget = drop;
+        self.books.retain(|k, _| {
+            if budget > 0 && score(k) <= threshold {
+                budget -= 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Drops expired reservations, and books left empty.
+    fn sweep_books(&mut self, now_us: u64) {
+        self.books.retain(|_, book| {
+            book.retain(|_, h| h.expires_us > now_us);
+            !book.is_empty()
+        });
+    }
+
     fn sweep(&mut self, now_us: u64) {
+        self.sweep_books(now_us);
         self.map.retain(|_, (_, full_at)| *full_at > now_us);
         if self.map.capacity() > 4 * self.map.len().max(MIN_SWEEP_LEN) {
             self.map.shrink_to(self.map.len() * 2);
@@ -197,27 +239,80 @@ impl MemoryStorage {
         }
         let max_per_shard = self.max_per_shard;
         let hasher = &self.hasher;
-        algorithm::apply_request(&indexed, &states, now, |i, st| {
+        // The books of the keys reservation charges touch (a copy: the
+        // driver writes whole books back).
+        let reserving = indexed.iter().any(|(_, s)| {
+            matches!(
+                s.kind,
+                ChargeKind::Reserve(_) | ChargeKind::Settle { .. } | ChargeKind::Unreserve { .. }
+            )
+        });
+        let books: SmallVec<[Option<Book>; 4]> = if reserving {
+            keys.iter()
+                .zip(&shard_ids)
+                .map(|(k, &s)| guards[guard_pos(s)].1.books.get(*k).cloned())
+                .collect()
+        } else {
+            SmallVec::new()
+        };
+        let book_refs: SmallVec<[Option<&Book>; 4]> = books.iter().map(Option::as_ref).collect();
+        let mut book_writes: SmallVec<[(usize, Book); 2]> = SmallVec::new();
+        let result = algorithm::apply_request_with_books(
+            &indexed,
+            &states,
+            &book_refs,
+            now,
+            |i, st| {
+                let shard = &mut guards[guard_pos(shard_ids[i])].1;
+                let ttf = limit_of[i].map_or(0, |l| l.expiry_us(&st));
+                if ttf == 0 {
+                    shard.map.remove(keys[i]);
+                    return;
+                }
+                let full_at = st
+                    .updated_us()
+                    .saturating_add(u64::try_from(ttf).unwrap_or(u64::MAX));
+                // An existing bucket is updated in place: no key allocated.
+                if let Some(slot) = shard.map.get_mut(keys[i]) {
+                    *slot = (st, full_at);
+                } else {
+                    shard.map.insert(keys[i].to_owned(), (st, full_at));
+                }
+                if shard.map.len() >= shard.next_sweep_len {
+                    shard.sweep(now);
+                }
+                shard.enforce_cap(now, max_per_shard, hasher);
+            },
+            |i, book| book_writes.push((i, book)),
+        );
+        for (i, book) in book_writes {
             let shard = &mut guards[guard_pos(shard_ids[i])].1;
-            let ttf = limit_of[i].map_or(0, |l| l.expiry_us(&st));
-            if ttf == 0 {
-                shard.map.remove(keys[i]);
-                return;
-            }
-            let full_at = st
-                .updated_us()
-                .saturating_add(u64::try_from(ttf).unwrap_or(u64::MAX));
-            // An existing bucket is updated in place: no key allocated.
-            if let Some(slot) = shard.map.get_mut(keys[i]) {
-                *slot = (st, full_at);
+            if book.is_empty() {
+                shard.books.remove(keys[i]);
             } else {
-                shard.map.insert(keys[i].to_owned(), (st, full_at));
+                shard.books.insert(keys[i].to_owned(), book);
+                shard.enforce_book_cap(now, max_per_shard, hasher);
             }
-            if shard.map.len() >= shard.next_sweep_len {
-                shard.sweep(now);
-            }
-            shard.enforce_cap(now, max_per_shard, hasher);
-        })
+        }
+        result
+    }
+
+    /// The open reservations of the bucket under `key` at now, as
+    /// `(tokens, expires_us)` per reservation (tests and diagnostics).
+    #[must_use]
+    pub fn open_reservations(&self, key: &str) -> Vec<(u64, u64)> {
+        let now = self.clock.now_us();
+        self.shards[self.shard_of(key)]
+            .lock()
+            .books
+            .get(key)
+            .map(|b| {
+                b.values()
+                    .filter(|h| h.expires_us > now)
+                    .map(|h| (h.tokens, h.expires_us))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 

@@ -11,7 +11,7 @@ pub mod redis;
 
 pub use algorithm::{
     AlgorithmKind, BucketLimit, BucketState, ChargeKind, ChargeResult, ChargeSpec, Limit, MICRO,
-    RequestResult, State, WindowLimit, WindowState, fixed_window, token_bucket,
+    RequestResult, ReservationOutcome, State, WindowLimit, WindowState, fixed_window, token_bucket,
 };
 use async_trait::async_trait;
 use smallvec::SmallVec;

@@ -1233,3 +1233,68 @@ fn window_rules_refuse_bucket_settings_with_file_line_and_path() {
     let c = compile_texts(&texts("{unit: hour, requests_per_unit: 5}")).expect("loads");
     assert_eq!(algorithm_of(&c), AlgorithmKind::TokenBucket, "the default");
 }
+
+/// A `reservation` is checked where it is written: it needs a token
+/// bucket rule on the same descriptor, a key-only entry that ends its
+/// path, a TTL within bounds and a `max_open` within bounds; each error
+/// names the file, line and descriptor path.
+#[test]
+fn bad_reservations_are_refused_with_file_line_and_path() {
+    let file = |entry: &str| {
+        format!("domain: llm\ndescriptors:\n  - key: user\n    descriptors:\n{entry}")
+    };
+    let path = "descriptors[0](key=user).descriptors[0](key=request_id).reservation";
+    for (entry, needle) in [
+        (
+            "      - key: request_id\n        reservation: {ttl_seconds: 60}\n        rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}\n",
+            "a reservation needs a token bucket rule, and this rule is a fixed_window",
+        ),
+        (
+            "      - key: request_id\n        reservation: {ttl_seconds: 60}\n        rate_limit: {unlimited: true}\n",
+            "this rule is 'unlimited: true'",
+        ),
+        (
+            "      - key: request_id\n        reservation: {ttl_seconds: 60}\n",
+            "a reservation needs a rate_limit on the same descriptor",
+        ),
+        (
+            "      - key: request_id\n        reservation: {ttl_seconds: 0}\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
+            "ttl_seconds must be between 1 and 604800 (one week), got 0",
+        ),
+        (
+            "      - key: request_id\n        reservation: {ttl_seconds: 604801}\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
+            "ttl_seconds must be between 1 and 604800",
+        ),
+        (
+            "      - key: request_id\n        reservation: {max_open: 5}\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
+            "missing 'ttl_seconds'",
+        ),
+        (
+            "      - key: request_id\n        reservation: {ttl_seconds: 60, max_open: 0}\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
+            "max_open must be between 1 and 100000, got 0",
+        ),
+        (
+            "      - key: request_id\n        reservation: {ttl_seconds: 60, max_opn: 3}\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
+            "unknown key 'max_opn': did you mean 'max_open'?",
+        ),
+        (
+            "      - key: request_id\n        reservation: {ttl_seconds: 60}\n        rate_limit: {unit: hour, requests_per_unit: 10}\n        descriptors:\n          - key: x\n            rate_limit: {unit: hour, requests_per_unit: 1}\n",
+            "a reservation entry must end its path",
+        ),
+    ] {
+        let e = one_error("llm.yaml", &file(entry), &[needle, path]);
+        assert!(e.starts_with("llm.yaml:6:"), "{e}");
+    }
+    // A value: the entry would not carry each request's id.
+    one_error(
+        "llm.yaml",
+        &file(
+            "      - key: request_id\n        value: fixed\n        reservation: {ttl_seconds: 60}\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
+        ),
+        &[
+            "llm.yaml:7:",
+            "descriptors[0](key=user).descriptors[0](key=request_id, value=fixed).reservation",
+            "a reservation entry must be key-only",
+        ],
+    );
+}

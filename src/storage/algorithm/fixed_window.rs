@@ -286,7 +286,11 @@ pub(crate) fn window_script_charge(
 ) -> ScriptCharge {
     let extra = match kind {
         ChargeKind::Return { taken_at_us } => limit.index(taken_at_us) + 1,
-        ChargeKind::Consume | ChargeKind::Refund => 0,
+        ChargeKind::Consume
+        | ChargeKind::Refund
+        | ChargeKind::Reserve(_)
+        | ChargeKind::Settle { .. }
+        | ChargeKind::Unreserve { .. } => 0,
     };
     ScriptCharge {
         algorithm,
@@ -523,6 +527,7 @@ mod tests {
                     at_us: T,
                     previous_micro: 0
                 }),
+                ..ChargeResult::default()
             }
         );
         assert_eq!(puts.len(), 1);

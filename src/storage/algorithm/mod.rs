@@ -27,10 +27,12 @@
 //! rule whose `algorithm` a reload changed), it is the same as never seen.
 
 pub mod fixed_window;
+pub mod reservation;
 pub mod sliding_window;
 pub mod token_bucket;
 
 pub use fixed_window::{FixedWindow, WindowLimit, WindowState};
+pub use reservation::{Book, Held, ReservationId, ReservationOutcome, Reserve};
 pub use sliding_window::{SlidingLevel, SlidingWindow};
 use smallvec::{SmallVec, smallvec};
 pub use token_bucket::{BucketLimit, BucketState, TokenBucket};
@@ -594,6 +596,27 @@ pub enum ChargeKind {
         /// Storage's time of the consume given back ([`WindowReport::at_us`]).
         taken_at_us: u64,
     },
+    /// A token bucket reserve (docs/design.md, "Reservations"): a consume
+    /// of the estimate `cost` that never stands in a denied request (also
+    /// on a bucket with `max_debt`) and, when the request is admitted,
+    /// keeps the estimate in the bucket's book. Denied when the book holds
+    /// `max_open` other open reservations.
+    Reserve(Reserve),
+    /// A token bucket settlement of the actual `cost` for reservation `id`:
+    /// charges the excess over the estimate (debt semantics) or gives the
+    /// rest back, removes the reservation, always has enough and always
+    /// stands. Without an open reservation, `cost` is charged in full.
+    Settle {
+        /// The reservation settled.
+        id: ReservationId,
+    },
+    /// The undoing of an admitted reserve of `cost` for reservation `id`
+    /// (a Redis Cluster's compensation): a refund of `cost` that also takes
+    /// `cost` off the open reservation (forgetting it when nothing is left).
+    Unreserve {
+        /// The reservation the reserve went to.
+        id: ReservationId,
+    },
 }
 
 impl ChargeKind {
@@ -601,7 +624,17 @@ impl ChargeKind {
     /// [`ChargeKind::Return`]).
     #[must_use]
     pub const fn gives_back(self) -> bool {
-        !matches!(self, Self::Consume)
+        matches!(
+            self,
+            Self::Refund | Self::Return { .. } | Self::Unreserve { .. }
+        )
+    }
+
+    /// Whether the charge takes its cost only when it fits
+    /// ([`ChargeKind::Consume`] or [`ChargeKind::Reserve`]).
+    #[must_use]
+    pub const fn takes(self) -> bool {
+        matches!(self, Self::Consume | Self::Reserve(_))
     }
 }
 
@@ -679,6 +712,12 @@ pub struct ChargeResult {
     /// For a window: when storage evaluated it, and the previous window's
     /// count; `None` for a token bucket.
     pub window: Option<WindowReport>,
+    /// What a reserve or settlement did to the bucket's book
+    /// ([`ReservationOutcome::None`] for any other charge).
+    pub reservation: ReservationOutcome,
+    /// Expired reservations this charge dropped from the book (counted
+    /// only when the book was written).
+    pub expired: u32,
 }
 
 impl ChargeResult {
@@ -725,7 +764,29 @@ pub fn apply_request(
     charges: &[(usize, ChargeSpec)],
     states: &[Option<State>],
     now_us: u64,
+    put: impl FnMut(usize, State),
+) -> RequestResult {
+    apply_request_with_books(charges, states, &[], now_us, put, |_, _| {})
+}
+
+/// [`apply_request`] with the books of reservations
+/// ([`reservation`], docs/design.md, "Reservations"): `books[i]` is the
+/// stored book of key `i` (missing or `None`: empty). A
+/// [`ChargeKind::Reserve`] is a consume that never stands in a denied
+/// request and, in an admitted one, records its estimate; a
+/// [`ChargeKind::Settle`] always has enough and always stands, with its
+/// book change. `put_book` receives `(key index, new book)` for every
+/// book that changed (an empty book: delete it): in an admitted request
+/// what every charge left, in a denied one what the settlements alone
+/// left. Reservation charges on a key that is not a token bucket act as a
+/// plain consume.
+pub fn apply_request_with_books(
+    charges: &[(usize, ChargeSpec)],
+    states: &[Option<State>],
+    books: &[Option<&Book>],
+    now_us: u64,
     mut put: impl FnMut(usize, State),
+    mut put_book: impl FnMut(usize, Book),
 ) -> RequestResult {
     // Per key: the level after every charge, whether it changed and the
     // limit of its last charge; the level after only the charges that
@@ -734,6 +795,18 @@ pub fn apply_request(
     let mut work: SmallVec<[Option<(Level, bool, Limit)>; 4]> = smallvec![None; states.len()];
     let mut kept: SmallVec<[Option<(Level, Limit)>; 4]> = smallvec![None; states.len()];
     let mut stale: SmallVec<[Option<Level>; 4]> = smallvec![None; states.len()];
+    // Per key touched by a reservation charge: the working book and
+    // whether it changed; the book after the settlements alone.
+    let mut wbook: SmallVec<[Option<(Book, bool)>; 4]> = SmallVec::new();
+    let mut kbook: SmallVec<[Option<(Book, bool)>; 4]> = SmallVec::new();
+    let stored_book = |key: usize| {
+        books
+            .get(key)
+            .copied()
+            .flatten()
+            .cloned()
+            .unwrap_or_default()
+    };
     let mut results = Vec::with_capacity(charges.len());
     let mut admitted = true;
     for (key, spec) in charges {
@@ -753,8 +826,111 @@ pub fn apply_request(
                 none.insert((level, false, *limit))
             }
         };
-        match spec.kind {
-            ChargeKind::Refund | ChargeKind::Return { .. } => {
+        let bucket = match (limit, spec.kind) {
+            (
+                Limit::TokenBucket(l),
+                ChargeKind::Reserve(_) | ChargeKind::Settle { .. } | ChargeKind::Unreserve { .. },
+            ) => {
+                if wbook.is_empty() {
+                    wbook = smallvec![None; states.len()];
+                    kbook = smallvec![None; states.len()];
+                }
+                Some(*l)
+            }
+            _ => None,
+        };
+        match (spec.kind, bucket) {
+            (ChargeKind::Reserve(r), Some(l)) => {
+                let (book, book_dirty) =
+                    wbook[*key].get_or_insert_with(|| (stored_book(*key), false));
+                let (full, expired) = reservation::make_room(book, &r, now_us);
+                // A reserve never stands: the bucket's debt bound does not
+                // apply to it.
+                let plain = Limit::TokenBucket(BucketLimit { max_debt: 0, ..l });
+                let c = plain.consume(slot.0, spec.cost, now_us);
+                let enough = c.enough && !full;
+                let mut outcome = if full {
+                    ReservationOutcome::Full
+                } else {
+                    ReservationOutcome::None
+                };
+                if expired > 0 {
+                    *book_dirty = true;
+                }
+                if enough {
+                    if c.changed {
+                        slot.0 = c.level;
+                        slot.1 = true;
+                    }
+                    outcome = reservation::record(book, &r, spec.cost, now_us);
+                    *book_dirty = true;
+                } else if !spec.shadow {
+                    admitted = false;
+                }
+                results.push(ChargeResult {
+                    enough,
+                    reservation: outcome,
+                    expired,
+                    ..ChargeResult::default()
+                });
+            }
+            (ChargeKind::Settle { id }, Some(l)) => {
+                let Level::TokenBucket(v) = slot.0 else {
+                    unreachable!("a token bucket limit reads a token bucket level")
+                };
+                let (book, book_dirty) =
+                    wbook[*key].get_or_insert_with(|| (stored_book(*key), false));
+                let (after, outcome, expired) =
+                    reservation::settle(&l, v, book, &id, spec.cost, now_us);
+                if after != v {
+                    slot.0 = Level::TokenBucket(after);
+                    slot.1 = true;
+                }
+                if outcome == ReservationOutcome::Settled || expired {
+                    *book_dirty = true;
+                }
+                // Stands: the same settlement on the level and book of
+                // the charges that stand.
+                let from = match kept[*key] {
+                    Some((k, from)) => limit.rebase(&from, k, now_us),
+                    None => limit.read(states[*key].as_ref(), now_us).0,
+                };
+                let Level::TokenBucket(kv) = from else {
+                    unreachable!("a token bucket limit reads a token bucket level")
+                };
+                let (kb, kb_dirty) = kbook[*key].get_or_insert_with(|| (stored_book(*key), false));
+                let (kafter, kout, kexp) = reservation::settle(&l, kv, kb, &id, spec.cost, now_us);
+                if kout == ReservationOutcome::Settled || kexp {
+                    *kb_dirty = true;
+                }
+                kept[*key] = Some((Level::TokenBucket(kafter), *limit));
+                results.push(ChargeResult {
+                    enough: true,
+                    reservation: outcome,
+                    expired: u32::from(expired),
+                    ..ChargeResult::default()
+                });
+            }
+            (ChargeKind::Unreserve { id }, Some(l)) => {
+                let Level::TokenBucket(v) = slot.0 else {
+                    unreachable!("a token bucket limit reads a token bucket level")
+                };
+                let (book, book_dirty) =
+                    wbook[*key].get_or_insert_with(|| (stored_book(*key), false));
+                let (after, changed) = reservation::unreserve(&l, v, book, &id, spec.cost, now_us);
+                if after != v {
+                    slot.0 = Level::TokenBucket(after);
+                    slot.1 = true;
+                }
+                if changed {
+                    *book_dirty = true;
+                }
+                results.push(ChargeResult {
+                    enough: true,
+                    ..ChargeResult::default()
+                });
+            }
+            (ChargeKind::Refund | ChargeKind::Return { .. } | ChargeKind::Unreserve { .. }, _) => {
                 let taken_at_us = match spec.kind {
                     ChargeKind::Return { taken_at_us } => Some(taken_at_us),
                     _ => None,
@@ -769,7 +945,7 @@ pub fn apply_request(
                     ..ChargeResult::default()
                 });
             }
-            ChargeKind::Consume => {
+            (ChargeKind::Consume | ChargeKind::Reserve(_) | ChargeKind::Settle { .. }, _) => {
                 let c = limit.consume(slot.0, spec.cost, now_us);
                 if c.changed {
                     slot.0 = c.level;
@@ -810,6 +986,12 @@ pub fn apply_request(
         };
         put(i, last.store(level, now_us));
     }
+    let written_books = if admitted { &mut wbook } else { &mut kbook };
+    for (i, b) in written_books.iter_mut().enumerate() {
+        if let Some((book, true)) = b.take() {
+            put_book(i, book);
+        }
+    }
     if admitted {
         // Report what is left after the whole request, under the limit of
         // the key's last charge.
@@ -828,6 +1010,14 @@ pub fn apply_request(
                 .report(spec.limit.read(states[*key].as_ref(), now_us).0, now_us);
             r.remaining_micro = report.remaining_micro;
             r.window = report.window;
+            // A denied request keeps no reserve; expired entries count only
+            // where their book was written.
+            if spec.kind.takes() {
+                r.expired = 0;
+                if r.reservation != ReservationOutcome::Full {
+                    r.reservation = ReservationOutcome::None;
+                }
+            }
         }
     }
     RequestResult {
@@ -891,7 +1081,7 @@ pub fn request_needs(charges: &[super::Charge]) -> Vec<u128> {
     charges
         .iter()
         .map(|c| {
-            if c.spec.kind != ChargeKind::Consume {
+            if !c.spec.kind.takes() {
                 return 0;
             }
             let key = c.key.as_str();

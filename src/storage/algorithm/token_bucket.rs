@@ -250,7 +250,13 @@ impl Algorithm for TokenBucket {
             u64::from(limit.max_debt)
         };
         let cost = match kind {
-            ChargeKind::Consume => cost.min(cap_tokens + debt_tokens + 1),
+            ChargeKind::Consume | ChargeKind::Reserve(_) => cost.min(cap_tokens + debt_tokens + 1),
+            // Whatever the estimate it settles, a settlement's excess is
+            // clamped at the debt bound below a balance of at most the
+            // capacity; book entries stop growing at the same bound.
+            ChargeKind::Settle { .. } | ChargeKind::Unreserve { .. } => {
+                cost.min(super::reservation::MAX_HELD_TOKENS)
+            }
             // A balance is never below -u32::MAX tokens (the largest debt bound).
             ChargeKind::Refund | ChargeKind::Return { .. } => {
                 cost.min(cap_tokens + u64::from(u32::MAX))
@@ -449,6 +455,7 @@ mod tests {
                 enough: true,
                 remaining_micro: 10 * MICRO_I64,
                 window: None,
+                ..ChargeResult::default()
             }
         );
         assert_eq!(
@@ -457,6 +464,7 @@ mod tests {
                 enough: false,
                 remaining_micro: MICRO_I64,
                 window: None,
+                ..ChargeResult::default()
             }
         );
     }

@@ -140,6 +140,7 @@ impl LocalCache {
                 enough: false,
                 remaining_micro: later.remaining_micro,
                 window: later.window,
+                ..ChargeResult::default()
             });
         }
         Some(RequestResult {
@@ -242,6 +243,7 @@ mod tests {
                 enough: false,
                 remaining_micro: 0,
                 window: None,
+                ..ChargeResult::default()
             }],
         }
     }
@@ -276,6 +278,7 @@ mod tests {
                     at_us: 1_699_999_980_000_000 + 50_000_000,
                     previous_micro,
                 }),
+                ..ChargeResult::default()
             }],
         };
         let fixed = window(Limit::FixedWindow(WindowLimit::counting(3, unit)));
@@ -371,6 +374,7 @@ mod tests {
                 enough: true,
                 remaining_micro: MICRO_I64,
                 window: None,
+                ..ChargeResult::default()
             }],
         };
         cache.record(std::slice::from_ref(&c), &ok, 1_000_000);
@@ -399,6 +403,7 @@ mod tests {
                 enough: false,
                 remaining_micro: 0,
                 window: None,
+                ..ChargeResult::default()
             }],
         };
         cache.record(std::slice::from_ref(&slow), &denied, 5_000_000);

@@ -831,6 +831,7 @@ mod tests {
                 enough: false,
                 remaining_micro: 0,
                 window: None,
+                ..ChargeResult::default()
             }],
         };
         let sent_us = pipeline.local_now_us();

@@ -7,8 +7,10 @@
 
 use crate::metrics as m;
 use crate::storage::algorithm::{
-    ChargeKind, ChargeResult, ChargeSpec, RequestResult, WindowReport,
+    ChargeKind, ChargeResult, ChargeSpec, RequestResult, ReservationId, ReservationOutcome,
+    WindowReport,
 };
+use crate::storage::key;
 use crate::storage::{BackendKind, Charge, StorageError, group_by_key};
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
@@ -248,8 +250,36 @@ impl ScriptCall {
             push_charge(&mut packed, key_idx + 1, spec);
         }
         args.push(packed);
+        let mut keys: Vec<String> = keys.into_iter().map(str::to_owned).collect();
+        // The reservation records (ARGV[5]) and the books they name, as
+        // more keys (in each bucket's hash slot).
+        let mut records = Vec::new();
+        for (n, (key_idx, spec)) in indexed.iter().enumerate() {
+            let (op, id, ttl_secs, max_open) = match spec.kind {
+                ChargeKind::Reserve(r) => (1u8, r.id, r.ttl_secs, r.max_open),
+                ChargeKind::Settle { id } => (2, id, 0, 0),
+                ChargeKind::Unreserve { id } => (3, id, 0, 0),
+                _ => continue,
+            };
+            if spec.limit.token_bucket().is_none() {
+                continue;
+            }
+            let book = key::book_key(&keys[*key_idx]);
+            let book_no = match keys.iter().position(|k| *k == book) {
+                Some(i) => i + 1,
+                None => {
+                    keys.push(book);
+                    keys.len()
+                }
+            };
+            push_record(&mut records, n + 1, op, book_no, &id, ttl_secs, max_open);
+        }
+        if !records.is_empty() {
+            args.push(Vec::new());
+            args.push(records);
+        }
         Ok(Self {
-            keys: keys.into_iter().map(str::to_owned).collect(),
+            keys,
             args,
             charges: indexed.len(),
             requests: Vec::new(),
@@ -275,6 +305,8 @@ impl ScriptCall {
             std::collections::HashMap::with_capacity(total);
         let mut packed = Vec::with_capacity(CHARGE_BYTES * total);
         let mut sizes = Vec::with_capacity(4 * calls.len());
+        let mut records = Vec::new();
+        let mut before = 0;
         let mut requests = Vec::with_capacity(calls.len());
         // Per request: its key numbers in the batch.
         let mut local: Vec<usize> = Vec::new();
@@ -297,6 +329,25 @@ impl ScriptCall {
                 packed.extend_from_slice(&head.to_be_bytes());
                 packed.extend_from_slice(&charge[4..]);
             }
+            if let Some(own) = call.args.get(4) {
+                for r in own.chunks_exact(RECORD_BYTES) {
+                    let n = u32::from_be_bytes([r[0], r[1], r[2], r[3]]) as usize;
+                    let book = u32::from_be_bytes([0, r[5], r[6], r[7]]) as usize;
+                    let book_no = local.get(book.wrapping_sub(1)).copied().unwrap_or(0);
+                    let mut id = [0u8; 16];
+                    id.copy_from_slice(&r[8..24]);
+                    push_record(
+                        &mut records,
+                        before + n,
+                        r[4],
+                        book_no,
+                        &ReservationId(id),
+                        u32::from_be_bytes([r[24], r[25], r[26], r[27]]),
+                        u32::from_be_bytes([r[28], r[29], r[30], r[31]]),
+                    );
+                }
+            }
+            before += call.charges;
             sizes.extend_from_slice(
                 &u32::try_from(call.charges)
                     .unwrap_or(u32::MAX)
@@ -306,9 +357,13 @@ impl ScriptCall {
         }
         let first = calls.first().map(|c| c.args.as_slice()).unwrap_or_default();
         let arg = |i: usize| first.get(i).cloned().unwrap_or_default();
+        let mut args = vec![arg(0), arg(1), packed, sizes];
+        if !records.is_empty() {
+            args.push(records);
+        }
         Self {
             keys,
-            args: vec![arg(0), arg(1), packed, sizes],
+            args,
             charges: total,
             requests,
         }
@@ -422,11 +477,35 @@ pub const CHARGE_BYTES: usize = 32;
 /// most a few thousand descriptors.
 const MAX_KEY_NO: usize = (1 << 24) - 1;
 
+/// Bytes of one reservation record in `ARGV[5]` (lua/request.lua): charge
+/// number (4), op (1), book key number (3), id (16), ttl in seconds (4),
+/// `max_open` (4), big-endian.
+pub const RECORD_BYTES: usize = 32;
+
+fn push_record(
+    out: &mut Vec<u8>,
+    charge_no: usize,
+    op: u8,
+    book_no: usize,
+    id: &ReservationId,
+    ttl_secs: u32,
+    max_open: u32,
+) {
+    out.extend_from_slice(&u32::try_from(charge_no).unwrap_or(u32::MAX).to_be_bytes());
+    let head = (u32::from(op) << 24) | u32::try_from(book_no.min(MAX_KEY_NO)).unwrap_or(0);
+    out.extend_from_slice(&head.to_be_bytes());
+    out.extend_from_slice(&id.0);
+    out.extend_from_slice(&ttl_secs.to_be_bytes());
+    out.extend_from_slice(&max_open.to_be_bytes());
+}
+
 pub(crate) fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec) {
     let sc = spec.limit.script_charge(spec.cost, spec.kind);
     let mut flags = match spec.kind {
-        ChargeKind::Consume => 0,
-        ChargeKind::Refund | ChargeKind::Return { .. } => u64::from(FLAG_REFUND),
+        ChargeKind::Consume | ChargeKind::Reserve(_) | ChargeKind::Settle { .. } => 0,
+        ChargeKind::Refund | ChargeKind::Return { .. } | ChargeKind::Unreserve { .. } => {
+            u64::from(FLAG_REFUND)
+        }
     };
     if spec.shadow {
         flags |= u64::from(FLAG_SHADOW);
@@ -467,6 +546,11 @@ const REPLY_ENOUGH: u8 = 1;
 /// Flag of a charge's reply byte: a window report (16 bytes) follows what
 /// is left.
 const REPLY_WINDOW: u8 = 2;
+/// Bits of a charge's reply byte: the [`ReservationOutcome::code`].
+const REPLY_OUTCOME: u8 = 0x1c;
+/// Flag of a charge's reply byte: the expired reservations it dropped
+/// (4 bytes) follow.
+const REPLY_EXPIRED: u8 = 0x20;
 
 /// One request's packed reply: the admitted byte, then per charge a flags
 /// byte (enough, window) and what is left as a big-endian i64, and for a
@@ -499,9 +583,11 @@ fn parse_one(bytes: &[u8], charges: usize) -> Result<(RequestResult, usize), &'s
     };
     for _ in 0..charges {
         let flags = *bytes.get(pos).ok_or("wrong length")?;
-        if flags & !(REPLY_ENOUGH | REPLY_WINDOW) != 0 {
+        if flags & !(REPLY_ENOUGH | REPLY_WINDOW | REPLY_OUTCOME | REPLY_EXPIRED) != 0 {
             return Err("enough flag");
         }
+        let reservation = ReservationOutcome::from_code((flags & REPLY_OUTCOME) >> 2)
+            .ok_or("reservation outcome")?;
         let remaining_micro = i64::from_be_bytes(word(pos + 1)?);
         pos += 9;
         let window = if flags & REPLY_WINDOW == 0 {
@@ -515,10 +601,19 @@ fn parse_one(bytes: &[u8], charges: usize) -> Result<(RequestResult, usize), &'s
                 previous_micro,
             })
         };
+        let expired = if flags & REPLY_EXPIRED == 0 {
+            0
+        } else {
+            let b = bytes.get(pos..pos + 4).ok_or("wrong length")?;
+            pos += 4;
+            u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+        };
         out.push(ChargeResult {
             enough: flags & REPLY_ENOUGH != 0,
             remaining_micro,
             window,
+            reservation,
+            expired,
         });
     }
     Ok((

@@ -5,7 +5,9 @@
 //! backend per slot, and runs on the cluster with one script call per slot.
 
 use crate::metrics as m;
-use crate::storage::algorithm::{ChargeKind, ChargeResult, ChargeSpec, RequestResult};
+use crate::storage::algorithm::{
+    ChargeKind, ChargeResult, ChargeSpec, RequestResult, ReservationOutcome,
+};
 use crate::storage::{Charge, StorageError};
 use std::collections::HashMap;
 use std::future::Future;
@@ -60,7 +62,8 @@ pub(crate) async fn apply_slots<S: SlotCall>(
     slots: &[(u16, Vec<usize>)],
 ) -> Result<RequestResult, StorageError> {
     let is_refund = |i: usize| charges[i].spec.kind == ChargeKind::Refund;
-    let has_consume = charges.iter().any(|c| c.spec.kind == ChargeKind::Consume);
+    // Consumes, reserves and settlements go in the first phase.
+    let has_consume = charges.iter().any(|c| !c.spec.kind.gives_back());
     let mut results: Vec<Option<ChargeResult>> = vec![None; charges.len()];
 
     if has_consume {
@@ -167,6 +170,26 @@ async fn compensate<S: SlotCall>(
             let mut give_back = Vec::new();
             for (&i, cr) in idx.iter().zip(&r.charges) {
                 let c = &charges[i];
+                // A reserve this slot admitted is undone: its estimate
+                // comes back and is taken off its reservation (forgotten
+                // when nothing is left; another reserve of the same id
+                // keeps its own). A settlement stands, as a debt charge
+                // does.
+                if let ChargeKind::Reserve(res) = c.spec.kind {
+                    if cr.enough {
+                        *taken.entry(c.key.as_str()).or_default() +=
+                            i128::try_from(c.spec.cost_micro()).unwrap_or(i128::MAX);
+                        give_back.push(Charge {
+                            key: c.key.clone(),
+                            spec: ChargeSpec {
+                                kind: ChargeKind::Unreserve { id: res.id },
+                                shadow: false,
+                                ..c.spec
+                            },
+                        });
+                    }
+                    continue;
+                }
                 let stands = c.spec.stood(cr.enough);
                 if c.spec.kind == ChargeKind::Consume && (cr.enough || stands) && c.spec.cost > 0 {
                     *taken.entry(c.key.as_str()).or_default() +=
@@ -205,10 +228,20 @@ async fn compensate<S: SlotCall>(
             let before =
                 i128::from(cr.remaining_micro) + taken.get(c.key.as_str()).copied().unwrap_or(0);
             let cap = i128::try_from(c.spec.limit.capacity_micro()).unwrap_or(i128::MAX);
+            // A denied request keeps no reservation: only a refusal at the
+            // cap is reported (as on a single node).
+            let (reservation, expired) = match c.spec.kind {
+                ChargeKind::Reserve(_) if cr.reservation != ReservationOutcome::Full => {
+                    (ReservationOutcome::None, 0)
+                }
+                _ => (cr.reservation, cr.expired),
+            };
             results[i] = Some(ChargeResult {
                 enough: cr.enough || c.spec.kind == ChargeKind::Refund,
                 remaining_micro: i64::try_from(before.min(cap)).unwrap_or(i64::MAX),
                 window: cr.window,
+                reservation,
+                expired,
             });
         }
     }
@@ -384,6 +417,93 @@ mod tests {
         charge(key, limit, cost, ChargeKind::Consume, false)
     }
 
+    /// A book lives in its bucket's hash slot, whether or not the bucket
+    /// key has a hash tag of its own.
+    #[test]
+    fn a_book_is_in_its_buckets_slot() {
+        for k in ["a", "rls:d3:llm|k4:user=v3:ann", "{tenant}:x", "x}{y}z"] {
+            let book = crate::storage::key::book_key(k);
+            assert_eq!(key_slot(&book), key_slot(k), "{k} -> {book}");
+        }
+    }
+
+    fn reserve_on(key: &str, id: &str, cost: u64) -> Charge {
+        let mut limit = bucket(100, 3600, 100);
+        limit.max_debt = 50;
+        let mut c = charge(
+            key,
+            limit.into(),
+            cost,
+            ChargeKind::Reserve(crate::storage::algorithm::Reserve {
+                id: crate::storage::algorithm::ReservationId::of(id),
+                ttl_secs: 60,
+                max_open: 10,
+            }),
+            false,
+        );
+        c.spec.shadow = false;
+        c
+    }
+
+    /// A reserve in one slot beside a charge another slot denies is undone:
+    /// its estimate comes back and its reservation is forgotten; a
+    /// settlement beside a denying slot stands, its book change with it.
+    #[tokio::test]
+    async fn a_spread_reserve_is_undone_with_the_request_and_a_settlement_stands() {
+        let clock = ManualClock::new(1_000_000);
+        let slots = MemorySlots::new(&clock);
+        let l = limit(100, 3600, 100);
+        let mut debt = bucket(100, 3600, 100);
+        debt.max_debt = 50;
+        let r = slots
+            .apply(&[
+                reserve_on("a", "r1", 30),
+                consume("b", limit(1, 3600, 1), 2),
+            ])
+            .await
+            .expect("answer");
+        assert!(!r.admitted);
+        assert_eq!(r.charges[0].reservation, ReservationOutcome::None);
+        assert_eq!(slots.tokens("a", debt.into()), 100 * MICRO_I64);
+        assert!(slots.slot(key_slot("a")).open_reservations("a").is_empty());
+        // Admitted: kept.
+        let r = slots
+            .apply(&[reserve_on("a", "r1", 30), consume("b", l, 1)])
+            .await
+            .expect("answer");
+        assert!(r.admitted);
+        assert_eq!(r.charges[0].reservation, ReservationOutcome::Opened);
+        assert_eq!(slots.tokens("a", debt.into()), 70 * MICRO_I64);
+        // The same id again, denied elsewhere: its added estimate comes
+        // back and is taken off the reservation, which keeps the first 30.
+        let r = slots
+            .apply(&[
+                reserve_on("a", "r1", 10),
+                consume("b", limit(1, 3600, 1), 2),
+            ])
+            .await
+            .expect("answer");
+        assert!(!r.admitted);
+        assert_eq!(slots.tokens("a", debt.into()), 70 * MICRO_I64);
+        assert_eq!(
+            slots.slot(key_slot("a")).open_reservations("a"),
+            vec![(30, 61_000_000)]
+        );
+        // Settled at 40 beside a denying slot: 10 more taken, book emptied.
+        let mut settle = reserve_on("a", "r1", 40);
+        settle.spec.kind = ChargeKind::Settle {
+            id: crate::storage::algorithm::ReservationId::of("r1"),
+        };
+        let r = slots
+            .apply(&[settle, consume("b", limit(1, 3600, 1), 2)])
+            .await
+            .expect("answer");
+        assert!(!r.admitted);
+        assert_eq!(r.charges[0].reservation, ReservationOutcome::Settled);
+        assert_eq!(slots.tokens("a", debt.into()), 60 * MICRO_I64);
+        assert!(slots.slot(key_slot("a")).open_reservations("a").is_empty());
+    }
+
     #[test]
     fn the_test_keys_are_in_different_slots() {
         let slots: HashSet<u16> = KEYS.iter().map(|k| key_slot(k)).collect();
@@ -542,6 +662,7 @@ mod tests {
                 enough: true,
                 remaining_micro: 100 * MICRO_I64,
                 window: None,
+                ..ChargeResult::default()
             }
         );
         assert_eq!(
@@ -563,6 +684,7 @@ mod tests {
                 enough: false,
                 remaining_micro: 70 * MICRO_I64,
                 window: None,
+                ..ChargeResult::default()
             }
         );
         assert_eq!(slots.tokens("a", debt), -10 * MICRO_I64);
