@@ -60,6 +60,20 @@ async fn served_with_raw_client() -> (tempfile::TempDir, BucketRls, h2::client::
     (dir, rls, client)
 }
 
+/// The service on [`CONFIG`] with a process-wide memory budget of `bytes`
+/// (the directory holds the config while the service runs).
+async fn served_with_budget(bytes: &str) -> (tempfile::TempDir, BucketRls) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("flood.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let rls = BucketRls::start(
+        &config,
+        &["--log-level", "warn", "--max-buffered-request-bytes", bytes],
+    )
+    .await;
+    (dir, rls)
+}
+
 /// The attack: `h2load -c 1 -m N -w 0` with a `ShouldRateLimit` body. One
 /// connection with a stream window of 0 tries to open 20,000 streams; before
 /// the bound, every one was decided and its response held in memory (about
@@ -253,19 +267,7 @@ async fn a_request_that_does_not_decode_is_invalid_argument() {
 /// unfinished calls are reset the budget is free again.
 #[tokio::test]
 async fn past_the_request_memory_budget_new_calls_are_refused_and_others_finish() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("flood.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let rls = BucketRls::start(
-        &config,
-        &[
-            "--log-level",
-            "warn",
-            "--max-buffered-request-bytes",
-            "5242880",
-        ],
-    )
-    .await;
+    let (_dir, rls) = served_with_budget("5242880").await;
     let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
     let (client, conn) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
     tokio::spawn(async move {
@@ -391,19 +393,7 @@ async fn window_less_calls(rls: &BucketRls, calls: usize) -> (usize, usize) {
 /// outside the budget, so connections multiplied it.)
 #[tokio::test]
 async fn streams_whose_answers_a_peer_does_not_take_count_in_the_memory_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("flood.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let rls = BucketRls::start(
-        &config,
-        &[
-            "--log-level",
-            "warn",
-            "--max-buffered-request-bytes",
-            "1048576",
-        ],
-    )
-    .await;
+    let (_dir, rls) = served_with_budget("1048576").await;
     const CALLS: usize = 600;
     let most = 1_048_576 / bucket_rls::grpc::STREAM_STATE_BYTES;
     let (begun, refused) = window_less_calls(&rls, CALLS).await;
