@@ -402,6 +402,13 @@ pub enum SetupError {
     /// flags missing their partner.
     #[error("{0}")]
     Tls(String),
+    /// `--redis-key-prefix` with a `{` or `}` that forms no whole hash tag,
+    /// with `--redis-cluster`: a bucket's quota records and reservations
+    /// would not share its hash slot.
+    #[error(
+        "--redis-key-prefix {0:?}: with --redis-cluster a prefix with '{{' or '}}' must hold a whole hash tag such as \"rls:{{limits}}:\" (a bucket's quota records and reservations must share its hash slot)"
+    )]
+    ClusterKeyPrefix(String),
     /// `--health-require-config` without `--health-mode go`.
     #[error("--health-require-config applies only with --health-mode go")]
     HealthRequireConfig,

@@ -793,6 +793,13 @@ impl TryFrom<&ServeArgs> for Backend {
             tls_client,
             ..RedisOptions::default()
         };
+        let prefix = args.redis_key_prefix.as_bytes();
+        if !args.redis_cluster.is_empty()
+            && prefix.iter().any(|c| matches!(c, b'{' | b'}'))
+            && crate::storage::redis::cluster::slot::hash_tag(prefix).is_none()
+        {
+            return Err(SetupError::ClusterKeyPrefix(args.redis_key_prefix.clone()));
+        }
         Ok(if !args.redis_cluster.is_empty() {
             Self::Cluster {
                 nodes: args.redis_cluster.clone(),

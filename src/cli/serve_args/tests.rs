@@ -528,3 +528,37 @@ fn the_default_algorithm_reaches_the_loader_and_the_overrides() {
         "{e}"
     );
 }
+
+#[test]
+fn a_cluster_key_prefix_with_a_brace_needs_a_whole_hash_tag() {
+    for prefix in ["rls{", "rls}", "rls{}:", "a}b{", "x}{"] {
+        let (e, msg) = refused(&[
+            "--redis-cluster",
+            "127.0.0.1:2",
+            "--redis-key-prefix",
+            prefix,
+        ]);
+        assert!(
+            matches!(e, SetupError::ClusterKeyPrefix(_)),
+            "{prefix}: {e:?}"
+        );
+        assert!(msg.contains(prefix) && msg.contains("hash tag"), "{msg}");
+    }
+    for prefix in ["rls:", "rls:{limits}:", "}{t}", ""] {
+        backend(&[
+            "--redis-cluster",
+            "127.0.0.1:2",
+            "--redis-key-prefix",
+            prefix,
+        ])
+        .unwrap_or_else(|e| panic!("{prefix:?} refused: {e}"));
+    }
+    // Without Cluster there are no slots: any prefix will do.
+    backend(&[
+        "--redis-url",
+        "redis://127.0.0.1:1",
+        "--redis-key-prefix",
+        "rls{",
+    ])
+    .expect("single node");
+}
