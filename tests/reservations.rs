@@ -207,6 +207,38 @@ async fn a_bucket_holds_at_most_max_open_reservations() {
     assert_eq!(reserve(&l, "ann", "c", 1).await, OK);
 }
 
+/// A reserve of 0 is a check: it reads the user's balance, reserves
+/// nothing and opens no reservation, so reads never fill `max_open`.
+#[tokio::test]
+async fn a_check_of_zero_reads_the_balance_and_opens_no_reservation() {
+    let (storage, _clock) = memory();
+    let yaml = CONFIG.replace("max_open: 100", "max_open: 1");
+    let l = common::limiter(&yaml, storage.clone(), "m:");
+    assert_eq!(reserve(&l, "ann", "a", 300).await, OK);
+    for i in 0..3 {
+        let d = desc_hits(&[("user", "ann"), ("request_id", &format!("read-{i}"))], 0);
+        let r = l.should_rate_limit(&req("llm", vec![d], 0)).await.unwrap();
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(r.statuses[0].limit_remaining, 700, "the balance, read");
+    }
+    let bucket = key::reservation_bucket(
+        "m:",
+        "llm",
+        &[("user", KeyValue::Value("ann"))],
+        "request_id",
+    );
+    assert_eq!(
+        storage.open_reservations(&bucket).len(),
+        1,
+        "only the real reserve is open"
+    );
+    // The one slot is taken by "a" alone: once it settles, the next reserve fits.
+    assert_eq!(reserve(&l, "ann", "b", 100).await, OVER);
+    assert_eq!(settle(&l, "ann", "a", 300).await, OK);
+    assert_eq!(reserve(&l, "ann", "b", 100).await, OK);
+    assert_eq!(tokens(balance(&*storage, "m:", "ann").await), 600);
+}
+
 /// `pairs` users' worth of concurrent reserve/settle pairs, spread over
 /// `replicas`: reserve E = 20, settle A = 10 + i % 25; returns ΣA.
 async fn concurrent_pairs(replicas: &[Arc<Limiter>], pairs: usize) -> u64 {

@@ -118,6 +118,12 @@ pub(super) fn plan(
                 let id = ReservationId::of_bytes(clip_id(d.entries[id_at].1));
                 let kind = if settle {
                     ChargeKind::Settle { id }
+                } else if cost == 0 {
+                    // A check (a `hits_addend` of 0, the way to read a
+                    // balance) reserves nothing: it reads the user's
+                    // bucket and opens no reservation, so reads cannot
+                    // fill `max_open`.
+                    ChargeKind::Consume
                 } else {
                     ChargeKind::Reserve(Reserve {
                         id,
