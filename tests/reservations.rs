@@ -239,6 +239,94 @@ async fn a_check_of_zero_reads_the_balance_and_opens_no_reservation() {
     assert_eq!(tokens(balance(&*storage, "m:", "ann").await), 600);
 }
 
+/// A `limit` override on a reservation rule limits the user's one bucket
+/// (at the override's rate), never one bucket per request id; reserves and
+/// settlements work on it as on the rule's own bucket.
+#[tokio::test]
+async fn an_override_on_a_reservation_rule_limits_the_users_one_bucket() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+    let (storage, _clock) = memory();
+    let l = limiter_on(storage.clone(), "m:");
+    let call = |id: String, settle: bool, hits: u64| {
+        let mut entries = vec![("user", "ov".to_owned()), ("request_id", id)];
+        if settle {
+            entries.push(("phase", "settle".to_owned()));
+        }
+        let pairs: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut d = desc_hits(&pairs, hits);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit: RateLimitUnit::Hour as i32,
+        });
+        req("llm", vec![d], 0)
+    };
+    let mut admitted = 0;
+    for i in 0..5 {
+        let r = l
+            .should_rate_limit(&call(format!("id-{i}"), false, 1))
+            .await
+            .unwrap();
+        if r.overall_code == OK {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 2,
+        "two of five distinct ids fit the override of 2"
+    );
+    // Settling id-0 at 0 gives its estimate back: one more reserve fits.
+    let r = l
+        .should_rate_limit(&call("id-0".into(), true, 0))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    let r = l
+        .should_rate_limit(&call("id-9".into(), false, 1))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK, "the estimate given back is there again");
+    let r = l
+        .should_rate_limit(&call("id-10".into(), false, 1))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OVER);
+}
+
+/// `is_negative_hits` on a reservation rule's descriptor gives tokens back
+/// to the user's bucket (not to a bucket of its own per id) and answers
+/// that bucket's balance; the reservation stays as it was.
+#[tokio::test]
+async fn negative_hits_on_a_reservation_rule_refund_the_users_bucket() {
+    let (storage, _clock) = memory();
+    let l = limiter_on(storage.clone(), "m:");
+    assert_eq!(reserve(&l, "ann", "a", 300).await, OK);
+    for entries in [
+        &[("user", "ann"), ("request_id", "a")][..],
+        &[("user", "ann"), ("request_id", "a"), ("phase", "settle")][..],
+    ] {
+        let mut d = desc_hits(entries, 100);
+        d.is_negative_hits = true;
+        let r = l.should_rate_limit(&req("llm", vec![d], 0)).await.unwrap();
+        assert_eq!(r.overall_code, OK);
+    }
+    assert_eq!(tokens(balance(&*storage, "m:", "ann").await), 900);
+    let bucket = key::reservation_bucket(
+        "m:",
+        "llm",
+        &[("user", KeyValue::Value("ann"))],
+        "request_id",
+    );
+    assert_eq!(
+        storage.open_reservations(&bucket).len(),
+        1,
+        "the reservation stays open"
+    );
+    // Settled at 300: its estimate was 300, nothing more to charge.
+    assert_eq!(settle(&l, "ann", "a", 300).await, OK);
+    assert_eq!(tokens(balance(&*storage, "m:", "ann").await), 900);
+}
+
 /// `pairs` users' worth of concurrent reserve/settle pairs, spread over
 /// `replicas`: reserve E = 20, settle A = 10 + i % 25; returns ΣA.
 async fn concurrent_pairs(replicas: &[Arc<Limiter>], pairs: usize) -> u64 {

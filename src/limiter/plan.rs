@@ -107,16 +107,20 @@ pub(super) fn plan(
         let rule = mt.as_ref().map(|m| &domain.rules[m.rule]);
         // The reservation of a reservation rule's descriptor: its last
         // entry (the settlement's last but one) is the id, the entries above
-        // it key the bucket.
+        // it key the bucket, whatever the call: with a `limit` override
+        // (the override's bucket of the entries above, never one per id)
+        // and with `is_negative_hits` (a refund to that bucket).
         let reserving = match rule.and_then(|r| r.reservation) {
-            Some(res) if d.limit.is_none() && !d.is_negative_hits => {
+            Some(res) => {
                 let id_at = if settle {
                     d.entries.len() - 2
                 } else {
                     d.entries.len() - 1
                 };
                 let id = ReservationId::of_bytes(clip_id(d.entries[id_at].1));
-                let kind = if settle {
+                let kind = if d.is_negative_hits {
+                    ChargeKind::Refund
+                } else if settle {
                     ChargeKind::Settle { id }
                 } else if cost == 0 {
                     // A check (a `hits_addend` of 0, the way to read a
@@ -268,6 +272,17 @@ pub(super) fn plan(
             metadata,
             rule: mt.as_ref().map(|m| m.rule),
         });
+        // Reservations live beside token buckets only: under an override
+        // that gets a window (`--default-algorithm`), a reserve is a plain
+        // consume and a settlement charges its cost in full.
+        let kind = match kind {
+            ChargeKind::Reserve(_) | ChargeKind::Settle { .. }
+                if !matches!(limit, Limit::TokenBucket(_)) =>
+            {
+                ChargeKind::Consume
+            }
+            k => k,
+        };
         let mut bucket_key = key::encode(&settings.key_prefix, &domain.name, &entries);
         if let Some((rpu, unit_secs)) = own_bucket {
             key::push_override_rate(&mut bucket_key, rpu, unit_secs);
