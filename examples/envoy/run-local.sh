@@ -29,6 +29,7 @@ for tool in redis-server curl python3; do
   command -v "$tool" >/dev/null || { echo "run-local: $tool is missing" >&2; exit 1; }
 done
 if [ -z "${BUCKET_RLS_BIN:-}" ]; then
+  echo "run-local: building the release binary (several minutes the first time; BUCKET_RLS_BIN=path skips it)" >&2
   (cd "$root" && cargo build --release --quiet)
   BUCKET_RLS_BIN="$root/target/release/bucket-rls"
 fi
