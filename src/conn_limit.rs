@@ -427,27 +427,61 @@ pub fn set_buffered_request_budget(bytes: usize) -> bool {
     BUFFERED_REQUEST_LIMIT.set(bytes).is_ok()
 }
 
-/// Bytes of the process-wide request budget held by one call; given back
-/// when dropped.
+/// Bytes of the process-wide request budget (or of the health reserve)
+/// held by one call; given back when dropped.
 #[derive(Debug)]
-pub struct RequestBytes(usize);
+pub struct RequestBytes {
+    bytes: usize,
+    pool: &'static std::sync::atomic::AtomicUsize,
+}
 
 impl Drop for RequestBytes {
     fn drop(&mut self) {
-        BUFFERED_REQUEST_USED.fetch_sub(self.0, std::sync::atomic::Ordering::Relaxed);
+        self.pool
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
+/// Takes `bytes` from `pool` when it stays at most `limit`.
+fn take(
+    pool: &'static std::sync::atomic::AtomicUsize,
+    limit: usize,
+    bytes: usize,
+) -> Option<RequestBytes> {
+    use std::sync::atomic::Ordering::Relaxed;
+    pool.fetch_update(Relaxed, Relaxed, |used| {
+        used.checked_add(bytes).filter(|&after| after <= limit)
+    })
+    .ok()
+    .map(|_| RequestBytes { bytes, pool })
+}
+
 /// Reserves `bytes` of the process-wide request budget, or `None` when
-/// that many are not free now (the call is to be refused, never queued).
+/// that many are not free now (the call is to be refused, never queued;
+/// counted in `bucket_rls_memory_budget_refusals_total`).
 #[must_use]
 pub fn reserve_request_bytes(bytes: usize) -> Option<RequestBytes> {
-    use std::sync::atomic::Ordering::Relaxed;
     let limit = *BUFFERED_REQUEST_LIMIT.get_or_init(|| DEFAULT_BUFFERED_REQUEST_BYTES);
-    BUFFERED_REQUEST_USED
-        .fetch_update(Relaxed, Relaxed, |used| {
-            used.checked_add(bytes).filter(|&after| after <= limit)
-        })
-        .ok()
-        .map(|_| RequestBytes(bytes))
+    let held = take(&BUFFERED_REQUEST_USED, limit, bytes);
+    if held.is_none() {
+        metrics::counter!(crate::metrics::MEMORY_BUDGET_REFUSALS).increment(1);
+    }
+    held
+}
+
+/// Bytes set aside for gRPC health checks (`grpc.health.v1.Health/Check`)
+/// when the request budget is used up (1 MiB, about 200 checks at once): a
+/// flood that fills the budget does not also fail the liveness probes of a
+/// service that is still serving.
+pub const HEALTH_RESERVE_BYTES: usize = 1 << 20;
+
+/// Bytes of [`HEALTH_RESERVE_BYTES`] held now.
+static HEALTH_RESERVE_USED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Reserves `bytes` for one health check from the health reserve, for when
+/// [`reserve_request_bytes`] refused them; `None` when the reserve is used
+/// up too.
+#[must_use]
+pub fn reserve_health_bytes(bytes: usize) -> Option<RequestBytes> {
+    take(&HEALTH_RESERVE_USED, HEALTH_RESERVE_BYTES, bytes)
 }

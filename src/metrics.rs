@@ -88,6 +88,10 @@ pub const RLQS_ASSIGNMENTS: &str = "bucket_rls_rlqs_assignments_total";
 /// `rule` (the rule path).
 pub const RLQS_SUBSCRIBERS: &str = "bucket_rls_rlqs_subscribers";
 
+/// Counter: streams and calls refused because the process-wide memory
+/// budget (`--max-buffered-request-bytes`) was used up.
+pub const MEMORY_BUDGET_REFUSALS: &str = "bucket_rls_memory_budget_refusals_total";
+
 /// Registers descriptions for every metric (call once, after installing a recorder).
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_histogram};
@@ -119,6 +123,10 @@ pub fn describe() {
     metrics::describe_gauge!(RLQS_STREAMS, "Open quota (RLQS) streams");
     metrics::describe_gauge!(RLQS_BUCKETS, "Buckets held by the open quota streams");
     describe_counter!(RLQS_REPORTS, "Quota usage report messages received");
+    describe_counter!(
+        MEMORY_BUDGET_REFUSALS,
+        "Streams and calls refused because the process-wide memory budget was used up"
+    );
     describe_counter!(RLQS_ASSIGNMENTS, "Quota assignments sent");
     metrics::describe_gauge!(
         RLQS_SUBSCRIBERS,

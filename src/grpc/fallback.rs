@@ -65,13 +65,23 @@ pub(super) async fn forward(
                 while !data.is_empty() {
                     send.reserve_capacity(data.len());
                     // Capacity, or None once the client reset the stream.
-                    let n = poll_fn(|cx| {
-                        if send.poll_reset(cx).is_ready() {
-                            return Poll::Ready(None);
-                        }
-                        send.poll_capacity(cx)
-                    })
+                    // A peer that grants no window for ANSWER_WINDOW_TIMEOUT
+                    // gets the stream reset, which gives its share of the
+                    // budget back (as a unary answer's).
+                    let n = tokio::time::timeout(
+                        super::h2::ANSWER_WINDOW_TIMEOUT,
+                        poll_fn(|cx| {
+                            if send.poll_reset(cx).is_ready() {
+                                return Poll::Ready(None);
+                            }
+                            send.poll_capacity(cx)
+                        }),
+                    )
                     .await;
+                    let Ok(n) = n else {
+                        send.send_reset(h2::Reason::CANCEL);
+                        return;
+                    };
                     let Some(Ok(n)) = n else { return };
                     let chunk = data.split_to(n.min(data.len()));
                     if send.send_data(chunk, false).is_err() {

@@ -296,7 +296,8 @@ fn budget_used_up() -> Status {
 /// Reserves an open stream's share of the process-wide budget:
 /// [`STREAM_STATE_BYTES`] and its request head (each header's name and
 /// value plus 32 bytes, as HPACK counts a header list), or `None` when the
-/// budget cannot hold it.
+/// budget cannot hold it (a health check then draws on the health
+/// reserve).
 fn reserve_stream<B>(req: &Request<B>) -> Option<RequestBytes> {
     let head: usize = req
         .headers()
@@ -304,8 +305,17 @@ fn reserve_stream<B>(req: &Request<B>) -> Option<RequestBytes> {
         .map(|(k, v)| k.as_str().len() + v.len() + 32)
         .sum::<usize>()
         + req.uri().path().len();
-    crate::conn_limit::reserve_request_bytes(STREAM_STATE_BYTES + head)
+    let bytes = STREAM_STATE_BYTES + head;
+    crate::conn_limit::reserve_request_bytes(bytes).or_else(|| {
+        (req.uri().path() == HEALTH_CHECK_PATH)
+            .then(|| crate::conn_limit::reserve_health_bytes(bytes))
+            .flatten()
+    })
 }
+
+/// gRPC health's unary check: past the budget it draws on
+/// [`crate::conn_limit::HEALTH_RESERVE_BYTES`], so probes keep answering.
+const HEALTH_CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
 
 /// Resolves when a keep-alive ping is not answered in time; never without
 /// pings configured.

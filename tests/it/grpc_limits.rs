@@ -440,3 +440,113 @@ async fn streams_whose_answers_a_peer_does_not_take_count_in_the_memory_budget()
         "{refused_again} refused the second time"
     );
 }
+
+/// Long-lived streams answered by the fallback (reflection here; health
+/// `Watch` and the quota service alike) count in the budget too, and an
+/// answer the peer grants no window for gives the budget back after the
+/// same 10 s as a unary answer, while the peer stays connected. While the
+/// budget is used up, gRPC health checks still answer from their own small
+/// reserve, so liveness probes of a serving replica do not fail.
+#[tokio::test]
+async fn fallback_streams_count_in_the_budget_and_health_checks_keep_answering() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    let (_dir, rls) = served_with_budget("65536").await;
+    let tcp = tokio::net::TcpStream::connect(rls.grpc).await.unwrap();
+    let (client, mut conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .expect("HTTP/2 handshake");
+    let mut pings = conn.ping_pong().expect("ping handle");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    pings.ping(h2::Ping::opaque()).await.expect("pong");
+    let list = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    }
+    .encode_to_vec();
+    let mut client = client;
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        client = client.ready().await.expect("connection alive");
+        let req = http::Request::post(format!(
+            "http://{}/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            rls.grpc
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (resp, mut body) = client.send_request(req, false).expect("stream");
+        // The stream stays open: more questions could follow.
+        body.send_data(framed(&list), false).expect("question");
+        held.push((resp, body));
+    }
+    let mut grpc = RateLimitServiceClient::connect(format!("http://{}", rls.grpc))
+        .await
+        .expect("connect");
+    let call = || crate::common::req("flood", vec![crate::common::desc(&[("k", "probe")])], 1);
+    // The reflection streams fill the 64 KiB budget.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match grpc.should_rate_limit(call()).await {
+            Err(s) if s.code() == tonic::Code::ResourceExhausted => break,
+            other => {
+                assert!(other.is_ok(), "{other:?}");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the budget never filled"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    // Health checks answer all the same.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", rls.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let status = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("a health check past the budget")
+        .into_inner()
+        .status;
+    assert_eq!(
+        ServingStatus::try_from(status).unwrap(),
+        ServingStatus::Serving
+    );
+    // The reflection answers wait for window at most 10 s: then the budget
+    // is back although the peer is still connected.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        match grpc.should_rate_limit(call()).await {
+            Ok(r) => {
+                assert_eq!(r.into_inner().overall_code, 1, "OK");
+                break;
+            }
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the budget never came back while the peer stayed"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    assert!(
+        client.ready().await.is_ok(),
+        "the peer's connection is still open"
+    );
+    drop(held);
+}
