@@ -963,6 +963,154 @@ end
 -- repeat at the same now has the same outcome and reply (`rsame`), so it
 -- is not computed again. Any other request ends the run (rc = nil).
 local ssub = string.sub
+-- A request of several charges on distinct keys, without reservations (a
+-- request with several descriptors): what `general` does, without its
+-- per-key tables, since each key has one charge: the level after only the
+-- charges that stand is the charge's own result, and what a key had before
+-- the request is the level read. A run of identical such requests (the
+-- same bytes of ARGV[3]) is decoded and read once, as for one charge below:
+-- each repeat starts from what the request before it left on each key
+-- (SW), and repeats a reply when that request wrote nothing (msame). Per
+-- charge c: algorithm, key, limit, cost, flags % 4 and extra parameter (SA,
+-- SK, S1, S2, S3, SC, SL, SX), the level read (SW), stored after now (SS),
+-- whether this run wrote the key (SR), the level after the charge, enough,
+-- changed, stands (SF, SO, SG, SD); the reply's values and formats (SV,
+-- SP); reply formats by number of charges (SFORMATS). Made by the first
+-- such request of the call (ST), reused after.
+local ST, MARK, SFORMATS
+local mc, msame
+
+-- Its reply, or nil and the error of reading one of its keys; false when
+-- two of its charges share a key (then `general` runs it).
+local function several(first, n)
+  local t = ST
+  if t == nil then
+    t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
+    ST, MARK, SFORMATS = t, {}, {}
+  end
+  local SA, SK, S1, S2, S3, SC, SL, SX, SW = t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]
+  local SS, SR, SF, SO, SG, SD, SV, SP = t[10], t[11], t[12], t[13], t[14], t[15], t[16], t[17]
+  local bytes = ssub(packed, first, first + 32 * n - 1)
+  if bytes == mc then
+    if msame then
+      return msame
+    end
+  else
+    mc = nil
+    local pos = first
+    for c = 1, n do
+      local a, k, p1, p2, p3, cost, flags
+      a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
+      if MARK[k] == first then
+        return false
+      end
+      MARK[k] = first
+      local low = flags % 4
+      -- Exact: flags < 2^35 and the divisors are powers of two.
+      SA[c], SK[c], S1[c], S2[c], S3[c], SC[c], SL[c], SX[c] = ALGORITHMS[a], k, p1, p2, p3, cost, low, (flags - low) / 4
+    end
+    for c = 1, n do
+      local k = SK[c]
+      local s, err = stored(k)
+      if s == nil then
+        return nil, err
+      end
+      SW[c], SS[c] = readk(SA[c], k, s, S1[c], S2[c], S3[c])
+      SR[c] = false
+    end
+  end
+  local admitted = true
+  for c = 1, n do
+    local alg, low = SA[c], SL[c]
+    if low % 2 == 1 then
+      SF[c], SG[c] = alg[REFUND](SW[c], SC[c], S1[c], S2[c], S3[c], SX[c], now)
+      SO[c], SD[c] = true, false
+    else
+      local ok
+      SF[c], ok, SG[c], SD[c] = alg[CONSUME](SW[c], SC[c], S1[c], S2[c], S3[c], SX[c])
+      SO[c] = ok
+      if not ok and low < 2 then
+        admitted = false
+      end
+    end
+  end
+  -- The reply: what each key has left after the request (admitted) or
+  -- had before it (denied), under the charge's limit.
+  local nv, wide = 1, false
+  SV[1] = admitted and 1 or 0
+  for c = 1, n do
+    local left, prev
+    if admitted then
+      left, prev = SA[c][REPORT](SF[c], S1[c], S2[c], S3[c], now)
+    else
+      left, prev = SA[c][REPORT](SW[c], S1[c], S2[c], S3[c], now)
+    end
+    local enough = SO[c] and 1 or 0
+    if prev == nil then
+      SV[nv + 1], SV[nv + 2] = enough, left
+      SP[c] = 'Bi8'
+      nv = nv + 2
+    else
+      SV[nv + 1], SV[nv + 2], SV[nv + 3], SV[nv + 4] = enough + 2, left, now, prev
+      SP[c] = 'Bi8I8I8'
+      nv = nv + 4
+      wide = true
+    end
+  end
+  local fmt
+  if wide then
+    fmt = '>B' .. table.concat(SP, '', 1, n)
+  else
+    fmt = SFORMATS[n]
+    if fmt == nil then
+      fmt = '>B' .. string.rep('Bi8', n)
+      SFORMATS[n] = fmt
+    end
+  end
+  local out = spack(fmt, unpack(SV, 1, nv))
+  -- The writes (`put`), and what the next request on each key reads
+  -- (`readk`).
+  local wrote = false
+  for c = 1, n do
+    local level
+    if admitted then
+      if SG[c] then
+        level = SF[c]
+      elseif SS[c] then
+        level = SW[c]
+      end
+    elseif SD[c] then
+      level = SF[c]
+    elseif SS[c] then
+      level = SW[c]
+    end
+    if level ~= nil then
+      wrote = true
+      local alg, k, p1, p2, p3 = SA[c], SK[c], S1[c], S2[c], S3[c]
+      local kept = alg[KEPT](level, p1, p2, p3)
+      if SR[c] then
+        PL[k], PK[k] = level, kept
+      else
+        put(k, alg, p1, p2, p3, level)
+        SR[c] = true
+      end
+      if kept then
+        SW[c] = alg[REBASE](level, p1, p2, p3, p1, p2, p3)
+      else
+        SW[c] = alg[READ](false, p1, p2, p3, now)
+      end
+      SS[c] = false
+    end
+  end
+  mc = bytes
+  if wrote then
+    msame = nil
+  else
+    msame = out
+  end
+  return out
+end
+
 local parts = {}
 local first = 1
 local rc, rk, ralg, rp1, rp2, rp3, rcost, rlow, rx, rw, rsame, rwrote
@@ -970,6 +1118,7 @@ for r = 1, #sizes / 4 do
   local n = sunpack('>I4', sizes, 4 * r - 3)
   local reply, err
   if n == 1 and RES == nil then
+    mc = nil
     local c = ssub(packed, first, first + 31)
     if c == rc and rsame then
       reply = rsame
@@ -1048,8 +1197,14 @@ for r = 1, #sizes / 4 do
         rc = nil
       end
     end
-  else
+  elseif n > 1 and RES == nil then
     rc = nil
+    reply, err = several(first, n)
+    if reply == false then
+      reply, err = general(first, n)
+    end
+  else
+    rc, mc = nil, nil
     reply, err = general(first, n)
   end
   if reply == nil then
