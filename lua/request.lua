@@ -115,7 +115,10 @@ and reply. Only the work is shared: one TIME, one MGET of every key, and
 each key written at most once, at the end (what the last request that
 wrote it left, with that write's expiry). A key that fails to read (a
 foreign value: WRONGTYPE) fails only the requests that charge it: their
-part of the reply is an error (below) and they write nothing.
+part of the reply is an error (below) and they write nothing. A run of
+identical requests without reservations (the same bytes of ARGV[3]) is
+decoded and read once; each repeat starts from what the one before it left
+(see the end of this file).
 
 Reply: one binary string, big-endian. Of a batch: the replies of its
 requests one after the other, each as below, or for a request that failed
@@ -561,9 +564,10 @@ end
 local WT
 local packed = ARGV[3]
 
--- One request of n charges (any n; a batch runs a request of one charge without reservations itself, below) starting at byte `first` of
--- ARGV[3]: its reply (see the header), or nil and the error of reading one
--- of its keys.
+-- One request of n charges starting at byte `first` of ARGV[3]: its reply
+-- (see the header), or nil and the error of reading one of its keys. (A
+-- batch runs a request without reservations of one charge, or of several
+-- on distinct keys, on the shorter paths below.)
 local function general(first, n)
   local t = WT
   if t == nil then
