@@ -115,7 +115,10 @@ and reply. Only the work is shared: one TIME, one MGET of every key, and
 each key written at most once, at the end (what the last request that
 wrote it left, with that write's expiry). A key that fails to read (a
 foreign value: WRONGTYPE) fails only the requests that charge it: their
-part of the reply is an error (below) and they write nothing.
+part of the reply is an error (below) and they write nothing. A run of
+identical requests without reservations (the same bytes of ARGV[3]) is
+decoded and read once; each repeat starts from what the one before it left
+(see the end of this file).
 
 Reply: one binary string, big-endian. Of a batch: the replies of its
 requests one after the other, each as below, or for a request that failed
@@ -229,15 +232,16 @@ else
 end
 
 -- The books (hashes, which MGET reads as missing) are not checked.
-local isbook = {}
+local isbook = false
 if RES then
+  isbook = {}
   for _, r in pairs(RES) do
     isbook[r[2]] = true
   end
 end
 local absent, na = nil, 0
 for i = 1, nk do
-  if not vals[i] and not isbook[i] then
+  if not vals[i] and not (isbook and isbook[i]) then
     if na == 0 then
       absent = {}
     end
@@ -257,7 +261,7 @@ for i = 1, na, 512 do
 end
 
 -- A call of one request with one charge, every call at low load: the
--- one-charge path of `run` below, inline, with its write (making the
+-- one-charge path of a batch (at the end), with its write (making the
 -- functions below costs more than this path's own work).
 if not batch and #ARGV[3] == 32 and RES == nil then
   local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', ARGV[3], 1)
@@ -389,152 +393,159 @@ end
 -- (the field "m") }; BORDER lists the books written, in order.
 -- Per request: the working copy WB[bk] and whether it changed (WBD), the
 -- copy with only the settlements (KB, KBD), the books touched (RB); per
--- charge its outcome (OUTC) and expired entries dropped (EXPC).
-local BOOK, BOOKW, BORDER, nb = {}, {}, {}, 0
-local WB, WBD, KB, KBD, RB, nrb, OUTC, EXPC = {}, {}, {}, {}, {}, 0, {}, {}
+-- charge its outcome (OUTC) and expired entries dropped (EXPC). Made
+-- only when the call carries reservation records: a closure or a table
+-- costs on every call that makes it.
+local BOOK, BOOKW, BORDER, nb, WB, WBD, KB, KBD, RB, OUTC, EXPC
+local nrb = 0
 local MAX_HELD = 8589934592
+local load_book, fetched, get, load_all, copy_book, wbook, kbook, make_room, record, settle_book, flush_books
+if RES then
+  BOOK, BOOKW, BORDER, nb = {}, {}, {}, 0
+  WB, WBD, KB, KBD, RB, OUTC, EXPC = {}, {}, {}, {}, {}, {}, {}
 
-local function load_book(bk)
-  local b = BOOK[bk]
-  if b == nil then
-    local n = rcall('HLEN', KEYS[bk])
-    local m = rcall('HGET', KEYS[bk], 'm')
-    if m then
-      n = n - 1
-      m = tonumber(m)
-    else
-      m = 0
+  load_book = function(bk)
+    local b = BOOK[bk]
+    if b == nil then
+      local n = rcall('HLEN', KEYS[bk])
+      local m = rcall('HGET', KEYS[bk], 'm')
+      if m then
+        n = n - 1
+        m = tonumber(m)
+      else
+        m = 0
+      end
+      b = { map = {}, n = n, bk = bk, orig = {}, m = m }
+      BOOK[bk] = b
     end
-    b = { map = {}, n = n, bk = bk, orig = {}, m = m }
-    BOOK[bk] = b
+    return b
   end
-  return b
-end
 
--- What Redis held for id, decoded (false: none), noted in the book `b`,
--- in the book of the call and as read.
-local function fetched(b, id, v)
-  local h = false
-  if v then
-    local t, e = sunpack('>I8I8', v)
-    h = { t, e }
-  end
-  b.map[id] = h
-  local base = BOOK[b.bk]
-  if base.map[id] == nil then
-    base.map[id] = h
-  end
-  base.orig[id] = h
-  return h
-end
-
--- The entry of id in book b (false: none).
-local function get(b, id)
-  local h = b.map[id]
-  if h == nil then
-    h = fetched(b, id, rcall('HGET', KEYS[b.bk], id))
-  end
-  return h
-end
-
--- Every entry of book b (a reserve at the cap looks at them all).
-local function load_all(b)
-  local flat = rcall('HGETALL', KEYS[b.bk])
-  for i = 1, #flat, 2 do
-    local id = flat[i]
-    if id ~= 'm' and b.map[id] == nil then
-      fetched(b, id, flat[i + 1])
+  -- What Redis held for id, decoded (false: none), noted in the book `b`,
+  -- in the book of the call and as read.
+  fetched = function(b, id, v)
+    local h = false
+    if v then
+      local t, e = sunpack('>I8I8', v)
+      h = { t, e }
     end
-  end
-end
-
-local function copy_book(b)
-  local m = {}
-  for id, h in pairs(b.map) do
-    m[id] = h
-  end
-  return { map = m, n = b.n, bk = b.bk, orig = b.orig, m = b.m }
-end
-
-local function wbook(bk)
-  local b = WB[bk]
-  if b == nil then
-    b = copy_book(load_book(bk))
-    WB[bk], WBD[bk] = b, false
-    nrb = nrb + 1
-    RB[nrb] = bk
-  end
-  return b
-end
-
-local function kbook(bk)
-  local b = KB[bk]
-  if b == nil then
-    b = copy_book(load_book(bk))
-    KB[bk], KBD[bk] = b, false
-  end
-  return b
-end
-
--- Whether the book is full of other open reservations for a reserve of
--- id, and the expired entries dropped to find out (reservation.rs
--- make_room).
-local function make_room(b, id, maxopen)
-  local expired = 0
-  local h = get(b, id)
-  if h then
-    if h[2] > now then
-      return false, 0
+    b.map[id] = h
+    local base = BOOK[b.bk]
+    if base.map[id] == nil then
+      base.map[id] = h
     end
-    b.map[id] = false
-    b.n = b.n - 1
-    expired = 1
+    base.orig[id] = h
+    return h
   end
-  if b.n >= maxopen then
-    load_all(b)
-    for i, x in pairs(b.map) do
-      if x and x[2] <= now then
-        b.map[i] = false
-        b.n = b.n - 1
-        expired = expired + 1
+
+  -- The entry of id in book b (false: none).
+  get = function(b, id)
+    local h = b.map[id]
+    if h == nil then
+      h = fetched(b, id, rcall('HGET', KEYS[b.bk], id))
+    end
+    return h
+  end
+
+  -- Every entry of book b (a reserve at the cap looks at them all).
+  load_all = function(b)
+    local flat = rcall('HGETALL', KEYS[b.bk])
+    for i = 1, #flat, 2 do
+      local id = flat[i]
+      if id ~= 'm' and b.map[id] == nil then
+        fetched(b, id, flat[i + 1])
       end
     end
   end
-  return b.n >= maxopen, expired
-end
 
--- Records an admitted reserve (reservation.rs record): 1 opened, 2 added.
-local function record(b, id, cost, ttl)
-  local e = now + ttl * MICRO
-  local h = get(b, id)
-  if h then
-    local t = h[1] + cost
-    if t > MAX_HELD then
-      t = MAX_HELD
+  copy_book = function(b)
+    local m = {}
+    for id, h in pairs(b.map) do
+      m[id] = h
     end
-    b.map[id] = { t, e }
-    return 2
+    return { map = m, n = b.n, bk = b.bk, orig = b.orig, m = b.m }
   end
-  if cost > MAX_HELD then
-    cost = MAX_HELD
-  end
-  b.map[id] = { cost, e }
-  b.n = b.n + 1
-  return 1
-end
 
--- A settlement on level w (reservation.rs settle): the level after it,
--- the outcome (4 settled, 5 none open) and the expired entries dropped.
-local function settle_book(alg, w, b, id, cost, p1, p2, p3, x)
-  local h = get(b, id)
-  if h then
-    b.map[id] = false
-    b.n = b.n - 1
+  wbook = function(bk)
+    local b = WB[bk]
+    if b == nil then
+      b = copy_book(load_book(bk))
+      WB[bk], WBD[bk] = b, false
+      nrb = nrb + 1
+      RB[nrb] = bk
+    end
+    return b
   end
-  if h and h[2] > now then
-    return alg[SETTLE](w, h[1], cost, p1, p2, p3, x), 4, 0
+
+  kbook = function(bk)
+    local b = KB[bk]
+    if b == nil then
+      b = copy_book(load_book(bk))
+      KB[bk], KBD[bk] = b, false
+    end
+    return b
   end
-  return alg[SETTLE](w, false, cost, p1, p2, p3, x), 5, h and 1 or 0
+
+  -- Whether the book is full of other open reservations for a reserve of
+  -- id, and the expired entries dropped to find out (reservation.rs
+  -- make_room).
+  make_room = function(b, id, maxopen)
+    local expired = 0
+    local h = get(b, id)
+    if h then
+      if h[2] > now then
+        return false, 0
+      end
+      b.map[id] = false
+      b.n = b.n - 1
+      expired = 1
+    end
+    if b.n >= maxopen then
+      load_all(b)
+      for i, x in pairs(b.map) do
+        if x and x[2] <= now then
+          b.map[i] = false
+          b.n = b.n - 1
+          expired = expired + 1
+        end
+      end
+    end
+    return b.n >= maxopen, expired
+  end
+
+  -- Records an admitted reserve (reservation.rs record): 1 opened, 2 added.
+  record = function(b, id, cost, ttl)
+    local e = now + ttl * MICRO
+    local h = get(b, id)
+    if h then
+      local t = h[1] + cost
+      if t > MAX_HELD then
+        t = MAX_HELD
+      end
+      b.map[id] = { t, e }
+      return 2
+    end
+    if cost > MAX_HELD then
+      cost = MAX_HELD
+    end
+    b.map[id] = { cost, e }
+    b.n = b.n + 1
+    return 1
+  end
+
+  -- A settlement on level w (reservation.rs settle): the level after it,
+  -- the outcome (4 settled, 5 none open) and the expired entries dropped.
+  settle_book = function(alg, w, b, id, cost, p1, p2, p3, x)
+    local h = get(b, id)
+    if h then
+      b.map[id] = false
+      b.n = b.n - 1
+    end
+    if h and h[2] > now then
+      return alg[SETTLE](w, h[1], cost, p1, p2, p3, x), 4, 0
+    end
+    return alg[SETTLE](w, false, cost, p1, p2, p3, x), 5, h and 1 or 0
+  end
 end
 
 -- The working tables of a request with several charges, per key k (index
@@ -553,9 +564,10 @@ end
 local WT
 local packed = ARGV[3]
 
--- One request of n charges (n other than 1) starting at byte `first` of
--- ARGV[3]: its reply (see the header), or nil and the error of reading one
--- of its keys.
+-- One request of n charges starting at byte `first` of ARGV[3]: its reply
+-- (see the header), or nil and the error of reading one of its keys. (A
+-- batch runs a request without reservations of one charge, or of several
+-- on distinct keys, on the shorter paths below.)
 local function general(first, n)
   local t = WT
   if t == nil then
@@ -740,7 +752,7 @@ local function general(first, n)
         local at = nv + 1
         nv, w = push(reply, nv, PIECES, c, ENOUGH[c], LA[k][REPORT](W[k], L1[k], L2[k], L3[k], now))
         wide = wide or w
-        local o = OUTC[c]
+        local o = RES and OUTC[c]
         if o then
           reply[at] = reply[at] + 4 * o
           if EXPC[c] > 0 then
@@ -776,7 +788,7 @@ local function general(first, n)
         local at = nv + 1
         nv, w = push(reply, nv, PIECES, c, ENOUGH[c], alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)), p1, p2, p3, now))
         wide = wide or w
-        local o = OUTC[c]
+        local o = RES and OUTC[c]
         if o then
           local rec = RES[(pos - 33) / 32 + 1]
           local e = EXPC[c]
@@ -852,112 +864,67 @@ local function general(first, n)
   return out
 end
 
--- One request of n charges starting at byte `first` of ARGV[3]: its reply
--- (see the header), or nil and the error of reading one of its keys.
-local function run(first, n)
-  if n ~= 1 or RES then
-    return general(first, n)
-  end
-  -- One charge (the usual request): the general path without its tables.
-  local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
-  local alg = ALGORITHMS[a]
-  local s, err = stored(k)
-  if s == nil then
-    return nil, err
-  end
-  local low = flags % 4
-  local w, stale = readk(alg, k, s, p1, p2, p3)
-  local after, ok, changed, stands
-  if low % 2 == 1 then
-    after, changed = alg[REFUND](w, cost, p1, p2, p3, (flags - low) / 4, now)
-    ok = true
-  else
-    after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, (flags - low) / 4)
-  end
-  local left, prev
-  if ok or low >= 2 then
-    if changed then
-      put(k, alg, p1, p2, p3, after)
-    elseif stale then
-      put(k, alg, p1, p2, p3, w)
-    end
-    left, prev = alg[REPORT](after, p1, p2, p3, now)
-    if prev == nil then
-      return spack('>BBi8', 1, ok and 1 or 0, left)
-    end
-    return spack('>BBi8I8I8', 1, (ok and 1 or 0) + 2, left, now, prev)
-  end
-  if stands then
-    put(k, alg, p1, p2, p3, after)
-  elseif stale then
-    put(k, alg, p1, p2, p3, w)
-  end
-  left, prev = alg[REPORT](w, p1, p2, p3, now)
-  if prev == nil then
-    return spack('>BBi8', 0, 0, left)
-  end
-  return spack('>BBi8I8I8', 0, 2, left, now, prev)
-end
-
 -- Stores the books the requests wrote: only the entries that changed
 -- (HSET, HDEL), the latest expiry ever written in the field "m", and the
 -- hash expires then (an empty book is deleted).
-local function flush_books()
-  for i = 1, nb do
-    local bk = BORDER[i]
-    local b = BOOK[bk]
-    if b.n <= 0 then
-      rcall('DEL', KEYS[bk])
-    else
-      local set, ns, del, nd, m = {}, 0, {}, 0, b.m
-      for id, h in pairs(b.map) do
-        local o = b.orig[id]
-        if h then
-          if not o or o[1] ~= h[1] or o[2] ~= h[2] then
-            set[ns + 1] = id
-            set[ns + 2] = spack('>I8I8', h[1], h[2])
-            ns = ns + 2
-            if h[2] > m then
-              m = h[2]
+if RES then
+  flush_books = function()
+    for i = 1, nb do
+      local bk = BORDER[i]
+      local b = BOOK[bk]
+      if b.n <= 0 then
+        rcall('DEL', KEYS[bk])
+      else
+        local set, ns, del, nd, m = {}, 0, {}, 0, b.m
+        for id, h in pairs(b.map) do
+          local o = b.orig[id]
+          if h then
+            if not o or o[1] ~= h[1] or o[2] ~= h[2] then
+              set[ns + 1] = id
+              set[ns + 2] = spack('>I8I8', h[1], h[2])
+              ns = ns + 2
+              if h[2] > m then
+                m = h[2]
+              end
             end
+          elseif o then
+            nd = nd + 1
+            del[nd] = id
           end
-        elseif o then
-          nd = nd + 1
-          del[nd] = id
         end
-      end
-      for j = 1, nd, 1000 do
-        local last = j + 999
-        if last > nd then
-          last = nd
+        for j = 1, nd, 1000 do
+          local last = j + 999
+          if last > nd then
+            last = nd
+          end
+          rcall('HDEL', KEYS[bk], unpack(del, j, last))
         end
-        rcall('HDEL', KEYS[bk], unpack(del, j, last))
-      end
-      for j = 1, ns, 1000 do
-        local last = j + 999
-        if last > ns then
-          last = ns
+        for j = 1, ns, 1000 do
+          local last = j + 999
+          if last > ns then
+            last = ns
+          end
+          rcall('HSET', KEYS[bk], unpack(set, j, last))
         end
-        rcall('HSET', KEYS[bk], unpack(set, j, last))
+        if m ~= b.m then
+          rcall('HSET', KEYS[bk], 'm', string.format('%d', m))
+        end
+        local us = m - now
+        local ttl = (us - fmod(us, 1000)) / 1000
+        if fmod(us, 1000) > 0 then
+          ttl = ttl + 1
+        end
+        if ttl < 1 then
+          ttl = 1
+        end
+        if ttl < min_ttl then
+          ttl = min_ttl
+        end
+        if ttl > MAX_TTL_MS then
+          ttl = MAX_TTL_MS
+        end
+        rcall('PEXPIRE', KEYS[bk], string.format('%d', ttl))
       end
-      if m ~= b.m then
-        rcall('HSET', KEYS[bk], 'm', string.format('%d', m))
-      end
-      local us = m - now
-      local ttl = (us - fmod(us, 1000)) / 1000
-      if fmod(us, 1000) > 0 then
-        ttl = ttl + 1
-      end
-      if ttl < 1 then
-        ttl = 1
-      end
-      if ttl < min_ttl then
-        ttl = min_ttl
-      end
-      if ttl > MAX_TTL_MS then
-        ttl = MAX_TTL_MS
-      end
-      rcall('PEXPIRE', KEYS[bk], string.format('%d', ttl))
     end
   end
 end
@@ -965,7 +932,9 @@ end
 -- Stores what the requests left: each key written once, with the expiry
 -- of its last write.
 local function flush()
-  flush_books()
+  if RES then
+    flush_books()
+  end
   for i = 1, nw do
     local k = ORDER[i]
     local value, ttl = PA[k][ENCODE](PL[k], now, P1[k], P2[k], P3[k])
@@ -984,16 +953,264 @@ local function flush()
 end
 
 if not batch then
-  local reply = run(1, #packed / 32)
+  local reply = general(1, #packed / 32)
   flush()
   return reply
 end
 
+-- A batch. A request of one charge and no reservation (the usual request)
+-- runs inline below: the one-charge case of `general` without its tables.
+-- A run of identical such requests (the same 32 bytes of ARGV[3]: one hot
+-- bucket, the same limit, cost and flags) is decoded and read once: each
+-- repeat starts from the level the request before it left on the key
+-- (`rw`, what `readk` would give), and when that request wrote nothing, a
+-- repeat at the same now has the same outcome and reply (`rsame`), so it
+-- is not computed again. Any other request ends the run (rc = nil).
+local ssub = string.sub
+-- A request of several charges on distinct keys, without reservations (a
+-- request with several descriptors): what `general` does, without its
+-- per-key tables, since each key has one charge: the level after only the
+-- charges that stand is the charge's own result, and what a key had before
+-- the request is the level read. A run of identical such requests (the
+-- same bytes of ARGV[3]) is decoded and read once, as for one charge below:
+-- each repeat starts from what the request before it left on each key
+-- (SW), and repeats a reply when that request wrote nothing (msame). Per
+-- charge c: algorithm, key, limit, cost, flags % 4 and extra parameter (SA,
+-- SK, S1, S2, S3, SC, SL, SX), the level read (SW), stored after now (SS),
+-- whether this run wrote the key (SR), the level after the charge, enough,
+-- changed, stands (SF, SO, SG, SD); the reply's values and formats (SV,
+-- SP); reply formats by number of charges (SFORMATS). Made by the first
+-- such request of the call (ST), reused after.
+local ST, MARK, SFORMATS
+local mc, msame
+
+-- Its reply, or nil and the error of reading one of its keys; false when
+-- two of its charges share a key (then `general` runs it).
+local function several(first, n)
+  local t = ST
+  if t == nil then
+    t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
+    ST, MARK, SFORMATS = t, {}, {}
+  end
+  local SA, SK, S1, S2, S3, SC, SL, SX, SW = t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]
+  local SS, SR, SF, SO, SG, SD, SV, SP = t[10], t[11], t[12], t[13], t[14], t[15], t[16], t[17]
+  local bytes = ssub(packed, first, first + 32 * n - 1)
+  if bytes == mc then
+    if msame then
+      return msame
+    end
+  else
+    mc = nil
+    local pos = first
+    for c = 1, n do
+      local a, k, p1, p2, p3, cost, flags
+      a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
+      if MARK[k] == first then
+        return false
+      end
+      MARK[k] = first
+      local low = flags % 4
+      -- Exact: flags < 2^35 and the divisors are powers of two.
+      SA[c], SK[c], S1[c], S2[c], S3[c], SC[c], SL[c], SX[c] = ALGORITHMS[a], k, p1, p2, p3, cost, low, (flags - low) / 4
+    end
+    for c = 1, n do
+      local k = SK[c]
+      local s, err = stored(k)
+      if s == nil then
+        return nil, err
+      end
+      SW[c], SS[c] = readk(SA[c], k, s, S1[c], S2[c], S3[c])
+      SR[c] = false
+    end
+  end
+  local admitted = true
+  for c = 1, n do
+    local alg, low = SA[c], SL[c]
+    if low % 2 == 1 then
+      SF[c], SG[c] = alg[REFUND](SW[c], SC[c], S1[c], S2[c], S3[c], SX[c], now)
+      SO[c], SD[c] = true, false
+    else
+      local ok
+      SF[c], ok, SG[c], SD[c] = alg[CONSUME](SW[c], SC[c], S1[c], S2[c], S3[c], SX[c])
+      SO[c] = ok
+      if not ok and low < 2 then
+        admitted = false
+      end
+    end
+  end
+  -- The reply: what each key has left after the request (admitted) or
+  -- had before it (denied), under the charge's limit.
+  local nv, wide = 1, false
+  SV[1] = admitted and 1 or 0
+  for c = 1, n do
+    local left, prev
+    if admitted then
+      left, prev = SA[c][REPORT](SF[c], S1[c], S2[c], S3[c], now)
+    else
+      left, prev = SA[c][REPORT](SW[c], S1[c], S2[c], S3[c], now)
+    end
+    local enough = SO[c] and 1 or 0
+    if prev == nil then
+      SV[nv + 1], SV[nv + 2] = enough, left
+      SP[c] = 'Bi8'
+      nv = nv + 2
+    else
+      SV[nv + 1], SV[nv + 2], SV[nv + 3], SV[nv + 4] = enough + 2, left, now, prev
+      SP[c] = 'Bi8I8I8'
+      nv = nv + 4
+      wide = true
+    end
+  end
+  local fmt
+  if wide then
+    fmt = '>B' .. table.concat(SP, '', 1, n)
+  else
+    fmt = SFORMATS[n]
+    if fmt == nil then
+      fmt = '>B' .. string.rep('Bi8', n)
+      SFORMATS[n] = fmt
+    end
+  end
+  local out = spack(fmt, unpack(SV, 1, nv))
+  -- The writes (`put`), and what the next request on each key reads
+  -- (`readk`).
+  local wrote = false
+  for c = 1, n do
+    local level
+    if admitted then
+      if SG[c] then
+        level = SF[c]
+      elseif SS[c] then
+        level = SW[c]
+      end
+    elseif SD[c] then
+      level = SF[c]
+    elseif SS[c] then
+      level = SW[c]
+    end
+    if level ~= nil then
+      wrote = true
+      local alg, k, p1, p2, p3 = SA[c], SK[c], S1[c], S2[c], S3[c]
+      local kept = alg[KEPT](level, p1, p2, p3)
+      if SR[c] then
+        PL[k], PK[k] = level, kept
+      else
+        put(k, alg, p1, p2, p3, level)
+        SR[c] = true
+      end
+      if kept then
+        SW[c] = alg[REBASE](level, p1, p2, p3, p1, p2, p3)
+      else
+        SW[c] = alg[READ](false, p1, p2, p3, now)
+      end
+      SS[c] = false
+    end
+  end
+  mc = bytes
+  if wrote then
+    msame = nil
+  else
+    msame = out
+  end
+  return out
+end
+
 local parts = {}
 local first = 1
+local rc, rk, ralg, rp1, rp2, rp3, rcost, rlow, rx, rw, rsame, rwrote
 for r = 1, #sizes / 4 do
   local n = sunpack('>I4', sizes, 4 * r - 3)
-  local reply, err = run(first, n)
+  local reply, err
+  if n == 1 and RES == nil then
+    mc = nil
+    local c = ssub(packed, first, first + 31)
+    if c == rc and rsame then
+      reply = rsame
+    else
+      local k, alg, p1, p2, p3, cost, low, x, w, stale
+      if c == rc then
+        k, alg, p1, p2, p3, cost, low, x, w = rk, ralg, rp1, rp2, rp3, rcost, rlow, rx, rw
+      else
+        local a, flags, s
+        a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
+        alg = ALGORITHMS[a]
+        s, err = stored(k)
+        if s ~= nil then
+          low = flags % 4
+          -- Exact: flags < 2^35 and the divisors are powers of two.
+          x = (flags - low) / 4
+          w, stale = readk(alg, k, s, p1, p2, p3)
+          rwrote = false
+        end
+      end
+      if w ~= nil then
+        local after, ok, changed, stands
+        if low % 2 == 1 then
+          after, changed = alg[REFUND](w, cost, p1, p2, p3, x, now)
+          ok = true
+        else
+          after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
+        end
+        local level, left, prev
+        if ok or low >= 2 then
+          if changed then
+            level = after
+          elseif stale then
+            level = w
+          end
+          left, prev = alg[REPORT](after, p1, p2, p3, now)
+          if prev == nil then
+            reply = spack('>BBi8', 1, ok and 1 or 0, left)
+          else
+            reply = spack('>BBi8I8I8', 1, (ok and 1 or 0) + 2, left, now, prev)
+          end
+        else
+          if stands then
+            level = after
+          elseif stale then
+            level = w
+          end
+          left, prev = alg[REPORT](w, p1, p2, p3, now)
+          if prev == nil then
+            reply = spack('>BBi8', 0, 0, left)
+          else
+            reply = spack('>BBi8I8I8', 0, 2, left, now, prev)
+          end
+        end
+        if level == nil then
+          -- Nothing written: the key holds what this request read.
+          rw, rsame = w, reply
+        else
+          -- `put`, and what the next request on the key reads (`readk`).
+          local kept = alg[KEPT](level, p1, p2, p3)
+          if rwrote then
+            PL[k], PK[k] = level, kept
+          else
+            put(k, alg, p1, p2, p3, level)
+            rwrote = true
+          end
+          if kept then
+            rw = alg[REBASE](level, p1, p2, p3, p1, p2, p3)
+          else
+            rw = alg[READ](false, p1, p2, p3, now)
+          end
+          rsame = nil
+        end
+        rc, rk, ralg, rp1, rp2, rp3, rcost, rlow, rx = c, k, alg, p1, p2, p3, cost, low, x
+      else
+        rc = nil
+      end
+    end
+  elseif n > 1 and RES == nil then
+    rc = nil
+    reply, err = several(first, n)
+    if reply == false then
+      reply, err = general(first, n)
+    end
+  else
+    rc, mc = nil, nil
+    reply, err = general(first, n)
+  end
   if reply == nil then
     err = string.sub(err, 1, 1000)
     reply = schar(2) .. spack('>I2', #err) .. err

@@ -545,6 +545,74 @@ fn batches_give_the_replies_of_one_request_at_a_time() {
     }
 }
 
+/// A charge without a reservation: consume, refund, or a give-back.
+fn plain_charge() -> impl Strategy<Value = ChargeGen> {
+    let kind = prop_oneof![
+        8 => Just(KindGen::Consume),
+        3 => Just(KindGen::Refund),
+        1 => prop_oneof![Just(0u64), 0u64..3_000_000].prop_map(KindGen::Return),
+    ];
+    (
+        0usize..3,
+        prop_oneof![4 => Just(None), 1 => limits().prop_map(Some)],
+        prop_oneof![2 => Just(0u64), 6 => 1u64..4, 1 => 1u64..100, 1 => any::<u64>()],
+        kind,
+        prop::bool::weighted(0.2),
+    )
+}
+
+/// Batches made of runs of one request repeated (the hot bucket: the
+/// script decodes and reads such a run once), of one charge or several on
+/// distinct keys or on a shared key, with
+/// refunds, shadow charges, debt and requests of several charges (now and
+/// then with a reservation) between the runs: every request gets the
+/// reply it gets alone, one after the other, with the same stored state
+/// and expiries.
+#[test]
+fn runs_of_identical_requests_give_the_replies_of_one_at_a_time() {
+    let (_server, conn) = server_with_script();
+    let conn = RefCell::new(conn);
+    let script = BucketScript::new();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 400,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let request = prop_oneof![
+        5 => prop::collection::vec(plain_charge(), 1..2),
+        3 => prop::collection::vec(plain_charge(), 2..4),
+        1 => prop::collection::vec(charge(), 1..3),
+    ];
+    let batches = (
+        keys(),
+        prop::collection::vec(
+            (
+                step_us(),
+                prop::collection::vec((request, 1usize..12), 1..5),
+            ),
+            1..6,
+        ),
+    );
+    let result = runner.run(&batches, |(limits, steps)| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let steps: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
+            .into_iter()
+            .map(|(dt, runs)| {
+                let requests = runs
+                    .into_iter()
+                    .flat_map(|(gens, times)| std::iter::repeat_n(gens, times))
+                    .collect();
+                (dt, requests)
+            })
+            .collect();
+        check_batches(&mut conn.borrow_mut(), &script, n, &limits, &steps)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 /// A foreign value under one bucket's name fails only the requests of a
 /// batch that charge it, with the error their own calls get (`WRONGTYPE`);
 /// the other requests are answered and written as alone.
