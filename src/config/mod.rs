@@ -13,7 +13,7 @@ pub mod compile;
 pub mod diff;
 pub mod files;
 pub mod handle;
-mod problem;
+pub mod problem;
 pub mod scalar;
 pub mod schema;
 pub mod source;
