@@ -7,7 +7,11 @@
 //! A stream: the first message binds its domain ([`Limiter::quota_stream`]);
 //! each usage report message is one [`QuotaStream::report`] call, answered
 //! by one response with an action per bucket reported (an identical
-//! assignment sent again only restarts its time to live in Envoy). A
+//! assignment sent again only restarts its time to live in Envoy). While
+//! a bucket's part is cut below what it is due (the other subscribers still
+//! hold more than their targets), the stream checks it again every
+//! [`RECHECK_INTERVAL`] ([`QuotaStream::recheck`]) and sends an assignment
+//! that grew without waiting for Envoy's next report. A
 //! malformed message ends the stream with `INVALID_ARGUMENT` naming the
 //! problem; a storage failure skips that answer (Envoy keeps its
 //! assignments until they expire) and the stream goes on. On shutdown every
@@ -16,7 +20,9 @@
 //! storage at once.
 
 use crate::limiter::Limiter;
-use crate::limiter::quota::{Action, Answer, BucketAnswer, QuotaError, QuotaStream, Usage};
+use crate::limiter::quota::{
+    Action, Answer, BucketAnswer, QuotaError, QuotaStream, RECHECK_INTERVAL, Usage,
+};
 use crate::metrics as m;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::{
     BucketAction, bucket_action,
@@ -32,6 +38,7 @@ use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tonic::{Request, Response, Status, Streaming};
 
 /// The tonic service answering `StreamRateLimitQuotas` from a [`Limiter`].
@@ -79,6 +86,9 @@ async fn serve_stream(
 ) {
     let mut closing = limiter.quotas().closing();
     let mut stream: Option<QuotaStream> = None;
+    // When a bucket of the stream waits for its part (cut below what it is
+    // due): the next recheck.
+    let mut recheck: Option<Instant> = None;
     loop {
         let msg = tokio::select! {
             closed = closing.wait_for(|c| *c) => {
@@ -86,8 +96,29 @@ async fn serve_stream(
                 None
             }
             () = tx.closed() => break,
-            msg = inbound.message() => Some(msg),
+            () = tokio::time::sleep_until(recheck.unwrap_or_else(Instant::now)), if recheck.is_some() => {
+                Some(None)
+            }
+            msg = inbound.message() => Some(Some(msg)),
         };
+        if let Some(None) = msg {
+            recheck = None;
+            if let Some(s) = stream.as_mut() {
+                match s.recheck().await {
+                    Ok(answers) if !answers.is_empty() => {
+                        if tx.send(Ok(response(&answers))).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(subscriber = %s.subscriber(), error = %e,
+                        "quota recheck failed; the bucket waits for the next one"),
+                }
+                recheck = s.waiting().then(|| Instant::now() + RECHECK_INTERVAL);
+            }
+            continue;
+        }
+        let msg = msg.flatten();
         let Some(msg) = msg else {
             if let Some(s) = &stream {
                 let answers = s.expire_all();
@@ -114,6 +145,10 @@ async fn serve_stream(
                 break;
             }
         }
+        recheck = stream
+            .as_ref()
+            .filter(|s| s.waiting())
+            .map(|_| Instant::now() + RECHECK_INTERVAL);
     }
     if let Some(mut s) = stream
         && let Err(e) = s.leave().await

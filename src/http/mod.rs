@@ -21,7 +21,8 @@
 //! - `GET /rlqs`: JSON: the quota (RLQS) streams open on this replica,
 //!   `{"streams": [{subscriber, domain, buckets: {"key=value,...": {rule,
 //!   demand, assignment, subscribers: [{id, demand, tokens_per_fill,
-//!   max_tokens}], balance}}}]}`; demands in requests a second, the
+//!   max_tokens}], balance}}}]}`; demands in requests a second (null until
+//!   a subscriber's second report: its first measures nothing), the
 //!   balance in tokens.
 //! - `POST /json`: one `ShouldRateLimit` call with a `RateLimitRequest` in
 //!   protobuf JSON ([`json`]): 200 with the `RateLimitResponse` when the

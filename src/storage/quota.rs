@@ -50,6 +50,13 @@ pub fn subscribers_key(prefix: &str, bucket_key: &str) -> String {
     k
 }
 
+/// [`QuotaReport::demand_milli`] of a subscriber whose demand is not
+/// measured yet (it has reported once: Envoy's first report of a bucket
+/// follows its first request at once, so it measures nothing). The largest
+/// integer a Lua number holds exactly, so the quota script keeps it as it
+/// is; a measured demand is recorded at most one below it.
+pub const UNMEASURED_DEMAND: u64 = (1 << 53) - 1;
+
 /// The assignment a subscriber holds, in Envoy's token bucket terms.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Held {
@@ -71,7 +78,8 @@ pub struct QuotaReport {
     pub charge: ChargeSpec,
     /// The subscriber (replica id and stream id), at most 64 bytes.
     pub subscriber: String,
-    /// Its smoothed demand, thousandths of a request a second.
+    /// Its smoothed demand, thousandths of a request a second
+    /// ([`UNMEASURED_DEMAND`]: not measured yet). Storage keeps it as given.
     pub demand_milli: u64,
     /// The assignment it holds now (`None`: none yet, or a blanket rule);
     /// recorded as [`fit`] cuts it to `budget`.
@@ -92,7 +100,8 @@ pub struct QuotaReport {
 pub struct SubscriberRecord {
     /// Its id ([`QuotaReport::subscriber`]).
     pub id: String,
-    /// Its smoothed demand, thousandths of a request a second.
+    /// Its smoothed demand, thousandths of a request a second
+    /// ([`UNMEASURED_DEMAND`]: not measured yet).
     pub demand_milli: u64,
     /// The assignment it holds.
     pub held: Option<Held>,

@@ -7,7 +7,7 @@
 //! One report:
 //! 1. every bucket id (an unordered set of entries) is checked against the
 //!    [`Bounds`] and matched against the stream's domain with
-//!    [`matcher::find_unordered`]: no rule gives the blanket rule
+//!    [`matcher::find_unordered`](crate::matcher::find_unordered): no rule gives the blanket rule
 //!    ([`Action::AllowAll`], or [`Action::DenyAll`] with
 //!    `--rlqs-unmatched deny`); an `unlimited` or shadow rule allows all; a
 //!    rate of 0 denies all;
@@ -27,6 +27,7 @@
 //!    sent is the one recorded: another stream's report landing between the
 //!    two calls cannot take the sum above the budget.
 
+mod bucket;
 pub mod share;
 #[cfg(test)]
 mod tests;
@@ -38,17 +39,16 @@ pub use types::{
 };
 
 use super::Limiter;
-use crate::config::{Config, Policy};
-use crate::matcher;
 use crate::metrics as m;
 use crate::storage::clock::{Clock, MonotonicClock};
-use crate::storage::key::{self, KeyValue};
-use crate::storage::quota::{Held, QuotaReport, subscribers_key};
-use crate::storage::{
-    AlgorithmKind, BucketLimit, ChargeKind, ChargeSpec, Limit, MICRO, StorageError, WindowLimit,
+use crate::storage::quota::{QuotaReport, subscribers_key};
+use crate::storage::{ChargeKind, ChargeSpec, MICRO, StorageError};
+use bucket::{
+    Resolved, budget_held, canonical, demand_milli, demand_of, held_of, id_label, per_bucket,
+    resolve, subscribers, to_action,
 };
 use parking_lot::Mutex;
-use share::{Budget, Share, Subscriber};
+use share::{Budget, Share};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,6 +66,12 @@ pub const ABANDON_AFTER: Duration = Duration::from_secs(15);
 /// The debt an RLQS charge may take a bucket to, in seconds of the rule's
 /// rate, beyond one burst.
 pub const DEBT_SECS: u64 = 5;
+/// How soon a stream checks again a bucket whose part was cut below what it
+/// is due (the other subscribers still held more than their targets):
+/// [`QuotaStream::recheck`], one storage call a second while such a bucket
+/// waits, so that a newcomer gets its part within about a second of the
+/// holders moving to theirs, not at its own next report.
+pub const RECHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The bounds of one stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,24 +99,6 @@ impl Bounds {
         max_text_bytes: 256,
         max_process_bytes: 64 << 20,
     };
-}
-
-/// The subscriber id of one bucket id of a stream: the stream's id and a
-/// 64-bit digest of the bucket id (SHA-256 of its length-prefixed entries),
-/// so that the bucket ids of one stream that share a storage key (a
-/// `share_threshold` rule) are subscribers of their own, and the record
-/// names stay short whatever the bucket id's size.
-fn per_bucket(subscriber: &str, id: &BucketId) -> String {
-    use sha2::Digest as _;
-    let mut h = sha2::Sha256::new();
-    for (k, v) in id {
-        h.update((k.len() as u64).to_be_bytes());
-        h.update(k.as_bytes());
-        h.update((v.len() as u64).to_be_bytes());
-        h.update(v.as_bytes());
-    }
-    let d = h.finalize();
-    format!("{subscriber}/{}", hex::encode(&d[..8]))
 }
 
 /// One bucket id: its entries sorted by key (the canonical form of the
@@ -194,12 +182,19 @@ struct Track {
     bound_us: u64,
     last_report_us: Option<u64>,
     last_active_us: u64,
-    demand: f64,
+    /// Smoothed demand, requests a second; `None` until the second report
+    /// (the first measures nothing, [`share::with_unmeasured`]).
+    demand: Option<f64>,
     held: Option<Action>,
     rule_label: Option<String>,
     /// The storage entry of its last report, while it has a limited rule:
     /// what [`leaving`] turns into the entry that removes its record.
     stored: Option<QuotaReport>,
+    /// The rule's budget, while it has a limited rule.
+    budget: Option<Budget>,
+    /// The part sent last was cut below the part it is due: checked again
+    /// every [`RECHECK_INTERVAL`].
+    cut: bool,
 }
 
 /// The entry that removes `last`'s subscriber record from storage (the
@@ -217,17 +212,6 @@ fn leaving(last: &QuotaReport) -> QuotaReport {
         live_ms: 0,
         ..last.clone()
     }
-}
-
-/// How one bucket resolved against the config.
-enum Resolved {
-    Blanket(Action, Option<String>),
-    Limited {
-        rule_label: String,
-        key: String,
-        limit: Limit,
-        budget: Budget,
-    },
 }
 
 /// One Envoy's stream: its domain, its buckets and their demand. Made by
@@ -419,17 +403,24 @@ impl QuotaStream {
                 bound_us: now,
                 last_report_us: None,
                 last_active_us: now,
-                demand: 0.0,
+                demand: None,
                 held: None,
                 rule_label: None,
                 stored: None,
+                budget: None,
+                cut: false,
             });
             let since = track.last_report_us.unwrap_or(track.bound_us);
             #[allow(clippy::cast_precision_loss)]
             let secs = (now.saturating_sub(since) as f64 / 1e6).max(1.0);
             #[allow(clippy::cast_precision_loss)]
             let sample = allowed.saturating_add(denied) as f64 / secs;
-            track.demand = share::smoothed(track.last_report_us.map(|_| track.demand), sample);
+            // The first report measures nothing (Envoy sends it right after
+            // the bucket's first request): demand stays unmeasured until the
+            // second.
+            track.demand = track
+                .last_report_us
+                .map(|_| share::smoothed(track.demand, sample));
             track.last_report_us = Some(now);
             if allowed.saturating_add(denied) > 0 {
                 track.last_active_us = now;
@@ -461,6 +452,8 @@ impl QuotaStream {
                     }
                     track.held = Some(action);
                     track.rule_label.clone_from(&rule_label);
+                    track.budget = None;
+                    track.cut = false;
                     let demand = track.demand;
                     self.view.lock().buckets.insert(
                         id_label(&id),
@@ -487,6 +480,7 @@ impl QuotaStream {
                     budget,
                 } => {
                     track.rule_label = Some(rule_label);
+                    track.budget = Some(budget);
                     let held = track.held.and_then(held_of);
                     let report = QuotaReport {
                         subscribers: subscribers_key(&self.limiter.settings.key_prefix, &key),
@@ -501,8 +495,7 @@ impl QuotaStream {
                         // share one storage key (a `share_threshold` rule)
                         // divide its budget instead of each taking it.
                         subscriber: per_bucket(&self.subscriber, &id),
-                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                        demand_milli: (track.demand * 1000.0).round() as u64,
+                        demand_milli: demand_milli(track.demand),
                         held,
                         budget: budget_held(&budget),
                         live_ms: u64::try_from(ABANDON_AFTER.as_millis()).unwrap_or(u64::MAX),
@@ -525,6 +518,86 @@ impl QuotaStream {
             }
         }
         drop(config);
+        self.share_out(&reports, pending, &mut answers).await?;
+        Ok(answers)
+    }
+
+    /// Whether a bucket's part was cut below what it is due at the last
+    /// report or recheck: then [`QuotaStream::recheck`] is due within
+    /// [`RECHECK_INTERVAL`].
+    #[must_use]
+    pub fn waiting(&self) -> bool {
+        self.tracks.values().any(|t| t.cut && t.stored.is_some())
+    }
+
+    /// Checks again the buckets whose part was cut below what they are due
+    /// (the other subscribers held more than their targets when it was
+    /// computed): one [`Storage::report`](crate::storage::Storage::report)
+    /// call charging nothing and measuring nothing (the record keeps its
+    /// demand), then the sharing as after a report. Answers only the buckets
+    /// whose assignment changed: a newcomer gets its part about a second
+    /// after the holders moved to theirs, not at its own next report (up to
+    /// a reporting interval later). The grant is cut by storage as every
+    /// recorded assignment is, so the sum bound holds.
+    ///
+    /// # Errors
+    /// [`QuotaError::Storage`] when storage fails (the buckets stay waiting).
+    pub async fn recheck(&mut self) -> Result<Vec<BucketAnswer>, QuotaError> {
+        let mut waiting: Vec<(&BucketId, &Track)> = self
+            .tracks
+            .iter()
+            .filter(|(_, t)| t.cut && t.stored.is_some() && t.budget.is_some())
+            .collect();
+        waiting.sort_by(|a, b| a.0.cmp(b.0));
+        let mut answers = Vec::with_capacity(waiting.len());
+        let mut before = Vec::with_capacity(waiting.len());
+        let mut pending = Vec::with_capacity(waiting.len());
+        let mut reports = Vec::with_capacity(waiting.len());
+        for (id, t) in waiting {
+            let (Some(stored), Some(budget)) = (&t.stored, t.budget) else {
+                continue;
+            };
+            pending.push((answers.len(), reports.len(), budget));
+            reports.push(QuotaReport {
+                charge: ChargeSpec {
+                    cost: 0,
+                    ..stored.charge
+                },
+                held: t.held.and_then(held_of),
+                ..stored.clone()
+            });
+            before.push(t.held);
+            answers.push(BucketAnswer {
+                bucket: id.clone(),
+                answer: Answer::Abandon,
+            });
+        }
+        if reports.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.share_out(&reports, pending, &mut answers).await?;
+        Ok(answers
+            .into_iter()
+            .zip(before)
+            .filter(|(a, was)| match a.answer {
+                Answer::Assign { action, .. } => Some(action) != *was,
+                Answer::Abandon => false,
+            })
+            .map(|(a, _)| a)
+            .collect())
+    }
+
+    /// Sends `reports` to storage and sets each limited bucket's answer
+    /// (`pending`: per bucket its answer's index, its entry's index in
+    /// `reports` and its rule's budget) to this subscriber's share of the
+    /// rule; an assignment that changed is recorded (one more call) before
+    /// it is answered, as storage cut it.
+    async fn share_out(
+        &mut self,
+        reports: &[QuotaReport],
+        pending: Vec<(usize, usize, Budget)>,
+        answers: &mut [BucketAnswer],
+    ) -> Result<(), QuotaError> {
         let mut changed_held = Vec::new();
         // Per recorded change: the answer's index and the bucket's budget.
         let mut changed_at: Vec<(usize, Budget)> = Vec::new();
@@ -532,7 +605,7 @@ impl QuotaStream {
             let views = self
                 .limiter
                 .storage
-                .report(&reports)
+                .report(reports)
                 .await
                 .map_err(QuotaError::Storage)?;
             for (answer_at, report_at, budget) in pending {
@@ -543,55 +616,23 @@ impl QuotaStream {
                         "fewer quota views than reports",
                     )));
                 };
-                // In subscriber id order, the same on every replica, so
-                // that the rounding of the shares (largest remainders, ties
-                // to the first) hands the same units to the same subscribers.
-                let mut ids: Vec<(&str, Subscriber)> =
-                    Vec::with_capacity(view.subscribers.len() + 1);
-                for s in &view.subscribers {
-                    ids.push((
-                        s.id.as_str(),
-                        Subscriber {
-                            #[allow(clippy::cast_precision_loss)]
-                            demand: s.demand_milli as f64 / 1000.0,
-                            current: s.held.map(|h| Share {
-                                tokens_per_fill: u64::from(h.tokens_per_fill),
-                                max_tokens: u64::from(h.max_tokens),
-                            }),
-                        },
-                    ));
-                }
                 let recorded = view
                     .subscribers
                     .iter()
                     .find(|s| s.id == report.subscriber)
                     .and_then(|s| s.held);
-                if !ids.iter().any(|(id, _)| *id == report.subscriber) {
-                    #[allow(clippy::cast_precision_loss)]
-                    ids.push((
-                        report.subscriber.as_str(),
-                        Subscriber {
-                            demand: report.demand_milli as f64 / 1000.0,
-                            current: None,
-                        },
-                    ));
-                }
-                ids.sort_by(|a, b| a.0.cmp(b.0));
-                let me = ids
-                    .iter()
-                    .position(|(id, _)| *id == report.subscriber)
-                    .unwrap_or(0);
-                let subs: Vec<Subscriber> = ids.into_iter().map(|(_, s)| s).collect();
-                let got = share::assign(&budget, &subs, me);
+                let (subs, me) = subscribers(view, report);
+                let (got, want) = share::assign_and_want(&budget, &subs, me);
                 let action = to_action(got, &budget);
                 let id = &answers[answer_at].bucket;
                 let track = self.tracks.get_mut(id);
                 let (rule, demand) = match track {
                     Some(t) => {
                         t.held = Some(action);
+                        t.cut = share::is_cut(got, want);
                         (t.rule_label.clone(), t.demand)
                     }
-                    None => (None, 0.0),
+                    None => (None, None),
                 };
                 if let Some(r) = &rule {
                     #[allow(clippy::cast_precision_loss)]
@@ -609,8 +650,7 @@ impl QuotaStream {
                             .iter()
                             .map(|s| SubscriberView {
                                 id: s.id.clone(),
-                                #[allow(clippy::cast_precision_loss)]
-                                demand: s.demand_milli as f64 / 1000.0,
+                                demand: demand_of(s.demand_milli),
                                 tokens_per_fill: s.held.map(|h| h.tokens_per_fill),
                                 max_tokens: s.held.map(|h| h.max_tokens),
                             })
@@ -680,6 +720,7 @@ impl QuotaStream {
                 let id = &answers[answer_at].bucket;
                 if let Some(t) = self.tracks.get_mut(id) {
                     t.held = Some(action);
+                    t.cut = true;
                 }
                 if let Some(b) = self.view.lock().buckets.get_mut(&id_label(id)) {
                     b.assignment = Some(action);
@@ -690,7 +731,7 @@ impl QuotaStream {
                 };
             }
         }
-        Ok(answers)
+        Ok(())
     }
 
     /// Removes this stream's subscriber records from storage (one
@@ -744,154 +785,5 @@ impl QuotaStream {
             .collect();
         out.sort_by(|a, b| a.bucket.cmp(&b.bucket));
         out
-    }
-}
-
-/// The bucket id's entries, checked against `bounds` and sorted by key.
-fn canonical(entries: &[(&str, &str)], bounds: &Bounds) -> Result<BucketId, QuotaError> {
-    if entries.is_empty() {
-        return Err(QuotaError::Invalid("a bucket id has no entries".into()));
-    }
-    if entries.len() > bounds.max_entries {
-        return Err(QuotaError::Invalid(format!(
-            "a bucket id has {} entries, more than {}",
-            entries.len(),
-            bounds.max_entries
-        )));
-    }
-    let mut id: BucketId = Vec::with_capacity(entries.len());
-    for (k, v) in entries {
-        if k.is_empty() {
-            return Err(QuotaError::Invalid("a bucket id has an empty key".into()));
-        }
-        if k.len() > bounds.max_text_bytes || v.len() > bounds.max_text_bytes {
-            return Err(QuotaError::Invalid(format!(
-                "a bucket id key or value is longer than {} bytes",
-                bounds.max_text_bytes
-            )));
-        }
-        id.push(((*k).to_owned(), (*v).to_owned()));
-    }
-    id.sort();
-    if id.windows(2).any(|w| w[0].0 == w[1].0) {
-        return Err(QuotaError::Invalid("a bucket id repeats a key".into()));
-    }
-    Ok(id)
-}
-
-/// `key=value,key=value` (sorted): a bucket's name in the admin view.
-fn id_label(id: &BucketId) -> String {
-    id.iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// The bucket id's rule in `domain`, and what that makes of it.
-fn resolve(limiter: &Limiter, config: &Config, domain: &str, id: &BucketId) -> Resolved {
-    let unmatched = match limiter.quotas.unmatched {
-        Unmatched::Allow => Action::AllowAll,
-        Unmatched::Deny => Action::DenyAll,
-    };
-    let Some(d) = config.domains.get(domain) else {
-        return Resolved::Blanket(unmatched, None);
-    };
-    let entries: Vec<(&str, &str)> = id.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let Some(found) = matcher::find_unordered(&d.root, &entries) else {
-        return Resolved::Blanket(unmatched, None);
-    };
-    let rule = &d.rules[found.matched.rule];
-    let label = Some(rule.path.clone());
-    let Policy::Limited {
-        requests_per_unit,
-        unit,
-        burst,
-        algorithm,
-        ..
-    } = rule.policy
-    else {
-        return Resolved::Blanket(Action::AllowAll, label);
-    };
-    if rule.shadow_mode || limiter.settings.global_shadow_mode {
-        return Resolved::Blanket(Action::AllowAll, label);
-    }
-    let Some(budget) = Budget::new(requests_per_unit, unit.secs(), burst) else {
-        return Resolved::Blanket(Action::DenyAll, label);
-    };
-    let ordered: Vec<(&str, KeyValue<'_>)> = found
-        .order
-        .iter()
-        .zip(&found.matched.shared)
-        .map(|(&i, s)| {
-            let (k, v) = entries[i];
-            (k, s.map_or(KeyValue::Value(v), KeyValue::Shared))
-        })
-        .collect();
-    let key = key::encode(&limiter.settings.key_prefix, &d.name, &ordered);
-    let rate_debt = u64::from(requests_per_unit)
-        .saturating_mul(DEBT_SECS)
-        .div_ceil(unit.secs().max(1));
-    // What the Envoys admitted is charged whatever it finds: a bucket
-    // with debt, a window that counts what it has no room for.
-    let limit = match algorithm {
-        AlgorithmKind::TokenBucket => Limit::TokenBucket(BucketLimit {
-            requests_per_unit,
-            unit_secs: unit.secs_nonzero(),
-            burst,
-            max_debt: u32::try_from(u64::from(burst).saturating_add(rate_debt)).unwrap_or(u32::MAX),
-        }),
-        AlgorithmKind::FixedWindow => Limit::FixedWindow(WindowLimit::counting(
-            requests_per_unit,
-            unit.secs_nonzero(),
-        )),
-        AlgorithmKind::SlidingWindow => Limit::SlidingWindow(WindowLimit::counting(
-            requests_per_unit,
-            unit.secs_nonzero(),
-        )),
-    };
-    Resolved::Limited {
-        rule_label: rule.path.clone(),
-        key,
-        limit,
-        budget,
-    }
-}
-
-/// What an action holds of a rule's budget (`None`: a blanket allow).
-fn held_of(action: Action) -> Option<Held> {
-    match action {
-        Action::TokenBucket {
-            max_tokens,
-            tokens_per_fill,
-            ..
-        } => Some(Held {
-            tokens_per_fill,
-            max_tokens,
-        }),
-        Action::DenyAll => Some(Held::default()),
-        Action::AllowAll => None,
-    }
-}
-
-/// A rule's budget as storage records it (each field at most `u32::MAX`).
-fn budget_held(budget: &Budget) -> Held {
-    Held {
-        tokens_per_fill: u32::try_from(budget.tokens_per_fill).unwrap_or(u32::MAX),
-        max_tokens: u32::try_from(budget.max_tokens).unwrap_or(u32::MAX),
-    }
-}
-
-/// A share as Envoy's action: a token bucket with the rule's fill
-/// interval, or deny-all for a share that holds no token.
-fn to_action(s: Share, budget: &Budget) -> Action {
-    // Envoy's TokenBucket needs tokens_per_fill > 0 (its proto validation),
-    // and a bucket that holds nothing admits nothing.
-    if s.max_tokens == 0 || s.tokens_per_fill == 0 {
-        return Action::DenyAll;
-    }
-    Action::TokenBucket {
-        max_tokens: u32::try_from(s.max_tokens).unwrap_or(u32::MAX),
-        tokens_per_fill: u32::try_from(s.tokens_per_fill).unwrap_or(u32::MAX),
-        fill_interval_secs: budget.fill_secs,
     }
 }

@@ -120,6 +120,30 @@ pub struct Subscriber {
     pub current: Option<Share>,
 }
 
+/// The demands the sharing uses, from what the subscribers' records say
+/// (`None`: not measured yet, the subscriber has reported once). Envoy sends
+/// a bucket's first report right after its first request, so that report
+/// measures nothing: until its second report a subscriber counts as asking
+/// the mean of the measured demands, or as much as every other subscriber
+/// when none is measured. So a newcomer among busy Envoys is due an even
+/// part at once (the holders shrink to leave it room at their next report),
+/// instead of a sliver sized by its one request.
+#[must_use]
+pub fn with_unmeasured(demands: &[Option<f64>]) -> Vec<f64> {
+    let measured: Vec<f64> = demands
+        .iter()
+        .flatten()
+        .map(|&d| if d.is_finite() && d > 0.0 { d } else { 0.0 })
+        .collect();
+    #[allow(clippy::cast_precision_loss)]
+    let stand_in = if measured.is_empty() {
+        1.0
+    } else {
+        measured.iter().sum::<f64>() / measured.len() as f64
+    };
+    demands.iter().map(|d| d.unwrap_or(stand_in)).collect()
+}
+
 /// The weights `w_i` of subscribers of `demands` (sum 1; empty for none).
 #[must_use]
 pub fn weights(demands: &[f64]) -> Vec<f64> {
@@ -235,8 +259,17 @@ pub fn within_hysteresis(current: Share, target: Share) -> bool {
 /// Never; `me` out of range gets the empty share.
 #[must_use]
 pub fn assign(budget: &Budget, subs: &[Subscriber], me: usize) -> Share {
+    assign_and_want(budget, subs, me).0
+}
+
+/// [`assign`], and the part `me` is due before the cut to what the others
+/// hold: when the first is smaller in a field, `me` is waiting for the
+/// others to move to their targets (the stream checks again soon, see
+/// `QuotaStream::recheck`).
+#[must_use]
+pub fn assign_and_want(budget: &Budget, subs: &[Subscriber], me: usize) -> (Share, Share) {
     if me >= subs.len() {
-        return Share::default();
+        return (Share::default(), Share::default());
     }
     let demands: Vec<f64> = subs.iter().map(|s| s.demand).collect();
     let goals: Vec<Share> = targets(budget, &demands)
@@ -278,10 +311,20 @@ pub fn assign(budget: &Budget, subs: &[Subscriber], me: usize) -> Share {
     } else {
         want.max_tokens.min(room)
     };
-    Share {
-        tokens_per_fill,
-        max_tokens,
-    }
+    (
+        Share {
+            tokens_per_fill,
+            max_tokens,
+        },
+        want,
+    )
+}
+
+/// Whether `got` is less than `want` in either field: the part a
+/// subscriber was sent is cut below the part it is due.
+#[must_use]
+pub fn is_cut(got: Share, want: Share) -> bool {
+    got.tokens_per_fill < want.tokens_per_fill || got.max_tokens < want.max_tokens
 }
 
 /// Exponentially smoothed demand (weight 1/2 on the new sample): the demand
@@ -385,6 +428,56 @@ mod tests {
         let b = Budget::new(1_000_000, 1, 5).expect("limited");
         assert_eq!((b.fill_secs, b.tokens_per_fill), (1, 1_000_000));
         assert!(Budget::new(0, 1, 0).is_none());
+    }
+
+    #[test]
+    fn an_unmeasured_subscriber_counts_as_the_mean_of_the_measured() {
+        assert_eq!(
+            with_unmeasured(&[Some(30.0), None, Some(10.0)]),
+            vec![30.0, 20.0, 10.0]
+        );
+        // Nobody measured yet: all alike.
+        assert_eq!(with_unmeasured(&[None, None]), vec![1.0, 1.0]);
+        assert_eq!(with_unmeasured(&[Some(0.0), None]), vec![0.0, 0.0]);
+        // A busy holder and two newcomers that each sent one request: the
+        // holder's target is a third, not nearly all.
+        let b = Budget::new(90, 1, 90).expect("budget");
+        let t = targets(&b, &with_unmeasured(&[Some(100.0), None, None]));
+        assert_eq!(t[0].tokens_per_fill, 30);
+    }
+
+    #[test]
+    fn a_newcomer_cut_by_a_holder_knows_it_waits() {
+        let b = Budget::new(100, 1, 100).expect("budget");
+        let holder = Share {
+            tokens_per_fill: 100,
+            max_tokens: 100,
+        };
+        let subs = [
+            Subscriber {
+                demand: 50.0,
+                current: Some(holder),
+            },
+            Subscriber {
+                demand: 50.0,
+                current: None,
+            },
+        ];
+        let (got, want) = assign_and_want(&b, &subs, 1);
+        assert_eq!(got, Share::default());
+        assert_eq!(want.tokens_per_fill, 50);
+        assert!(is_cut(got, want));
+        // Once the holder has moved to its half, nothing is cut.
+        let moved = [
+            Subscriber {
+                current: Some(want),
+                ..subs[0]
+            },
+            subs[1],
+        ];
+        let (got, want) = assign_and_want(&b, &moved, 1);
+        assert_eq!(got, want);
+        assert!(!is_cut(got, want));
     }
 
     #[test]

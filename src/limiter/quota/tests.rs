@@ -2,8 +2,10 @@ use super::*;
 use crate::config::compile::compile_texts;
 use crate::settings::ServiceSettings;
 use crate::storage::clock::ManualClock;
+use crate::storage::key::{self, KeyValue};
 use crate::storage::memory::MemoryStorage;
-use crate::storage::{Charge, Storage};
+use crate::storage::quota::Held;
+use crate::storage::{BucketLimit, Charge, Limit, Storage};
 
 const YAML: &str = "
 domain: edge
@@ -185,6 +187,57 @@ async fn two_subscribers_share_by_demand() {
     let view = l.quotas().view();
     assert_eq!(view.len(), 2);
     assert_eq!(view[0].buckets["tenant=acme"].subscribers.len(), 2);
+}
+
+/// A busy Envoy holds the whole rule (100/s); a second one reports its first
+/// request. It is cut to what the holder leaves (nothing) and waits; at the
+/// holder's next report the newcomer's unmeasured demand counts as the
+/// holder's, so the holder shrinks to half; the newcomer's recheck, before
+/// its own next report, then gets the other half.
+#[tokio::test]
+async fn a_newcomer_gets_its_part_at_a_recheck_after_the_holder_shrinks() {
+    let (l, clock, _) = setup(ServiceSettings::default());
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
+    let mut a = l.quota_stream("edge").expect("bound");
+    a.report(&[usage(id, 1, 0)]).await.expect("a");
+    for _ in 0..2 {
+        clock.advance(REPORT_INTERVAL);
+        a.report(&[usage(id, 450, 500)]).await.expect("a");
+    }
+    assert!(!a.waiting());
+    let mut b = l.quota_stream("edge").expect("bound");
+    let first = b.report(&[usage(id, 1, 0)]).await.expect("b");
+    assert_eq!(action(&first[0]), Action::DenyAll);
+    assert!(b.waiting(), "cut below its part, b checks again");
+    // Nothing moved yet: the recheck answers nothing.
+    assert!(b.recheck().await.expect("recheck").is_empty());
+    assert!(b.waiting());
+    clock.advance(REPORT_INTERVAL);
+    let shrunk = a.report(&[usage(id, 450, 500)]).await.expect("a");
+    let Action::TokenBucket {
+        tokens_per_fill: ta,
+        ..
+    } = action(&shrunk[0])
+    else {
+        panic!("{shrunk:?}");
+    };
+    assert_eq!(
+        ta, 50,
+        "the newcomer counts as asking as much as the holder"
+    );
+    let grown = b.recheck().await.expect("recheck");
+    assert_eq!(grown.len(), 1, "{grown:?}");
+    let Action::TokenBucket {
+        tokens_per_fill: tb,
+        max_tokens: mb,
+        ..
+    } = action(&grown[0])
+    else {
+        panic!("{grown:?}");
+    };
+    assert_eq!((tb, mb), (50, 50));
+    assert!(!b.waiting());
+    assert!(b.recheck().await.expect("recheck").is_empty());
 }
 
 #[tokio::test]

@@ -105,8 +105,9 @@ pub struct StreamView {
 pub struct BucketView {
     /// The rule's path (`None`: no rule, the blanket rule applies).
     pub rule: Option<String>,
-    /// This subscriber's smoothed demand, requests a second.
-    pub demand: f64,
+    /// This subscriber's smoothed demand, requests a second (`None`: not
+    /// measured yet, until its second report).
+    pub demand: Option<f64>,
     /// The assignment sent last.
     pub assignment: Option<Action>,
     /// Every live subscriber of the rule's bucket (this one included), with
@@ -121,8 +122,8 @@ pub struct BucketView {
 pub struct SubscriberView {
     /// Its id.
     pub id: String,
-    /// Its smoothed demand, requests a second.
-    pub demand: f64,
+    /// Its smoothed demand, requests a second (`None`: not measured yet).
+    pub demand: Option<f64>,
     /// Tokens per fill of the assignment it holds.
     pub tokens_per_fill: Option<u32>,
     /// Max tokens of the assignment it holds.

@@ -108,7 +108,11 @@ impl QuotaArgs {
             keys.push(r.bucket.clone());
             keys.push(r.subscribers.clone());
             push_charge(&mut packed, keys.len() - 1, &r.charge);
-            packed.extend_from_slice(&r.demand_milli.min((1 << 53) - 1).to_be_bytes());
+            packed.extend_from_slice(
+                &r.demand_milli
+                    .min(crate::storage::quota::UNMEASURED_DEMAND)
+                    .to_be_bytes(),
+            );
             let (t, m) = r
                 .held
                 .map_or((u32::MAX, u32::MAX), |h| (h.tokens_per_fill, h.max_tokens));
