@@ -41,6 +41,8 @@
 //!     reloading server certificate.
 //!   - `loadgen`: `bucket-rls loadgen`: gRPC load generator with latency
 //!     histograms (cargo feature `loadgen`, on by default).
+//!   - `test_log` (tests only): captures the log lines a unit test's code
+//!     emits.
 
 pub mod app;
 pub mod cli;

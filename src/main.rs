@@ -26,8 +26,7 @@ macro_rules! report {
 }
 
 fn main() -> ExitCode {
-    // `ratelimit` with no arguments: `serve` with the flags of the Go
-    // service's environment variables.
+    // `ratelimit` with no arguments: `serve` with the Go service's environment.
     let (command, go_env) = if go::env::started_as_ratelimit(std::env::args_os()) {
         match go::env::serve_args(&go::env::process_env()) {
             Ok((args, mapped)) => (Command::Serve(Box::new(args)), Some(mapped)),

@@ -156,7 +156,7 @@ async fn serve(
     };
     let metrics = ports::extra(
         metrics_listener,
-        move || crate::http::go_metrics_router(&metrics_path),
+        move || crate::go::metrics::router(&metrics_path),
         "metrics",
         stop_tx.subscribe(),
     );
@@ -164,7 +164,7 @@ async fn serve(
         debug,
         {
             let l = limiter.clone();
-            move || crate::http::debug_router(l)
+            move || crate::go::rlconfig::router(l)
         },
         "debug",
         stop_tx.subscribe(),

@@ -306,6 +306,24 @@ pub fn render_metrics() -> String {
     out
 }
 
+/// The router of the Go-named metrics listener (`--go-metrics-addr`):
+/// `GET <path>` answers [`render_metrics`].
+pub fn router(path: &str) -> axum::Router {
+    crate::metrics::install();
+    axum::Router::new().route(
+        path,
+        axum::routing::get(|| async {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                render_metrics(),
+            )
+        }),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,9 +3,11 @@
 //!
 //! - [`env`](mod@env): started as `ratelimit` with no arguments, the Go service's
 //!   environment variables become the flags of `serve`;
-//! - [`metrics`]: `/metrics` under the Go service's metric names;
+//! - [`metrics`]: `/metrics` under the Go service's metric names, and the
+//!   router of its listener (`--go-metrics-addr`);
 //! - [`health`]: health with the Go service's semantics (`--health-mode go`);
-//! - [`rlconfig`]: the plain-text `/rlconfig` of the Go debug port.
+//! - [`rlconfig`]: the Go debug port (`--debug-addr`): its router and its
+//!   plain-text `/rlconfig`.
 
 pub mod env;
 pub mod health;

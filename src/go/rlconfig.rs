@@ -1,9 +1,35 @@
-//! The plain-text `/rlconfig` of the Go service's debug port
-//! (`--debug-addr`, the Go service's `DEBUG_HOST`/`DEBUG_PORT`), read by
+//! The Go service's debug port (`--debug-addr`, the Go service's
+//! `DEBUG_HOST`/`DEBUG_PORT`): its [`router`] and the plain-text
+//! `/rlconfig` it answers ([`rlconfig_text`]), read by
 //! `egctl config envoy-ratelimit`.
 
 use crate::config::{Config, Policy};
+use crate::limiter::Limiter;
 use crate::storage::AlgorithmKind;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use std::sync::Arc;
+
+/// The endpoints of the Go debug port, as `GET /` lists them.
+const DEBUG_ENDPOINTS: &str = "/rlconfig: the config in force, one rule per line\n";
+
+/// The router of the Go debug port: `GET /rlconfig` answers the config in
+/// force as plain text ([`rlconfig_text`]); `GET /` lists the endpoints, and
+/// an unknown path answers 404 with the same list.
+pub fn router(limiter: Arc<Limiter>) -> Router {
+    Router::new()
+        .route("/", get(|| async { DEBUG_ENDPOINTS }))
+        .route(
+            "/rlconfig",
+            get(|State(limiter): State<Arc<Limiter>>| async move {
+                rlconfig_text(&limiter.config())
+            }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, DEBUG_ENDPOINTS) })
+        .with_state(limiter)
+}
 
 /// The Go debug port's `/rlconfig`: one line per rule, in path order,
 /// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>` (the

@@ -101,43 +101,6 @@ pub fn router_with(
         .with_state(limiter)
 }
 
-/// The router of the Go-named metrics listener: `GET <path>` answers
-/// [`crate::go::metrics::render_metrics`].
-pub fn go_metrics_router(path: &str) -> Router {
-    crate::metrics::install();
-    Router::new().route(
-        path,
-        get(|| async {
-            (
-                [(
-                    header::CONTENT_TYPE,
-                    "text/plain; version=0.0.4; charset=utf-8",
-                )],
-                crate::go::metrics::render_metrics(),
-            )
-        }),
-    )
-}
-
-/// The endpoints of the Go debug port, as `GET /` lists them.
-const DEBUG_ENDPOINTS: &str = "/rlconfig: the config in force, one rule per line\n";
-
-/// The router of the Go debug port: `GET /rlconfig` answers the config in
-/// force as plain text ([`crate::go::rlconfig::rlconfig_text`]); `GET /`
-/// lists the endpoints, and an unknown path answers 404 with the same list.
-pub fn debug_router(limiter: Arc<Limiter>) -> Router {
-    Router::new()
-        .route("/", get(|| async { DEBUG_ENDPOINTS }))
-        .route(
-            "/rlconfig",
-            get(|State(limiter): State<Arc<Limiter>>| async move {
-                crate::go::rlconfig::rlconfig_text(&limiter.config())
-            }),
-        )
-        .fallback(|| async { (StatusCode::NOT_FOUND, DEBUG_ENDPOINTS) })
-        .with_state(limiter)
-}
-
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
     let allowed = if matches!(uri.path(), "/json" | "/reset") {
         "POST"

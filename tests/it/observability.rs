@@ -293,7 +293,7 @@ async fn every_metrics_endpoint_passes_promtool_check_metrics() {
         ),
         (
             "Go-named /metrics",
-            scrape(bucket_rls::http::go_metrics_router("/metrics"), "/metrics").await,
+            scrape(bucket_rls::go::metrics::router("/metrics"), "/metrics").await,
         ),
     ] {
         assert!(text.contains("process_resident_memory_bytes"), "{port}");
