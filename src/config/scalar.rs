@@ -3,12 +3,15 @@
 //!
 //! The Go service (envoyproxy/ratelimit) decodes its YAML with
 //! `gopkg.in/yaml.v2`, a YAML 1.1 reader: a plain `010` is octal 8, `0x10`
-//! is 16, `1_000` is 1000, `10.5` is a float that lands in an unsigned field
-//! truncated to 10, a quoted `"10"` is a string that an integer field
-//! refuses, and `yes`, `on` and `y` are booleans. A reader of the file (and
-//! YAML 1.2 tools) sees `010` as ten. [`read_u32`] and [`read_bool`] accept a
-//! scalar only where the Go service accepts it with the same meaning a
-//! reader sees, and refuse, with both readings named, where the two differ.
+//! is 16, `1_000` is 1000, a quoted `"10"` is a string that an integer field
+//! refuses, and `yes`, `on` and `y` are booleans. Before decoding, it reads
+//! the whole file into generic maps and refuses any value that is neither a
+//! string, an integer, a boolean nor a null ("error checking config"), so a
+//! scalar YAML 1.1 reads as a float (`09`, which is not octal, `1e3`,
+//! `10.0`, `10.5`) fails the file. A reader of the file (and YAML 1.2 tools)
+//! sees `010` as ten. [`read_u32`] and [`read_bool`] accept a scalar only
+//! where the Go service accepts it with the same meaning a reader sees, and
+//! refuse, with both readings named, where the two differ.
 //! docs/go-compatibility.md ("Numbers and booleans") has the table.
 
 /// Reads an unsigned 32-bit integer field (`requests_per_unit`, `burst`,
@@ -16,15 +19,14 @@
 /// written in quotes (a string to the Go service).
 ///
 /// Accepted: decimal integers (`10`, `+10`, `1_000`), a leading zero whose
-/// octal and decimal readings agree (`00`, `07`, `09`, which the Go service
-/// reads as the float 9), `0x`, `0o` and `0b` integers, and whole floats
-/// (`1e3`, `10.0`), all from 0 to 4,294,967,295.
+/// octal and decimal readings agree (`00`, `07`), and `0x`, `0o` and `0b`
+/// integers, all from 0 to 4,294,967,295.
 ///
 /// # Errors
 /// A message (without the field's name) when the Go service refuses the
-/// scalar (quoted, not a number, negative, above 4,294,967,295), when it
-/// reads a different number than the decimal digits say (`010`: octal 8,
-/// not 10), or when it would truncate a fraction (`10.5`).
+/// scalar (quoted, not a number, a float such as `09`, `1e3` or `10.0`,
+/// negative, above 4,294,967,295), or when it reads a different number
+/// than the decimal digits say (`010`: octal 8, not 10).
 pub fn read_u32(literal: &str, quoted: bool) -> Result<u32, String> {
     if quoted {
         return Err(format!(
@@ -57,21 +59,13 @@ pub fn read_u32(literal: &str, quoted: bool) -> Result<u32, String> {
             }
             Ok(v)
         }
-        Some(GoNumber::Float(f)) => {
-            if f.fract() != 0.0 {
-                let whole = f.trunc();
-                return Err(format!(
-                    "expected an integer from 0 to 4294967295, got '{literal}' (not a whole \
-                     number; the Go service truncates it to {whole})"
-                ));
-            }
-            if !(0.0..=f64::from(u32::MAX)).contains(&f) {
-                return Err(not_a_number());
-            }
-            // In range and whole, so exact.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            Ok(f as u32)
-        }
+        // The Go service refuses the file at its first check of the values
+        // ("error checking config"), before any field is decoded.
+        Some(GoNumber::Float) => Err(format!(
+            "expected an integer from 0 to 4294967295, got '{literal}', a float to the Go \
+             service's YAML parser (YAML 1.1), which refuses the file (\"error checking \
+             config\"); write the integer without a leading zero, a fraction or an exponent"
+        )),
     }
 }
 
@@ -114,8 +108,8 @@ pub fn read_bool(literal: &str, quoted: bool) -> Result<bool, String> {
 enum GoNumber {
     /// An integer (any sign and size an unsigned field could be asked to hold).
     Int(i128),
-    /// A float.
-    Float(f64),
+    /// A float (which the Go service refuses in a config file).
+    Float,
 }
 
 /// How yaml.v2 resolves a plain scalar with its underscores removed, as far
@@ -145,7 +139,7 @@ fn go_number(plain: &str) -> Option<GoNumber> {
         let v = i128::from_str_radix(digits, radix).unwrap_or(i128::MAX);
         return Some(GoNumber::Int(if negative { -v } else { v }));
     }
-    yaml_float(plain).map(GoNumber::Float)
+    yaml_float(plain).map(|_| GoNumber::Float)
 }
 
 /// YAML 1.1's float syntax as yaml.v2 checks it
@@ -193,8 +187,11 @@ fn yaml_float(s: &str) -> Option<f64> {
 mod tests {
     use super::*;
 
-    /// Each literal with the value yaml.v2 2.4.0 decodes into a `uint32`
-    /// (checked against the library), and what bucket-rls does with it.
+    /// Each literal with what bucket-rls makes of it: the value yaml.v2
+    /// 2.4.0 decodes into a `uint32` where the Go service loads the file
+    /// (an integer whose readings agree), `None` where it refuses the file
+    /// (a float: its check of the values before decoding) or reads another
+    /// number than a reader.
     #[test]
     fn integers_load_only_where_the_go_reading_and_the_decimal_reading_agree() {
         for (literal, expected) in [
@@ -205,14 +202,14 @@ mod tests {
             ("0", Some(0)),
             ("00", Some(0)),
             ("007", Some(7)),
-            ("09", Some(9)),
-            ("08", Some(8)),
+            ("09", None),
+            ("08", None),
             ("0x10", Some(16)),
             ("0o10", Some(8)),
             ("0b10", Some(2)),
-            ("1e3", Some(1000)),
-            ("1.0", Some(1)),
-            ("010.0", Some(10)),
+            ("1e3", None),
+            ("1.0", None),
+            ("010.0", None),
             ("4294967295", Some(u32::MAX)),
             ("017777777777", None),
             ("010", None),
@@ -240,8 +237,19 @@ mod tests {
         assert!(e.contains("octal 8") && e.contains("gives 10"), "{e}");
         let e = read_u32("0100", false).unwrap_err();
         assert!(e.contains("octal 64") && e.contains("gives 100"), "{e}");
-        let e = read_u32("10.5", false).unwrap_err();
-        assert!(e.contains("truncates it to 10"), "{e}");
+    }
+
+    /// A float is refused whole or not, as the Go service refuses the file.
+    #[test]
+    fn a_float_is_refused_naming_the_go_services_refusal() {
+        for literal in ["09", "1e3", "10.0", "10.5", ".5"] {
+            let e = read_u32(literal, false).unwrap_err();
+            assert!(
+                e.contains(&format!("got '{literal}', a float"))
+                    && e.contains("error checking config"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

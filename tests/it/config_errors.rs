@@ -546,18 +546,40 @@ fn quoted_numbers_and_booleans_are_refused_as_the_go_service_refuses_them() {
     }
 }
 
+/// What the Go service refuses is refused: a number its YAML 1.1 parser
+/// reads as a float (`09` is not octal, so it is the float 9) fails its
+/// check of the values before decoding ("error checking config").
+#[test]
+fn numbers_the_go_service_reads_as_floats_are_refused_as_it_refuses_them() {
+    for literal in ["09", "08", "1e3", "10.0", "010.0", "10.5"] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: minute, requests_per_unit: {literal}}}\n"
+        );
+        one_error(
+            "t.yaml",
+            &yaml,
+            &[
+                "t.yaml:4: descriptors[0](key=a).rate_limit: ",
+                &format!(
+                    "requests_per_unit: expected an integer from 0 to 4294967295, got '{literal}', a float"
+                ),
+                "error checking config",
+            ],
+        );
+    }
+}
+
 /// Numbers and booleans that the Go service reads with the meaning a
 /// reader sees load with that meaning.
 #[test]
 fn numbers_and_booleans_the_go_service_reads_alike_load() {
     use bucket_rls::config::Policy;
     for (literal, expected) in [
-        ("09", 9),
         ("007", 7),
+        ("00", 0),
         ("0x10", 16),
         ("0o10", 8),
         ("1_000", 1000),
-        ("1e3", 1000),
         ("+10", 10),
     ] {
         let yaml = format!(
