@@ -144,7 +144,9 @@ impl Checks {
     /// goes more than two reporting intervals without admitting anything in
     /// a `secs`-second run. A newcomer to a rule another Envoy holds whole
     /// gets what is left (often nothing) until that Envoy's next report
-    /// gives part of it back, and its own next report takes it.
+    /// gives part of it back, and its own recheck (every second while it is
+    /// cut) takes it: one reporting interval and about a second; the bound
+    /// checked leaves a loaded machine the rest of a second interval.
     fn each_served(&mut self, a: &Answers, n: usize, secs: u64, what: &str) {
         for i in 0..n {
             let per_second = a.admitted_per_second(Some(i), secs);
