@@ -148,7 +148,7 @@ async fn metrics_render_prometheus_text_with_config_identity() {
 
 /// `/rlconfig` shows the debt bound in force: a rule's own `max_debt`, the
 /// service-wide multiple of the burst for a rule without one, none for
-/// `max_debt: 0`.
+/// `max_debt: 0`, and the service-wide setting in `modes`.
 #[tokio::test]
 async fn rlconfig_shows_the_debt_bound_in_force() {
     let yaml = "domain: llm\ndescriptors:\n  - key: own\n    rate_limit: {unit: hour, requests_per_unit: 1000, max_debt: 500}\n  - key: wide\n    rate_limit: {unit: hour, requests_per_unit: 10, burst: 20}\n  - key: off\n    rate_limit: {unit: hour, requests_per_unit: 10, max_debt: 0}\n";
@@ -173,6 +173,9 @@ async fn rlconfig_shows_the_debt_bound_in_force() {
     assert_eq!(debt("llm.own"), Some(Some(json!(500))));
     assert_eq!(debt("llm.wide"), Some(Some(json!(60))));
     assert_eq!(debt("llm.off"), Some(None));
+    // The setting the bounds include, for `check-config --diff` to apply
+    // to a file's rules.
+    assert_eq!(v["modes"]["max_debt_bursts"], json!(3));
 }
 
 /// `/rlconfig` names each limited rule's algorithm (a window shows no
@@ -223,7 +226,7 @@ async fn rlconfig_lists_domains_rules_hash_and_last_error() {
     assert_eq!(v["last_reload_error"], Value::Null);
     assert_eq!(
         v["modes"],
-        json!({"shadow_mode": false, "quota_mode": false, "response_dynamic_metadata": false})
+        json!({"shadow_mode": false, "quota_mode": false, "response_dynamic_metadata": false, "max_debt_bursts": 0})
     );
     assert!(v["loaded_at"].as_str().unwrap().ends_with('Z'));
     assert!(v["loaded_at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);

@@ -64,30 +64,37 @@ pub async fn diff_configs(
     err: &mut impl Write,
 ) -> Verdict {
     use crate::config::diff;
-    let load_path = |p: &std::path::Path, err: &mut dyn Write| {
+    // A file's rules are compared with a replica's under the replica's
+    // service-wide settings (`--max-debt-bursts`), which its debt bounds
+    // include; with files on both sides, each rule's own.
+    let load_path = |p: &std::path::Path, in_force, err: &mut dyn Write| {
         crate::config::files::load_source_with(p, load)
-            .map(|c| diff::rules_of(&c))
+            .map(|c| diff::rules_in_force(&c, in_force))
             .map_err(|errs| {
                 for e in errs.0 {
                     let _ = writeln!(err, "{e}");
                 }
             })
     };
-    let old_rules = if old.starts_with("http://") || old.starts_with("https://") {
+    let (old_rules, in_force) = if old.starts_with("http://") || old.starts_with("https://") {
         match fetch_rlconfig(old)
             .await
             .and_then(|b| diff::rules_from_rlconfig(&b))
         {
-            Ok(r) => Ok(r),
+            Ok((r, in_force)) => (Ok(r), in_force),
             Err(e) => {
                 let _ = writeln!(err, "{old}: {e}");
-                Err(())
+                (Err(()), diff::InForce::default())
             }
         }
     } else {
-        load_path(std::path::Path::new(old), err)
+        let in_force = diff::InForce::default();
+        (
+            load_path(std::path::Path::new(old), in_force, err),
+            in_force,
+        )
     };
-    let new_rules = load_path(new, err);
+    let new_rules = load_path(new, in_force, err);
     let (Ok(old_rules), Ok(new_rules)) = (old_rules, new_rules) else {
         return Verdict::NotLoaded;
     };

@@ -64,6 +64,10 @@ struct Ctx<'a> {
     /// The algorithm of a rule that names none (`--default-algorithm`).
     default_algorithm: AlgorithmKind,
     errors: Vec<ConfigError>,
+    /// Where the file has a plain scalar that the Go service reads as a
+    /// number it refuses ([`scalar::refused_plain_scalars`]), found when a
+    /// text field first looks like one.
+    refused_plain: Option<HashSet<usize>>,
 }
 
 impl Ctx<'_> {
@@ -120,6 +124,27 @@ impl Ctx<'_> {
             .ok()
     }
 
+    /// Checks a text field (`domain`, `key`, `value`, a rule's `name`): a
+    /// plain scalar that the Go service reads as a float (`value: 1.50`) is
+    /// refused, as it refuses the file. A tree not parsed from a file (an
+    /// xDS push) has no scalars to check.
+    fn text(&mut self, t: Option<&Text>, path: &str, what: &str) {
+        let Some((t, offset)) = t.and_then(|t| Some((t, t.offset?))) else {
+            return;
+        };
+        let Err(e) = scalar::check_plain_text(&t.value) else {
+            return;
+        };
+        let source = self.source;
+        if self
+            .refused_plain
+            .get_or_insert_with(|| scalar::refused_plain_scalars(source))
+            .contains(&offset)
+        {
+            self.err(t.line, path, format!("{what}: {e}"));
+        }
+    }
+
     /// Whether `t` was written in quotes: the byte where it starts in the
     /// file's text (none for a tree not parsed from a file).
     fn quoted(&self, t: &Text) -> bool {
@@ -153,6 +178,7 @@ pub fn compile_file_with(
         source: text,
         default_algorithm: options.default_algorithm,
         errors: Vec::new(),
+        refused_plain: None,
     };
     let raw = match schema::parse(text) {
         Ok(Some(raw)) => raw,
@@ -197,6 +223,7 @@ pub fn compile_file_with(
 
 fn compile_raw(cx: &mut Ctx<'_>, raw: RawFile) -> Option<DomainConfig> {
     cx.stray(&raw.stray, "", FILE_KEYS);
+    cx.text(raw.domain.as_ref(), "", "domain");
     let name = match &raw.domain {
         Some(d) if d.value.trim() != d.value => {
             cx.err(
@@ -316,6 +343,8 @@ fn compile_level(
             d.value.as_ref().map(|v| v.value.as_str()),
         );
         cx.stray(&d.stray, &here, DESCRIPTOR_KEYS);
+        cx.text(d.key.as_ref(), &here, "key");
+        cx.text(d.value.as_ref(), &here, "value");
         let Some(key) = d.key.as_ref().filter(|k| !k.value.is_empty()) else {
             cx.err(d.line, &here, "descriptor without 'key'");
             continue;
@@ -646,6 +675,7 @@ pub fn compile_raw_files(
                 source: "",
                 default_algorithm: options.default_algorithm,
                 errors: Vec::new(),
+                refused_plain: None,
             };
             let d = compile_raw(&mut cx, raw);
             let result = match d {

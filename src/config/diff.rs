@@ -38,13 +38,41 @@ pub struct RuleSummary {
 /// Rules by path (`domain.key_value.key`), sorted.
 pub type Rules = BTreeMap<String, RuleSummary>;
 
-/// The rules of a compiled config.
+/// The service-wide settings that take part in a rule's debt bound, as a
+/// replica's `/rlconfig` states them (`modes`): a file's rules are
+/// compared with a replica's under them, like for like.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InForce {
+    /// `--max-debt-bursts`: a token bucket rule without a `max_debt` of
+    /// its own (and not in quota mode) has a bound of this many bursts.
+    pub max_debt_bursts: u32,
+    /// `--quota-mode`: every rule in quota mode (no bound from
+    /// `max_debt_bursts`).
+    pub quota_mode: bool,
+}
+
+/// The rules of a compiled config, each with its own `max_debt` (none
+/// from a service-wide setting).
 #[must_use]
 pub fn rules_of(config: &Config) -> Rules {
+    rules_in_force(config, InForce::default())
+}
+
+/// The rules of a compiled config as a replica serving it under `in_force`
+/// would show them: each `max_debt` is the bound in force (the rule's own,
+/// else `max_debt_bursts` times its burst).
+#[must_use]
+pub fn rules_in_force(config: &Config, in_force: InForce) -> Rules {
+    let settings = crate::settings::ServiceSettings {
+        max_debt_bursts: in_force.max_debt_bursts,
+        global_quota_mode: in_force.quota_mode,
+        ..crate::settings::ServiceSettings::default()
+    };
     let mut rules = Rules::new();
     for d in config.domains.values() {
         for r in &d.rules {
-            let max_debt = r.policy.max_debt(0);
+            // As `/rlconfig` computes it.
+            let max_debt = r.limit(&settings).map_or(0, |l| l.max_debt());
             let (limit, algorithm) = match r.policy {
                 Policy::Limited {
                     requests_per_unit,
@@ -72,14 +100,20 @@ pub fn rules_of(config: &Config) -> Rules {
     rules
 }
 
-/// The rules of a running replica, from its `GET /rlconfig` body.
+/// The rules of a running replica, from its `GET /rlconfig` body, and the
+/// service-wide settings their debt bounds include (to compare a file's
+/// rules with them: [`rules_in_force`]).
 ///
 /// # Errors
 /// A message naming the rule path or the JSON error when the body is not the
 /// `/rlconfig` shape.
-pub fn rules_from_rlconfig(body: &[u8]) -> Result<Rules, String> {
+pub fn rules_from_rlconfig(body: &[u8]) -> Result<(Rules, InForce), String> {
     let view: crate::http::rlconfig::RlConfig =
         serde_json::from_slice(body).map_err(|e| format!("not an /rlconfig answer: {e}"))?;
+    let in_force = InForce {
+        max_debt_bursts: view.modes.max_debt_bursts,
+        quota_mode: view.modes.quota_mode,
+    };
     let mut rules = Rules::new();
     for r in view.domains.into_iter().flat_map(|d| d.rules) {
         let limit = if r.unlimited {
@@ -112,7 +146,7 @@ pub fn rules_from_rlconfig(body: &[u8]) -> Result<Rules, String> {
             },
         );
     }
-    Ok(rules)
+    Ok((rules, in_force))
 }
 
 /// What a change does to a rule.
@@ -581,6 +615,44 @@ descriptors:
         assert!(!back[0].kind.needs_review());
     }
 
+    /// Under `--max-debt-bursts`, a token bucket rule without its own
+    /// `max_debt` has a bound of that many bursts; a rule's own bound, a
+    /// quota mode rule (its own or `--quota-mode`), a window and a rate of
+    /// 0 are left as they are.
+    #[test]
+    fn rules_in_force_apply_max_debt_bursts_as_a_replica_does() {
+        let c = crate::config::compile::compile_texts(&[(
+            "t.yaml".into(),
+            b"domain: d\ndescriptors:\n  - key: plain\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 20}\n  - key: own\n    rate_limit: {unit: second, requests_per_unit: 10, max_debt: 7}\n  - key: quota\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 10}\n  - key: win\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window}\n  - key: zero\n    rate_limit: {unit: second, requests_per_unit: 0}\n".to_vec(),
+        )])
+        .expect("loads");
+        let debts = |in_force| {
+            rules_in_force(&c, in_force)
+                .into_iter()
+                .map(|(p, r)| (p, r.max_debt))
+                .collect::<Vec<_>>()
+        };
+        let named = |v: [u32; 5]| {
+            ["d.own", "d.plain", "d.quota", "d.win", "d.zero"]
+                .into_iter()
+                .map(str::to_owned)
+                .zip(v)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(debts(InForce::default()), named([7, 0, 0, 0, 0]));
+        assert_eq!(rules_of(&c), rules_in_force(&c, InForce::default()));
+        let bursts = InForce {
+            max_debt_bursts: 2,
+            quota_mode: false,
+        };
+        assert_eq!(debts(bursts), named([7, 40, 0, 0, 0]));
+        let global_quota = InForce {
+            quota_mode: true,
+            ..bursts
+        };
+        assert_eq!(debts(global_quota), named([7, 0, 0, 0, 0]));
+    }
+
     #[test]
     fn rlconfig_json_reads_back_as_the_same_rules() {
         let body = serde_json::json!({
@@ -591,9 +663,23 @@ descriptors:
                 {"path": "edge.free", "unlimited": true, "shadow_mode": false}
             ]}]
         });
-        let r = rules_from_rlconfig(body.to_string().as_bytes()).expect("parses");
+        let (r, in_force) = rules_from_rlconfig(body.to_string().as_bytes()).expect("parses");
         assert_eq!(r["edge.ip"].limit, Some((10, Unit::Second, 20)));
         assert_eq!(r["edge.free"].limit, None);
+        // An answer without `modes.max_debt_bursts` (older replicas): none.
+        assert_eq!(in_force, InForce::default());
+        let with_modes = serde_json::json!({
+            "modes": {"shadow_mode": false, "quota_mode": true, "max_debt_bursts": 3},
+            "domains": []
+        });
+        let (_, in_force) = rules_from_rlconfig(with_modes.to_string().as_bytes()).expect("parses");
+        assert_eq!(
+            in_force,
+            InForce {
+                max_debt_bursts: 3,
+                quota_mode: true
+            }
+        );
         let bad = serde_json::json!({"domains": [{"rules": [
             {"path": "edge.ip", "unlimited": false, "unit": "fortnight", "requests_per_unit": 1, "burst": 1}]}]});
         let e = rules_from_rlconfig(bad.to_string().as_bytes()).unwrap_err();

@@ -13,6 +13,14 @@
 //! where the Go service accepts it with the same meaning a reader sees, and
 //! refuse, with both readings named, where the two differ.
 //! docs/go-compatibility.md ("Numbers and booleans") has the table.
+//!
+//! The same check of the values applies to text fields (`domain`, `key`,
+//! `value`, a rule's `name`): a plain `value: 1.50` is a float to the Go
+//! service, which refuses the file, while a plain `010`, `10` or `true`
+//! is an integer or a boolean, which it allows and decodes into the text
+//! field as written. [`check_plain_text`] tells the two apart.
+
+use std::collections::HashSet;
 
 /// Reads an unsigned 32-bit integer field (`requests_per_unit`, `burst`,
 /// `max_debt`) from its literal text. `quoted` is whether the scalar was
@@ -103,6 +111,138 @@ pub fn read_bool(literal: &str, quoted: bool) -> Result<bool, String> {
     }
 }
 
+/// Checks a text field (`domain`, `key`, `value`, a rule's `name`) written
+/// as the plain, untagged scalar `literal` (the caller knows the style:
+/// quoted, block and tagged scalars are strings to the Go service).
+///
+/// Accepted: whatever yaml.v2 2.4.0 reads as a string, a boolean, a null
+/// or an integer that fits Go's `int` (64 bits): the Go service's check of
+/// the values allows these, and decodes the literal text into the field.
+///
+/// # Errors
+/// A message (without the field's name) when yaml.v2 reads the scalar as
+/// a float (`1.50`, `09`, `1e3`, `.5`, `.inf`, `.nan`) or as an unsigned
+/// integer above 9,223,372,036,854,775,807, both of which the Go service's
+/// check of the values refuses ("error checking config").
+pub fn check_plain_text(literal: &str) -> Result<(), String> {
+    let what = match go_plain_kind(literal) {
+        GoPlain::Allowed => return Ok(()),
+        GoPlain::Float => "a number (a float)",
+        GoPlain::Uint64 => "a number (an unsigned integer above 9223372036854775807)",
+    };
+    Err(format!(
+        "'{literal}' is {what} to the Go service's YAML parser (YAML 1.1), which refuses the \
+         file (\"error checking config\"); quote it to keep it as text: \"{literal}\""
+    ))
+}
+
+/// The byte offsets where `source` (a whole YAML file) has a plain,
+/// untagged scalar that [`check_plain_text`] refuses: the scalars to refuse
+/// in a text field, told apart from the same text quoted, in a block or
+/// tagged (`!!str 1.50`), which the Go service reads as a string. Empty for
+/// text the YAML parser refuses (the file has been parsed before).
+#[must_use]
+pub fn refused_plain_scalars(source: &str) -> HashSet<usize> {
+    use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle};
+    let mut out = HashSet::new();
+    for event in Parser::new_from_str(source) {
+        let Ok((event, span)) = event else { break };
+        if let Event::Scalar(text, ScalarStyle::Plain, _, None) = event
+            && check_plain_text(&text).is_err()
+            && let Some(offset) = span.start.byte_offset()
+        {
+            out.insert(offset);
+        }
+    }
+    out
+}
+
+/// What yaml.v2 2.4.0 resolves a plain, untagged scalar to, as far as the
+/// Go service's check of the values goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GoPlain {
+    /// A string, a boolean, a null or an integer that fits an `int`.
+    Allowed,
+    /// A float (refused).
+    Float,
+    /// An integer that only fits a `uint64` (refused).
+    Uint64,
+}
+
+/// yaml.v2's `resolve` for a plain scalar: a float by its table (`.inf`,
+/// `.nan` and their spellings); a float by Go's `ParseFloat` when the text
+/// starts with `.`; when it starts with a digit or a sign, with its
+/// underscores removed, an `int`, else a `uint64`, else a float by YAML
+/// 1.1's float syntax; a string otherwise (a float out of range included:
+/// `ParseFloat` fails on it).
+fn go_plain_kind(literal: &str) -> GoPlain {
+    const FLOATS: &[&str] = &[
+        ".nan", ".NaN", ".NAN", ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF", "-.inf",
+        "-.Inf", "-.INF",
+    ];
+    if FLOATS.contains(&literal) {
+        return GoPlain::Float;
+    }
+    match literal.as_bytes().first() {
+        Some(b'.') => {
+            // Go's float syntax: an underscore only between two digits.
+            let b = literal.as_bytes();
+            let separators_ok = b.iter().enumerate().all(|(i, &c)| {
+                c != b'_'
+                    || (i > 0
+                        && b[i - 1].is_ascii_digit()
+                        && b.get(i + 1).is_some_and(u8::is_ascii_digit))
+            });
+            let plain: String = literal.chars().filter(|&c| c != '_').collect();
+            if separators_ok && yaml_float(&plain).is_some() {
+                GoPlain::Float
+            } else {
+                GoPlain::Allowed
+            }
+        }
+        Some(b'0'..=b'9' | b'+' | b'-') => {
+            let plain: String = literal.chars().filter(|&c| c != '_').collect();
+            match go_parse_int(&plain) {
+                Some(v) if i64::try_from(v).is_ok() => GoPlain::Allowed,
+                Some(v) if !plain.starts_with(['+', '-']) && u64::try_from(v).is_ok() => {
+                    GoPlain::Uint64
+                }
+                _ if yaml_float(&plain).is_some() => GoPlain::Float,
+                _ => GoPlain::Allowed,
+            }
+        }
+        _ => GoPlain::Allowed,
+    }
+}
+
+/// Go's `strconv.ParseInt(s, 0, _)` syntax (a sign, then `0x`, `0o`, `0b`
+/// or a bare leading `0` for octal), without its range check: the value,
+/// or `None` when the text is not an integer or is beyond 128 bits.
+fn go_parse_int(s: &str) -> Option<i128> {
+    let (negative, body) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let lower = body.to_ascii_lowercase();
+    let (radix, digits) = if let Some(d) = lower.strip_prefix("0x") {
+        (16, d)
+    } else if let Some(d) = lower.strip_prefix("0o") {
+        (8, d)
+    } else if let Some(d) = lower.strip_prefix("0b") {
+        (2, d)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..])
+    } else {
+        (10, lower.as_str())
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let v = i128::from_str_radix(digits, radix).ok()?;
+    Some(if negative { -v } else { v })
+}
+
 /// A plain scalar the Go service reads as a number.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum GoNumber {
@@ -117,33 +257,16 @@ enum GoNumber {
 /// or a bare leading `0` for octal), then YAML's float syntax. `None` for
 /// anything else (a string to it).
 fn go_number(plain: &str) -> Option<GoNumber> {
-    let (negative, body) = match plain.as_bytes().first() {
-        Some(b'-') => (true, &plain[1..]),
-        Some(b'+') => (false, &plain[1..]),
-        _ => (false, plain),
-    };
-    let lower = body.to_ascii_lowercase();
-    let (radix, digits) = if let Some(d) = lower.strip_prefix("0x") {
-        (16, d)
-    } else if let Some(d) = lower.strip_prefix("0o") {
-        (8, d)
-    } else if let Some(d) = lower.strip_prefix("0b") {
-        (2, d)
-    } else if lower.len() > 1 && lower.starts_with('0') {
-        (8, &lower[1..])
-    } else {
-        (10, lower.as_str())
-    };
-    if !digits.is_empty() && digits.chars().all(|c| c.is_digit(radix)) {
-        // Longer than any field holds: saturate, it is refused either way.
-        let v = i128::from_str_radix(digits, radix).unwrap_or(i128::MAX);
-        return Some(GoNumber::Int(if negative { -v } else { v }));
+    if let Some(v) = go_parse_int(plain) {
+        return Some(GoNumber::Int(v));
     }
     yaml_float(plain).map(|_| GoNumber::Float)
 }
 
 /// YAML 1.1's float syntax as yaml.v2 checks it
-/// (`[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?`), parsed.
+/// (`[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?`), parsed; `None`
+/// also beyond the largest float (`1e999`), where Go's `ParseFloat` fails
+/// and yaml.v2 reads the scalar as a string.
 fn yaml_float(s: &str) -> Option<f64> {
     let b = s.as_bytes();
     let mut i = usize::from(matches!(b.first(), Some(b'+' | b'-')));
@@ -180,7 +303,7 @@ fn yaml_float(s: &str) -> Option<f64> {
     if i != b.len() {
         return None;
     }
-    s.parse().ok()
+    s.parse().ok().filter(|f: &f64| f.is_finite())
 }
 
 #[cfg(test)]
@@ -250,6 +373,87 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// Plain text fields as yaml.v2 2.4.0 resolves them: refused where its
+    /// value is a float or a `uint64` (the Go service's check of the values
+    /// refuses both), loaded where it is a string, a boolean, a null or an
+    /// integer that fits Go's 64-bit `int`.
+    #[test]
+    fn plain_text_is_refused_only_where_the_go_service_reads_a_refused_number() {
+        for refused in [
+            "1.50",
+            "09",
+            "08",
+            "1e3",
+            "1E3",
+            ".5",
+            "+.5",
+            "-1.5",
+            "1.",
+            "1_000.5",
+            ".5_0",
+            ".inf",
+            ".Inf",
+            "-.INF",
+            "+.inf",
+            ".nan",
+            ".NaN",
+            "010.0",
+            "99999999999999999999",
+            "-9223372036854775809",
+            "+9223372036854775808",
+            "9223372036854775808",
+            "18446744073709551615",
+            "0x8000000000000000",
+        ] {
+            let e = check_plain_text(refused).unwrap_err();
+            assert!(
+                e.contains(&format!("'{refused}' is a number"))
+                    && e.contains("error checking config")
+                    && e.contains(&format!("\"{refused}\"")),
+                "{e}"
+            );
+        }
+        for allowed in [
+            "10",
+            "010",
+            "0x10",
+            "-1",
+            "1_000",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "true",
+            "yes",
+            "",
+            "~",
+            "a.b",
+            "1.2.3",
+            "1e",
+            "._5",
+            ".",
+            ".iNf",
+            "+.nan",
+            "_1.5",
+            "1e999",
+            "0x1_0000_0000_0000_0000",
+            "2001-12-14",
+            "10.0.0.1",
+            "v1.5",
+        ] {
+            assert_eq!(check_plain_text(allowed), Ok(()), "{allowed:?}");
+        }
+    }
+
+    /// Only plain, untagged scalars are refused: quoted, block and `!!str`
+    /// scalars are strings to the Go service.
+    #[test]
+    fn only_plain_untagged_scalars_are_found() {
+        let source = "a: 1.5\nb: \"1.5\"\nc: '1.5'\nd: |-\n  1.5\ne: !!str 1.5\nf: &x 1.5\ng: *x\nh: [1.5]\ni: 10\n";
+        let mut found: Vec<usize> = refused_plain_scalars(source).into_iter().collect();
+        found.sort_unstable();
+        let at = |needle: &str| source.find(needle).expect("in source");
+        assert_eq!(found, [at("1.5\nb"), at("1.5\ng"), at("1.5]")], "{source}");
     }
 
     #[test]

@@ -30,7 +30,8 @@ pub struct RlConfig {
     #[serde(default)]
     pub source: SourceView,
     /// Service-wide modes (`--shadow-mode`, `--quota-mode`,
-    /// `--response-dynamic-metadata`), which apply on top of each rule's own.
+    /// `--response-dynamic-metadata`), which apply on top of each rule's own,
+    /// and `--max-debt-bursts`.
     #[serde(default)]
     pub modes: ModesView,
     /// The last reload that failed, while the source has not loaded since.
@@ -51,6 +52,12 @@ pub struct ModesView {
     /// `--response-dynamic-metadata`.
     #[serde(default)]
     pub response_dynamic_metadata: bool,
+    /// `--max-debt-bursts`: the debt bound, in multiples of its burst, of a
+    /// token bucket rule without a `max_debt` of its own (and not in quota
+    /// mode), which each rule's `max_debt` includes. 0 (none) in the
+    /// answers of replicas older than it.
+    #[serde(default)]
+    pub max_debt_bursts: u32,
 }
 
 /// The config source ([`crate::config::SourceStatus`]); the optional parts
@@ -254,6 +261,7 @@ impl RlConfig {
                 shadow_mode: settings.global_shadow_mode,
                 quota_mode: settings.global_quota_mode,
                 response_dynamic_metadata: settings.response_dynamic_metadata,
+                max_debt_bursts: settings.max_debt_bursts,
             },
             last_reload_error: limiter
                 .config_handle()

@@ -206,3 +206,53 @@ edge.win: loosened: 10/minute fixed_window -> 20/minute fixed_window: existing w
         "{out:?}"
     );
 }
+
+/// A replica started with `--max-debt-bursts` shows the debt bound in
+/// force in `/rlconfig`; the diff applies that setting to the file's rules,
+/// so the file it serves diffs as unchanged, and a change of burst says
+/// what it does to the bound in force. A rule's own `max_debt` and a
+/// `quota_mode` rule (no debt from the setting) are compared as they are.
+#[tokio::test]
+async fn diff_against_a_replica_with_max_debt_bursts_compares_the_bound_in_force() {
+    const SERVED: &str = "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 20}
+  - key: own_debt
+    rate_limit: {unit: minute, requests_per_unit: 5, max_debt: 7}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: win
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let served = tempfile::tempdir().expect("tempdir");
+    let same = write(served.path(), "edge.yaml", SERVED);
+    let rls = BucketRls::start(served.path(), &["--max-debt-bursts", "2"]).await;
+    let url = format!("http://{}/rlconfig", rls.http);
+    let (code, out, err) = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || diff(&url, &same))
+            .await
+            .expect("diff")
+    };
+    assert_eq!(err, "");
+    assert_eq!((code, out.as_str()), (0, "no rule changed\n"));
+    let wider = write(
+        dir.path(),
+        "wider.yaml",
+        &SERVED.replace("burst: 20}", "burst: 30}"),
+    );
+    let (code, out, err) = tokio::task::spawn_blocking(move || diff(&url, &wider))
+        .await
+        .expect("diff");
+    assert_eq!(err, "");
+    assert_eq!(
+        out,
+        "edge.remote_address: changed: 10/second burst 20 -> 10/second burst 30: existing buckets keep their tokens and refill to 30 (not at once) (max_debt 40 -> 60: charges may take a bucket down to -60 tokens)
+1 rule changed: 1 changed
+"
+    );
+    assert_eq!(code, 3);
+}

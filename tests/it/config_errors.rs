@@ -6,7 +6,7 @@ use bucket_rls::config::compile::compile_texts;
 use bucket_rls::config::files::load_source;
 
 /// Compiles one file and returns every error as text (panics if it loads).
-fn errors(name: &str, yaml: &str) -> Vec<String> {
+pub(super) fn errors(name: &str, yaml: &str) -> Vec<String> {
     match compile_texts(&[(name.to_owned(), yaml.as_bytes().to_vec())]) {
         Ok(_) => panic!("{name} must not load:\n{yaml}"),
         Err(e) => e.0.iter().map(ToString::to_string).collect(),
@@ -14,7 +14,7 @@ fn errors(name: &str, yaml: &str) -> Vec<String> {
 }
 
 /// Asserts that exactly one error is reported and that it contains every needle.
-fn one_error(name: &str, yaml: &str, needles: &[&str]) -> String {
+pub(super) fn one_error(name: &str, yaml: &str, needles: &[&str]) -> String {
     let errs = errors(name, yaml);
     assert_eq!(errs.len(), 1, "expected one error, got {errs:#?}");
     for n in needles {
@@ -797,12 +797,22 @@ fn every_problem_is_reported_not_only_the_first() {
     );
 }
 
+/// A text field holds its scalar as written: a plain `010`, `true` or `10`
+/// is an integer or a boolean to the Go service, which it allows and
+/// decodes as written. A plain `1.50` is a float, which it refuses, and is
+/// refused; quoted, it is text and loads as written.
 #[test]
-fn scalars_are_literal_text() {
-    let yaml = "domain: d\ndescriptors:\n  - key: a\n    value: 010\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    value: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: c\n    value: 10\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: e\n    value: 1.50\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+fn scalars_are_literal_text_and_a_float_must_be_quoted() {
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    value: 010\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    value: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: c\n    value: 10\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: e\n    value: \"1.50\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: f\n    value: '1.50'\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
     let c = compile_texts(&[("t.yaml".into(), yaml.as_bytes().to_vec())]).expect("loads");
     let d = &c.domains["d"];
-    for (k, v) in [("a", "010"), ("b", "true"), ("c", "10"), ("e", "1.50")] {
+    for (k, v) in [
+        ("a", "010"),
+        ("b", "true"),
+        ("c", "10"),
+        ("e", "1.50"),
+        ("f", "1.50"),
+    ] {
         assert!(
             bucket_rls::matcher::find(&d.root, &[(k, v)]).is_some(),
             "{k}={v}"
@@ -810,6 +820,16 @@ fn scalars_are_literal_text() {
     }
     assert!(bucket_rls::matcher::find(&d.root, &[("a", "8")]).is_none());
     assert!(bucket_rls::matcher::find(&d.root, &[("e", "1.5")]).is_none());
+    one_error(
+        "t.yaml",
+        &yaml.replace("value: \"1.50\"", "value: 1.50"),
+        &[
+            "t.yaml:13: descriptors[3](key=e, value=1.50): ",
+            "value: '1.50' is a number (a float) to the Go service's YAML parser",
+            "error checking config",
+            "quote it to keep it as text: \"1.50\"",
+        ],
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ mod common;
 mod admin_json;
 mod config_diff;
 mod config_errors;
+mod config_errors_text;
 mod conn_limit;
 mod go_service;
 mod grpc_edge;

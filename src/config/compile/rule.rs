@@ -87,6 +87,7 @@ pub(super) fn compile_replaces(cx: &mut Ctx<'_>, list: &[RawReplace], path: &str
     for (i, r) in list.iter().enumerate() {
         let here = format!("{path}[{i}]");
         cx.stray(&r.stray, &here, &["name"]);
+        cx.text(r.name.as_ref(), &here, "name");
         match &r.name {
             Some(n) if !n.value.trim().is_empty() => out.push(n.value.clone()),
             _ => cx.err(r.line, &here, "replaces entry needs a non-empty 'name'"),
@@ -102,6 +103,7 @@ pub(super) fn compile_rate_limit(
 ) -> Option<(Policy, Option<String>)> {
     let errors_before = cx.errors.len();
     cx.stray(&rl.stray, path, RATE_LIMIT_KEYS);
+    cx.text(rl.name.as_ref(), path, "name");
     let name = match &rl.name {
         Some(n) if n.value.trim().is_empty() => {
             cx.err(n.line, path, "name must not be empty");
