@@ -215,6 +215,25 @@ async fn rlconfig_and_metrics_show_the_algorithm() {
     assert_eq!(field("algo.s", "algorithm"), Some(json!("sliding_window")));
 }
 
+/// `/rlconfig` states `--default-algorithm` in `modes`, for `check-config
+/// --diff` to load a file's rules that name no algorithm as the replica
+/// did.
+#[tokio::test]
+async fn rlconfig_states_the_default_algorithm() {
+    let settings = bucket_rls::settings::ServiceSettings {
+        default_algorithm: bucket_rls::storage::AlgorithmKind::SlidingWindow,
+        ..bucket_rls::settings::ServiceSettings::default()
+    };
+    let l = Arc::new(Limiter::new(
+        common::config(&[("adm.yaml", YAML)]),
+        memory(),
+        settings,
+    ));
+    let (_, _, body) = call(&l, "GET", "/rlconfig", "").await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["modes"]["default_algorithm"], json!("sliding_window"));
+}
+
 #[tokio::test]
 async fn rlconfig_lists_domains_rules_hash_and_last_error() {
     let l = common::limiter(YAML, memory(), "r:");
@@ -226,7 +245,7 @@ async fn rlconfig_lists_domains_rules_hash_and_last_error() {
     assert_eq!(v["last_reload_error"], Value::Null);
     assert_eq!(
         v["modes"],
-        json!({"shadow_mode": false, "quota_mode": false, "response_dynamic_metadata": false, "max_debt_bursts": 0})
+        json!({"shadow_mode": false, "quota_mode": false, "response_dynamic_metadata": false, "max_debt_bursts": 0, "default_algorithm": "token_bucket"})
     );
     assert!(v["loaded_at"].as_str().unwrap().ends_with('Z'));
     assert!(v["loaded_at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);

@@ -17,13 +17,11 @@ pub struct CheckArgs {
     #[arg(long)]
     pub merge_domain_config: bool,
     /// The algorithm of every rule that names none (as `serve
-    /// --default-algorithm`).
-    #[arg(
-        long,
-        default_value = "token_bucket",
-        value_parser = super::serve_args::algorithm_parser()
-    )]
-    pub default_algorithm: crate::storage::AlgorithmKind,
+    /// --default-algorithm`; token_bucket when not given). With `--diff`
+    /// against a replica, NEW's rules get the replica's own (its
+    /// `/rlconfig` states it) unless this is given.
+    #[arg(long, value_parser = super::serve_args::algorithm_parser())]
+    pub default_algorithm: Option<crate::storage::AlgorithmKind>,
     /// Compare against OLD (a config file or directory, or a running
     /// replica's `http://HOST:PORT/rlconfig`) instead of only checking:
     /// one line per rule added, removed, tightened or loosened, with what
@@ -55,10 +53,11 @@ pub enum Checked {
 pub fn run(args: &CheckArgs, out: &mut impl Write, err: &mut impl Write) -> Checked {
     let load = crate::config::compile::LoadOptions {
         merge_domains: args.merge_domain_config,
-        default_algorithm: args.default_algorithm,
+        default_algorithm: args.default_algorithm.unwrap_or_default(),
     };
     if let Some(old) = &args.diff {
-        return Checked::Diff(super::diff::run(old, &args.paths, load, out, err));
+        let given = args.default_algorithm.is_some();
+        return Checked::Diff(super::diff::run(old, &args.paths, load, given, out, err));
     }
     let check = if args.xds_resources {
         check_xds_dumps

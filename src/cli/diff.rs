@@ -27,6 +27,7 @@ pub fn run(
     old: &str,
     paths: &[PathBuf],
     load: crate::config::compile::LoadOptions,
+    algorithm_given: bool,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> Verdict {
@@ -48,26 +49,37 @@ pub fn run(
             return Verdict::NotLoaded;
         }
     };
-    rt.block_on(diff_configs(old, new, load, out, err))
+    rt.block_on(diff_configs(old, new, load, algorithm_given, out, err))
 }
 
 /// `check-config --diff OLD NEW`: loads both sides, writes one line per
 /// changed rule and a summary to `out`, problems to `err`.
 ///
 /// `old` is a path, or an `http://` URL of a replica's `/rlconfig` (plain
-/// HTTP, as the admin port serves it; 10 s timeout).
+/// HTTP, as the admin port serves it; 10 s timeout). Against a replica,
+/// NEW is loaded with the replica's `--default-algorithm` (from `/rlconfig`'s
+/// `modes`) unless `algorithm_given` (`load.default_algorithm` came from
+/// the command line: it wins, with a note to `err` when the replica's
+/// differs); a replica that does not state it is read as
+/// `load.default_algorithm`.
 pub async fn diff_configs(
     old: &str,
     new: &std::path::Path,
-    load: crate::config::compile::LoadOptions,
+    mut load: crate::config::compile::LoadOptions,
+    algorithm_given: bool,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> Verdict {
     use crate::config::diff;
+    use crate::storage::AlgorithmKind;
     // A file's rules are compared with a replica's under the replica's
-    // service-wide settings (`--max-debt-bursts`), which its debt bounds
-    // include; with files on both sides, each rule's own.
-    let load_path = |p: &std::path::Path, in_force, err: &mut dyn Write| {
+    // service-wide settings (`--max-debt-bursts`, which its debt bounds
+    // include, and `--default-algorithm`); with files on both sides, each
+    // rule's own.
+    let load_path = |p: &std::path::Path,
+                     load: crate::config::compile::LoadOptions,
+                     in_force,
+                     err: &mut dyn Write| {
         crate::config::files::load_source_with(p, load)
             .map(|c| diff::rules_in_force(&c, in_force))
             .map_err(|errs| {
@@ -90,11 +102,33 @@ pub async fn diff_configs(
     } else {
         let in_force = diff::InForce::default();
         (
-            load_path(std::path::Path::new(old), in_force, err),
+            load_path(std::path::Path::new(old), load, in_force, err),
             in_force,
         )
     };
-    let new_rules = load_path(new, in_force, err);
+    let replica_algorithm = in_force.default_algorithm;
+    match replica_algorithm {
+        Some(theirs) if algorithm_given && theirs != load.default_algorithm => {
+            let _ = writeln!(
+                err,
+                "note: {old} serves with --default-algorithm {theirs}; NEW's rules that name no algorithm are compared as {} (check-config --default-algorithm)",
+                load.default_algorithm
+            );
+        }
+        Some(theirs) if !algorithm_given => load.default_algorithm = theirs,
+        _ => {}
+    }
+    let new_rules = load_path(new, load, in_force, err);
+    if new_rules.is_err()
+        && !algorithm_given
+        && let Some(theirs) = replica_algorithm.filter(|a| !matches!(a, AlgorithmKind::TokenBucket))
+    {
+        let _ = writeln!(
+            err,
+            "note: {} was loaded with {old}'s --default-algorithm {theirs} (/rlconfig modes.default_algorithm), as the replica would load it",
+            new.display()
+        );
+    }
     let (Ok(old_rules), Ok(new_rules)) = (old_rules, new_rules) else {
         return Verdict::NotLoaded;
     };

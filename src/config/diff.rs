@@ -38,9 +38,9 @@ pub struct RuleSummary {
 /// Rules by path (`domain.key_value.key`), sorted.
 pub type Rules = BTreeMap<String, RuleSummary>;
 
-/// The service-wide settings that take part in a rule's debt bound, as a
-/// replica's `/rlconfig` states them (`modes`): a file's rules are
-/// compared with a replica's under them, like for like.
+/// The service-wide settings that take part in what a replica's
+/// `/rlconfig` shows per rule, as it states them (`modes`): a file's rules
+/// are compared with a replica's under them, like for like.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InForce {
     /// `--max-debt-bursts`: a token bucket rule without a `max_debt` of
@@ -49,6 +49,12 @@ pub struct InForce {
     /// `--quota-mode`: every rule in quota mode (no bound from
     /// `max_debt_bursts`).
     pub quota_mode: bool,
+    /// `--default-algorithm`: the algorithm of a rule that names none. It
+    /// takes part when a file is loaded
+    /// ([`LoadOptions`](super::compile::LoadOptions)), not in
+    /// [`rules_in_force`]. `None` from a replica older than
+    /// `modes.default_algorithm`.
+    pub default_algorithm: Option<AlgorithmKind>,
 }
 
 /// The rules of a compiled config, each with its own `max_debt` (none
@@ -110,9 +116,17 @@ pub fn rules_in_force(config: &Config, in_force: InForce) -> Rules {
 pub fn rules_from_rlconfig(body: &[u8]) -> Result<(Rules, InForce), String> {
     let view: crate::http::rlconfig::RlConfig =
         serde_json::from_slice(body).map_err(|e| format!("not an /rlconfig answer: {e}"))?;
+    let default_algorithm = match view.modes.default_algorithm.as_deref() {
+        None => None,
+        Some(a) => Some(
+            AlgorithmKind::parse(a)
+                .ok_or_else(|| format!("unknown modes.default_algorithm '{a}' in /rlconfig"))?,
+        ),
+    };
     let in_force = InForce {
         max_debt_bursts: view.modes.max_debt_bursts,
         quota_mode: view.modes.quota_mode,
+        default_algorithm,
     };
     let mut rules = Rules::new();
     for r in view.domains.into_iter().flat_map(|d| d.rules) {
@@ -643,7 +657,7 @@ descriptors:
         assert_eq!(rules_of(&c), rules_in_force(&c, InForce::default()));
         let bursts = InForce {
             max_debt_bursts: 2,
-            quota_mode: false,
+            ..InForce::default()
         };
         assert_eq!(debts(bursts), named([7, 40, 0, 0, 0]));
         let global_quota = InForce {
@@ -666,10 +680,12 @@ descriptors:
         let (r, in_force) = rules_from_rlconfig(body.to_string().as_bytes()).expect("parses");
         assert_eq!(r["edge.ip"].limit, Some((10, Unit::Second, 20)));
         assert_eq!(r["edge.free"].limit, None);
-        // An answer without `modes.max_debt_bursts` (older replicas): none.
+        // An answer without `modes.max_debt_bursts` or
+        // `modes.default_algorithm` (older replicas): none, and not known.
         assert_eq!(in_force, InForce::default());
         let with_modes = serde_json::json!({
-            "modes": {"shadow_mode": false, "quota_mode": true, "max_debt_bursts": 3},
+            "modes": {"shadow_mode": false, "quota_mode": true, "max_debt_bursts": 3,
+                      "default_algorithm": "sliding_window"},
             "domains": []
         });
         let (_, in_force) = rules_from_rlconfig(with_modes.to_string().as_bytes()).expect("parses");
@@ -677,9 +693,13 @@ descriptors:
             in_force,
             InForce {
                 max_debt_bursts: 3,
-                quota_mode: true
+                quota_mode: true,
+                default_algorithm: Some(AlgorithmKind::SlidingWindow),
             }
         );
+        let unknown = serde_json::json!({"modes": {"default_algorithm": "leaky"}, "domains": []});
+        let e = rules_from_rlconfig(unknown.to_string().as_bytes()).unwrap_err();
+        assert!(e.contains("default_algorithm 'leaky'"), "{e}");
         let bad = serde_json::json!({"domains": [{"rules": [
             {"path": "edge.ip", "unlimited": false, "unit": "fortnight", "requests_per_unit": 1, "burst": 1}]}]});
         let e = rules_from_rlconfig(bad.to_string().as_bytes()).unwrap_err();

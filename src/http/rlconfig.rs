@@ -31,7 +31,7 @@ pub struct RlConfig {
     pub source: SourceView,
     /// Service-wide modes (`--shadow-mode`, `--quota-mode`,
     /// `--response-dynamic-metadata`), which apply on top of each rule's own,
-    /// and `--max-debt-bursts`.
+    /// `--max-debt-bursts` and `--default-algorithm`.
     #[serde(default)]
     pub modes: ModesView,
     /// The last reload that failed, while the source has not loaded since.
@@ -58,6 +58,11 @@ pub struct ModesView {
     /// answers of replicas older than it.
     #[serde(default)]
     pub max_debt_bursts: u32,
+    /// `--default-algorithm`: the algorithm of every rule that names none
+    /// (each rule's `algorithm` shows it already). Absent from the answers
+    /// of replicas older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_algorithm: Option<String>,
 }
 
 /// The config source ([`crate::config::SourceStatus`]); the optional parts
@@ -262,6 +267,7 @@ impl RlConfig {
                 quota_mode: settings.global_quota_mode,
                 response_dynamic_metadata: settings.response_dynamic_metadata,
                 max_debt_bursts: settings.max_debt_bursts,
+                default_algorithm: Some(settings.default_algorithm.as_str().to_owned()),
             },
             last_reload_error: limiter
                 .config_handle()

@@ -256,3 +256,108 @@ descriptors:
     );
     assert_eq!(code, 3);
 }
+
+/// Runs `check-config` with `args`: (exit code, stdout, stderr).
+fn check_config(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bucket_rls_bin())
+        .arg("check-config")
+        .args(args)
+        .output()
+        .expect("run bucket-rls");
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A replica started with `--default-algorithm` gives its rules that name
+/// no algorithm that one and states it in `/rlconfig`; the diff loads the
+/// file with the same, so the file it serves diffs as unchanged without
+/// `check-config --default-algorithm`, and a file the replica would refuse
+/// under it (a `burst` on a rule that is a window by default) is refused.
+/// An explicit `check-config --default-algorithm` still decides how NEW is
+/// loaded (a planned change of the flag), with a note when it differs from
+/// the replica's.
+#[tokio::test]
+async fn diff_against_a_replica_with_a_default_algorithm_compares_like_for_like() {
+    const SERVED: &str = "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 5, burst: 8, algorithm: token_bucket}
+  - key: slide
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_window}
+";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let served = tempfile::tempdir().expect("tempdir");
+    let same = write(served.path(), "edge.yaml", SERVED);
+    let rls = BucketRls::start(served.path(), &["--default-algorithm", "fixed_window"]).await;
+    let url = format!("http://{}/rlconfig", rls.http);
+    let with_burst = write(
+        dir.path(),
+        "burst.yaml",
+        &SERVED.replace(
+            "requests_per_unit: 10}",
+            "requests_per_unit: 10, burst: 20}",
+        ),
+    );
+    let runs = tokio::task::spawn_blocking(move || {
+        [
+            check_config(&["--diff", &url, &same]),
+            check_config(&["--default-algorithm", "fixed_window", "--diff", &url, &same]),
+            check_config(&[
+                "--default-algorithm",
+                "sliding_window",
+                "--diff",
+                &url,
+                &same,
+            ]),
+            check_config(&["--diff", &url, &with_burst]),
+        ]
+        .map(|r| (r, url.clone()))
+    })
+    .await
+    .expect("diff");
+    let [(unchanged, _), (same_flag, _), (planned, url), (refused, _)] = runs;
+    assert_eq!(
+        unchanged,
+        (
+            0,
+            "no rule changed
+"
+            .to_owned(),
+            String::new()
+        )
+    );
+    assert_eq!(
+        same_flag,
+        (
+            0,
+            "no rule changed
+"
+            .to_owned(),
+            String::new()
+        )
+    );
+    assert_eq!(
+        planned,
+        (
+            3,
+            "edge.remote_address: changed: 10/second fixed_window -> 10/second sliding_window (algorithm fixed_window -> sliding_window: every window starts at zero)
+1 rule changed: 1 changed
+"
+            .to_owned(),
+            format!("note: {url} serves with --default-algorithm fixed_window; NEW's rules that name no algorithm are compared as sliding_window (check-config --default-algorithm)\n"),
+        )
+    );
+    let (code, out, err) = refused;
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert!(
+        err.contains("burst.yaml")
+            && err.contains("by the default algorithm fixed_window (--default-algorithm)")
+            && err.contains("--default-algorithm fixed_window (/rlconfig modes.default_algorithm)"),
+        "{err}"
+    );
+}
