@@ -310,7 +310,8 @@ impl ScriptCall {
         let mut index: std::collections::HashMap<&str, usize> =
             std::collections::HashMap::with_capacity(total);
         let mut packed = Vec::with_capacity(CHARGE_BYTES * total);
-        let mut sizes = Vec::with_capacity(8 * calls.len());
+        // Per run of identical requests: charges per request, requests.
+        let mut runs: Vec<(u32, u32)> = Vec::with_capacity(calls.len());
         let mut records = Vec::new();
         let mut before = 0;
         let mut requests = Vec::with_capacity(calls.len());
@@ -326,11 +327,10 @@ impl ScriptCall {
                 && prev.keys == call.keys
                 && prev.args.get(2) == call.args.get(2)
             {
-                // The same request again: one more of the run (the count
-                // is the last 4 bytes of `sizes`).
-                let at = sizes.len() - 4;
-                let times = u32::from_be_bytes([sizes[at], sizes[at + 1], sizes[at + 2], sizes[at + 3]]);
-                sizes[at..].copy_from_slice(&times.saturating_add(1).to_be_bytes());
+                // The same request again: one more of the run.
+                if let Some((_, times)) = runs.last_mut() {
+                    *times = times.saturating_add(1);
+                }
                 continue;
             }
             run_of = plain.then_some(*call);
@@ -371,12 +371,12 @@ impl ScriptCall {
                 }
             }
             before += call.charges;
-            sizes.extend_from_slice(
-                &u32::try_from(call.charges)
-                    .unwrap_or(u32::MAX)
-                    .to_be_bytes(),
-            );
-            sizes.extend_from_slice(&1u32.to_be_bytes());
+            runs.push((u32::try_from(call.charges).unwrap_or(u32::MAX), 1u32));
+        }
+        let mut sizes = Vec::with_capacity(8 * runs.len());
+        for (charges, times) in runs {
+            sizes.extend_from_slice(&charges.to_be_bytes());
+            sizes.extend_from_slice(&times.to_be_bytes());
         }
         let first = calls.first().map(|c| c.args.as_slice()).unwrap_or_default();
         let arg = |i: usize| first.get(i).cloned().unwrap_or_default();
@@ -737,8 +737,14 @@ mod tests {
         }
         assert_eq!(call.args[3], sizes);
         assert_eq!(call.args[2].len(), 3 * CHARGE_BYTES);
-        assert_eq!(call.args[2][..CHARGE_BYTES], call.args[2][2 * CHARGE_BYTES..]);
-        assert_ne!(call.args[2][..CHARGE_BYTES], call.args[2][CHARGE_BYTES..2 * CHARGE_BYTES]);
+        assert_eq!(
+            call.args[2][..CHARGE_BYTES],
+            call.args[2][2 * CHARGE_BYTES..]
+        );
+        assert_ne!(
+            call.args[2][..CHARGE_BYTES],
+            call.args[2][CHARGE_BYTES..2 * CHARGE_BYTES]
+        );
     }
 
     #[test]
