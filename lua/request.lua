@@ -49,11 +49,25 @@ ARGV[3]), and over a *level*: the working value of one key during a request
       without being encoded: as missing when not kept, else through rebase
       under the reader's limit, which must equal read, at the same now, of
       the string encode stored (a level stored at now has not refilled).
-      Under the limit it was written with, that is the level itself: rebase
-      of a kept level under its own limit returns it, and a level that is
-      not kept is what read gives for a missing key at the same now. (A
+      Under the limit it was written with, a kept level reads back as
+      itself: rebase of a kept level under its own limit returns it. (A
       batch's runs of identical requests rely on it: each request starts
-      from the level the one before it left.)
+      from the level the one before it left, or from read of a missing key
+      when that level is not kept.)
+A part may return a ninth function (the token bucket does; its eighth is
+settle, for reservations), the driver's short cut for a batch's run of
+identical plain consumes (neither a refund nor shadow) on a key not stored
+after now:
+  run(level, cost, p1, p2, p3, x, times, V, nv) -> level, nv, written
+      `times` consumes of `cost` in a row from `level`, each exactly as
+      consume, the request admitted when it had enough. For each request
+      evaluated it appends its reply's values to V after position nv:
+      admitted (0 or 1), enough (the same) and left (report of the level
+      after it when admitted, before it when denied; a part with a window
+      report has no run). written: the number of requests, from the first,
+      that wrote the key (changed, or stood); the one after them, when
+      there is one, wrote nothing and is the last evaluated: every later
+      request repeats its reply. Returns the level the last one left.
 All values are integers below 2^53 (Lua numbers are doubles).
 
 Units: amounts are micro-units (1 token = 1,000,000) and times are
@@ -186,7 +200,7 @@ local spack, sunpack = struct.pack, struct.unpack
 local fmod = math.fmod
 local schar = string.char
 -- Positions of an algorithm's functions in its array (see the header).
-local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT, SETTLE = 1, 2, 3, 4, 5, 6, 7, 8
+local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT, SETTLE, RUN = 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 local now
 if ARGV[1] ~= '' then
@@ -1130,10 +1144,13 @@ if batch and multi and RES == nil then
       end
       if level ~= nil then
         wrote = true
-        -- The next request on the key reads the level itself (`kept`
-        -- in the header).
-        put(SK[c], SA[c], S1[c], S2[c], S3[c], level)
-        SW[c] = level
+        -- What the next request on the key reads (`kept` in the header).
+        local alg, p1, p2, p3 = SA[c], S1[c], S2[c], S3[c]
+        if put(SK[c], alg, p1, p2, p3, level) then
+          SW[c] = level
+        else
+          SW[c] = alg[READ](false, p1, p2, p3, now)
+        end
         SS[c] = false
       end
     end
@@ -1192,7 +1209,7 @@ for pos = 1, #sizes, 8 do
       -- Exact: flags < 2^35 and the divisors are powers of two.
       local x = (flags - low) / 4
       local refund, shadow = low % 2 == 1, low >= 2
-      local consume, refundf, report = alg[CONSUME], alg[REFUND], alg[REPORT]
+      local consume, refundf, report, keptf, runf = alg[CONSUME], alg[REFUND], alg[REPORT], alg[KEPT], alg[RUN]
       local w, stale = readk(alg, k, s, p1, p2, p3)
       -- Whether a request of the run wrote the key (then `put` at the end
       -- of the run, with what the last of them left).
@@ -1201,6 +1218,34 @@ for pos = 1, #sizes, 8 do
       -- The reply of the run's request that wrote nothing, and how many
       -- requests after it repeat it.
       local same, rest
+      if runf ~= nil and low == 0 and not stale then
+        -- Plain consumes: the algorithm's run (in slices of 200 requests,
+        -- within the Lua stack that `unpack` fills), then no loop below.
+        local todo = times
+        while todo > 0 do
+          local m = todo
+          if m > 200 then
+            m = 200
+          end
+          local written
+          w, nv, written = runf(w, cost, p1, p2, p3, x, m, V, 0)
+          if written > 0 then
+            wrote = true
+          end
+          np = np + 1
+          parts[np] = pack_run(V, nv, false)
+          nv = 0
+          if written < m then
+            rest = todo - written - 1
+            if rest > 0 then
+              same = spack('>BBi8', V[written * 3 + 1], V[written * 3 + 2], V[written * 3 + 3])
+            end
+            break
+          end
+          todo = todo - m
+        end
+        times = 0
+      end
       for i = 1, times do
         local after, ok, changed, stands
         if refund then
@@ -1249,8 +1294,13 @@ for pos = 1, #sizes, 8 do
           end
           break
         end
-        -- The next request reads the level itself (`kept` in the header).
-        w, stale, wrote = level, false, true
+        -- What the next request reads (`kept` in the header).
+        if keptf(level, p1, p2, p3) then
+          w = level
+        else
+          w = alg[READ](false, p1, p2, p3, now)
+        end
+        stale, wrote = false, true
         if nv > 600 then
           -- (Within the Lua stack that `unpack` fills.)
           np = np + 1
