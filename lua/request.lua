@@ -13,9 +13,9 @@ under lua/algorithms/. It implements exactly the reference model
 random inputs.
 
 Assembly: src/storage/redis/script.rs builds the script text at build time
-as `local PARTS = {`, then per algorithm
-`[id] = function() <lua/algorithms/<name>.lua> end,`, then `}`, a table
-`ALGORITHMS` whose entry `id` is made from `PARTS[id]` the first time a
+as `local function PART(a)`, then per algorithm
+`if a == id then <lua/algorithms/<name>.lua> end`, then `end`, a table
+`ALGORITHMS` whose entry `id` is made by `PART(id)` the first time a
 call uses it (a call pays for the algorithms it uses only), and this file.
 So one EVALSHA serves any mix of algorithms, and this file names none. Each algorithm part returns an array of seven functions, in this order,
 over its limit's three parameters p1, p2, p3 and its extra parameter x (see
@@ -49,6 +49,25 @@ ARGV[3]), and over a *level*: the working value of one key during a request
       without being encoded: as missing when not kept, else through rebase
       under the reader's limit, which must equal read, at the same now, of
       the string encode stored (a level stored at now has not refilled).
+      Under the limit it was written with, a kept level reads back as
+      itself: rebase of a kept level under its own limit returns it. (A
+      batch's runs of identical requests rely on it: each request starts
+      from the level the one before it left, or from read of a missing key
+      when that level is not kept.)
+A part may return a ninth function (the token bucket does; its eighth is
+settle, for reservations), the driver's short cut for a batch's run of
+identical plain consumes (neither a refund nor shadow) on a key not stored
+after now:
+  run(level, cost, p1, p2, p3, x, times, V, nv) -> level, nv, written
+      `times` consumes of `cost` in a row from `level`, each exactly as
+      consume, the request admitted when it had enough. For each request
+      evaluated it appends its reply's values to V after position nv:
+      admitted (0 or 1), enough (the same) and left (report of the level
+      after it when admitted, before it when denied; a part with a window
+      report has no run). written: the number of requests, from the first,
+      that wrote the key (changed, or stood); the one after them, when
+      there is one, wrote nothing and is the last evaluated: every later
+      request repeats its reply. Returns the level the last one left.
 All values are integers below 2^53 (Lua numbers are doubles).
 
 Units: amounts are micro-units (1 token = 1,000,000) and times are
@@ -82,8 +101,13 @@ ARGV[3]     every charge, in request order (a batch: the requests one after
                          (below 2^40; the token bucket's max_debt D, a
                          window's target of a refund).
 
-ARGV[4]     absent or empty for one request. A batch: per request, in
-            order, its number of charges as a big-endian u32 (4 bytes each).
+ARGV[4]     absent or empty for one request. A batch: per run of
+            identical requests (consecutive requests with the same charges,
+            byte for byte, and no reservation; a run may be of one
+            request), in order, its number of charges per request and its
+            number of requests, as big-endian u32s (8 bytes per run).
+            ARGV[3] holds a run's charges once; each request of the run is
+            evaluated, and answered, on its own.
 ARGV[5]     absent when no charge is a reservation's. Else the
             reservation records (docs/design.md, "Reservations"), 32 bytes
             each, big-endian: charge number (4; 1-based over ARGV[3]), op
@@ -116,9 +140,8 @@ each key written at most once, at the end (what the last request that
 wrote it left, with that write's expiry). A key that fails to read (a
 foreign value: WRONGTYPE) fails only the requests that charge it: their
 part of the reply is an error (below) and they write nothing. A run of
-identical requests without reservations (the same bytes of ARGV[3]) is
-decoded and read once; each repeat starts from what the one before it left
-(see the end of this file).
+identical requests (ARGV[4]) is decoded and read once; each request of it
+starts from what the one before it left (see the end of this file).
 
 Reply: one binary string, big-endian. Of a batch: the replies of its
 requests one after the other, each as below, or for a request that failed
@@ -177,7 +200,7 @@ local spack, sunpack = struct.pack, struct.unpack
 local fmod = math.fmod
 local schar = string.char
 -- Positions of an algorithm's functions in its array (see the header).
-local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT, SETTLE = 1, 2, 3, 4, 5, 6, 7, 8
+local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT, SETTLE, RUN = 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 local now
 if ARGV[1] ~= '' then
@@ -204,6 +227,20 @@ if ARGV[5] ~= nil and ARGV[5] ~= '' then
     RES[cno] = { op, bk, id, ttl, maxopen }
   end
 end
+
+-- Whether a request of the batch has several charges: the paths for such
+-- requests are made only then (as `general`, for a call of one request
+-- or with reservations).
+local multi = false
+if batch then
+  for pos = 1, #sizes, 8 do
+    if sunpack('>I4', sizes, pos) > 1 then
+      multi = true
+      break
+    end
+  end
+end
+local need_general = not batch or RES ~= nil or multi
 
 -- Every key in one MGET (in slices, to stay inside Lua's stack for a
 -- call with very many keys). MGET reads a key of another type as
@@ -316,10 +353,11 @@ end
 
 -- Per key k (index into KEYS): its stored string as read (CUR[k], false:
 -- missing; nil: not read yet; true: written by a request of this call);
--- for a written key its level (PL[k]), whether encode keeps it (PK[k]), and
--- the algorithm and limit it was written under (PA, P1, P2, P3), encoded
--- once at the end; the written keys in ORDER.
-local CUR, PL, PK, PA, P1, P2, P3, ORDER = {}, {}, {}, {}, {}, {}, {}, {}
+-- for a written key REC[k] = { level, whether encode keeps it, the
+-- algorithm and the limit (p1, p2, p3) it was written under }, encoded
+-- once at the end; the written keys in ORDER. (One table per written key
+-- rather than one per field: a table costs on every call that makes it.)
+local CUR, REC, ORDER = {}, {}, {}
 local nw = 0
 
 -- The stored string of key k (false: missing; true: written in this call),
@@ -351,8 +389,9 @@ end
 local function readk(alg, k, s, p1, p2, p3)
   if s == true then
     -- (A key written under another algorithm reads as missing.)
-    if PK[k] and PA[k] == alg then
-      return alg[REBASE](PL[k], p1, p2, p3, P1[k], P2[k], P3[k]), false
+    local r = REC[k]
+    if r[2] and r[3] == alg then
+      return alg[REBASE](r[1], p1, p2, p3, r[4], r[5], r[6]), false
     end
     return alg[READ](false, p1, p2, p3, now)
   end
@@ -360,29 +399,20 @@ local function readk(alg, k, s, p1, p2, p3)
 end
 
 -- Writes `level` for key k, stamped now, under the given limit: what the
--- next request reads, and what is stored at the end.
+-- next request reads, and what is stored at the end. Returns whether
+-- encode keeps it.
 local function put(k, alg, p1, p2, p3, level)
-  if CUR[k] ~= true then
+  local kept = alg[KEPT](level, p1, p2, p3)
+  local r = REC[k]
+  if r == nil then
     CUR[k] = true
     nw = nw + 1
     ORDER[nw] = k
+    REC[k] = { level, kept, alg, p1, p2, p3 }
+  else
+    r[1], r[2], r[3], r[4], r[5], r[6] = level, kept, alg, p1, p2, p3
   end
-  PL[k], PK[k], PA[k], P1[k], P2[k], P3[k] = level, alg[KEPT](level, p1, p2, p3), alg, p1, p2, p3
-end
-
--- Charge c's part of a reply after the first nv values of `reply`: its
--- flags (enough: 0 or 1), what is left and, when `prev` is given, a
--- window report (now and prev); its format in pieces[c]. Returns the new
--- number of values and whether a window report was added.
-local function push(reply, nv, pieces, c, enough, left, prev)
-  if prev == nil then
-    reply[nv + 1], reply[nv + 2] = enough, left
-    pieces[c] = 'Bi8'
-    return nv + 2, false
-  end
-  reply[nv + 1], reply[nv + 2], reply[nv + 3], reply[nv + 4] = enough + 2, left, now, prev
-  pieces[c] = 'Bi8I8I8'
-  return nv + 4, true
+  return kept
 end
 
 -- Books of open reservations, per book key index bk: BOOK[bk] as the
@@ -564,159 +594,142 @@ end
 local WT
 local packed = ARGV[3]
 
--- One request of n charges starting at byte `first` of ARGV[3]: its reply
--- (see the header), or nil and the error of reading one of its keys. (A
--- batch runs a request without reservations of one charge, or of several
--- on distinct keys, on the shorter paths below.)
-local function general(first, n)
-  local t = WT
-  if t == nil then
-    t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
-    WT = t
-  end
-  local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]
-  local RK, KEY, ENOUGH, REPLY, FORMATS, DP, PIECES = t[10], t[11], t[12], t[13], t[14], t[15], t[16]
-  local admitted = true
-  local nr = 0
-  local failed
-  local pos = first
-  for c = 1, n do
-    local a, k, p1, p2, p3, cost, flags
-    local cpos = pos
-    a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
-    local alg = ALGORITHMS[a]
-    KEY[c] = k
-    -- Exact: flags < 2^35 and the divisors are powers of two.
-    local low = flags % 4
-    local refund = low % 2 == 1
-    local shadow = low >= 2
-    local w = W[k]
-    if w == nil then
-      local s, err = stored(k)
-      if s == nil then
-        failed = err
-        break
-      end
-      nr = nr + 1
-      RK[nr] = k
-      RAW[k] = s
-      local stale
-      w, stale = readk(alg, k, s, p1, p2, p3)
-      if stale then
-        STALE[k] = w
-      end
-      DIRTY[k] = false
-    elseif LA[k] ~= alg then
-      -- Another algorithm on the key: it is as missing under this one.
-      w = alg[READ](false, p1, p2, p3, now)
-    else
-      w = alg[REBASE](w, p1, p2, p3, L1[k], L2[k], L3[k])
+-- `push` and `general` are made only by a call that runs a request of
+-- several charges or with reservations: a function with many upvalues
+-- costs on every call that makes it.
+local push, general
+if need_general then
+  -- Charge c's part of a reply after the first nv values of `reply`: its
+  -- flags (enough: 0 or 1), what is left and, when `prev` is given, a
+  -- window report (now and prev); its format in pieces[c]. Returns the new
+  -- number of values and whether a window report was added.
+  push = function(reply, nv, pieces, c, enough, left, prev)
+    if prev == nil then
+      reply[nv + 1], reply[nv + 2] = enough, left
+      pieces[c] = 'Bi8'
+      return nv + 2, false
     end
-    LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
-    local x = (flags - low) / 4
-    local rec = RES and RES[(cpos - 1) / 32 + 1]
-    if rec and rec[1] == 1 then
-      -- A reserve: a consume under D = 0, and room in the book.
-      local bk = rec[2]
-      local b = wbook(bk)
-      local full, expired = make_room(b, rec[3], rec[5])
-      if expired > 0 then
-        WBD[bk] = true
+    reply[nv + 1], reply[nv + 2], reply[nv + 3], reply[nv + 4] = enough + 2, left, now, prev
+    pieces[c] = 'Bi8I8I8'
+    return nv + 4, true
+  end
+
+  -- One request of n charges starting at byte `first` of ARGV[3]: its reply
+  -- (see the header), or nil and the error of reading one of its keys. (A
+  -- batch runs a request without reservations of one charge, or of several
+  -- on distinct keys, on the shorter paths below.)
+  general = function(first, n)
+    local t = WT
+    if t == nil then
+      t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
+      WT = t
+    end
+    local RAW, W, DIRTY, LA, L1, L2, L3, DW, STALE = t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]
+    local RK, KEY, ENOUGH, REPLY, FORMATS, DP, PIECES = t[10], t[11], t[12], t[13], t[14], t[15], t[16]
+    local admitted = true
+    local nr = 0
+    local failed
+    local pos = first
+    for c = 1, n do
+      local a, k, p1, p2, p3, cost, flags
+      local cpos = pos
+      a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
+      local alg = ALGORITHMS[a]
+      KEY[c] = k
+      -- Exact: flags < 2^35 and the divisors are powers of two.
+      local low = flags % 4
+      local refund = low % 2 == 1
+      local shadow = low >= 2
+      local w = W[k]
+      if w == nil then
+        local s, err = stored(k)
+        if s == nil then
+          failed = err
+          break
+        end
+        nr = nr + 1
+        RK[nr] = k
+        RAW[k] = s
+        local stale
+        w, stale = readk(alg, k, s, p1, p2, p3)
+        if stale then
+          STALE[k] = w
+        end
+        DIRTY[k] = false
+      elseif LA[k] ~= alg then
+        -- Another algorithm on the key: it is as missing under this one.
+        w = alg[READ](false, p1, p2, p3, now)
+      else
+        w = alg[REBASE](w, p1, p2, p3, L1[k], L2[k], L3[k])
       end
-      local after, ok, changed = alg[CONSUME](w, cost, p1, p2, p3, 0)
-      local outcome = 0
-      if full then
-        outcome = 3
-      end
-      if ok and not full then
+      LA[k], L1[k], L2[k], L3[k] = alg, p1, p2, p3
+      local x = (flags - low) / 4
+      local rec = RES and RES[(cpos - 1) / 32 + 1]
+      if rec and rec[1] == 1 then
+        -- A reserve: a consume under D = 0, and room in the book.
+        local bk = rec[2]
+        local b = wbook(bk)
+        local full, expired = make_room(b, rec[3], rec[5])
+        if expired > 0 then
+          WBD[bk] = true
+        end
+        local after, ok, changed = alg[CONSUME](w, cost, p1, p2, p3, 0)
+        local outcome = 0
+        if full then
+          outcome = 3
+        end
+        if ok and not full then
+          if changed then
+            w = after
+            DIRTY[k] = true
+          end
+          outcome = record(b, rec[3], cost, rec[4])
+          WBD[bk] = true
+          ENOUGH[c] = 1
+        else
+          ENOUGH[c] = 0
+          if not shadow then
+            admitted = false
+          end
+        end
+        OUTC[c], EXPC[c] = outcome, expired
+      elseif rec and rec[1] == 3 then
+        -- An unreserve (reservation.rs unreserve): a refund that also takes
+        -- its cost off the open reservation.
+        local bk = rec[2]
+        local b = wbook(bk)
+        local h = get(b, rec[3])
+        local c2 = cost
+        if c2 > MAX_HELD then
+          c2 = MAX_HELD
+        end
+        if h and h[2] > now then
+          if h[1] <= c2 then
+            b.map[rec[3]] = false
+            b.n = b.n - 1
+          else
+            b.map[rec[3]] = { h[1] - c2, h[2] }
+          end
+          WBD[bk] = true
+        end
+        local after, changed = alg[REFUND](w, c2, p1, p2, p3, x, now)
         if changed then
           w = after
           DIRTY[k] = true
         end
-        outcome = record(b, rec[3], cost, rec[4])
-        WBD[bk] = true
         ENOUGH[c] = 1
-      else
-        ENOUGH[c] = 0
-        if not shadow then
-          admitted = false
+        OUTC[c], EXPC[c] = 0, 0
+      elseif rec then
+        -- A settlement: always enough, and it stands.
+        local bk = rec[2]
+        local after, outcome, expired = settle_book(alg, w, wbook(bk), rec[3], cost, p1, p2, p3, x)
+        if after ~= w then
+          w = after
+          DIRTY[k] = true
         end
-      end
-      OUTC[c], EXPC[c] = outcome, expired
-    elseif rec and rec[1] == 3 then
-      -- An unreserve (reservation.rs unreserve): a refund that also takes
-      -- its cost off the open reservation.
-      local bk = rec[2]
-      local b = wbook(bk)
-      local h = get(b, rec[3])
-      local c2 = cost
-      if c2 > MAX_HELD then
-        c2 = MAX_HELD
-      end
-      if h and h[2] > now then
-        if h[1] <= c2 then
-          b.map[rec[3]] = false
-          b.n = b.n - 1
-        else
-          b.map[rec[3]] = { h[1] - c2, h[2] }
+        if outcome == 4 or expired > 0 then
+          WBD[bk] = true
         end
-        WBD[bk] = true
-      end
-      local after, changed = alg[REFUND](w, c2, p1, p2, p3, x, now)
-      if changed then
-        w = after
-        DIRTY[k] = true
-      end
-      ENOUGH[c] = 1
-      OUTC[c], EXPC[c] = 0, 0
-    elseif rec then
-      -- A settlement: always enough, and it stands.
-      local bk = rec[2]
-      local after, outcome, expired = settle_book(alg, w, wbook(bk), rec[3], cost, p1, p2, p3, x)
-      if after ~= w then
-        w = after
-        DIRTY[k] = true
-      end
-      if outcome == 4 or expired > 0 then
-        WBD[bk] = true
-      end
-      local d = DW[k]
-      if d == nil then
-        d = readk(alg, k, RAW[k], p1, p2, p3)
-      else
-        local _, _, q1, q2, q3 = sunpack('>I1I3I4I4I4', packed, DP[k])
-        d = alg[REBASE](d, p1, p2, p3, q1, q2, q3)
-      end
-      local kd, kout, kexp = settle_book(alg, d, kbook(bk), rec[3], cost, p1, p2, p3, x)
-      if kout == 4 or kexp > 0 then
-        KBD[bk] = true
-      end
-      DW[k] = kd
-      DP[k] = cpos
-      ENOUGH[c] = 1
-      OUTC[c], EXPC[c] = outcome, expired
-    elseif refund then
-      local changed
-      w, changed = alg[REFUND](w, cost, p1, p2, p3, x, now)
-      if changed then
-        DIRTY[k] = true
-      end
-      ENOUGH[c] = 1
-    else
-      local ok, changed, stands
-      w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
-      if ok then
-        ENOUGH[c] = 1
-      else
-        ENOUGH[c] = 0
-        if not shadow then
-          admitted = false
-        end
-      end
-      if changed then
-        DIRTY[k] = true
-      end
-      if stands then
         local d = DW[k]
         if d == nil then
           d = readk(alg, k, RAW[k], p1, p2, p3)
@@ -724,144 +737,182 @@ local function general(first, n)
           local _, _, q1, q2, q3 = sunpack('>I1I3I4I4I4', packed, DP[k])
           d = alg[REBASE](d, p1, p2, p3, q1, q2, q3)
         end
-        DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
+        local kd, kout, kexp = settle_book(alg, d, kbook(bk), rec[3], cost, p1, p2, p3, x)
+        if kout == 4 or kexp > 0 then
+          KBD[bk] = true
+        end
+        DW[k] = kd
         DP[k] = cpos
+        ENOUGH[c] = 1
+        OUTC[c], EXPC[c] = outcome, expired
+      elseif refund then
+        local changed
+        w, changed = alg[REFUND](w, cost, p1, p2, p3, x, now)
+        if changed then
+          DIRTY[k] = true
+        end
+        ENOUGH[c] = 1
+      else
+        local ok, changed, stands
+        w, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
+        if ok then
+          ENOUGH[c] = 1
+        else
+          ENOUGH[c] = 0
+          if not shadow then
+            admitted = false
+          end
+        end
+        if changed then
+          DIRTY[k] = true
+        end
+        if stands then
+          local d = DW[k]
+          if d == nil then
+            d = readk(alg, k, RAW[k], p1, p2, p3)
+          else
+            local _, _, q1, q2, q3 = sunpack('>I1I3I4I4I4', packed, DP[k])
+            d = alg[REBASE](d, p1, p2, p3, q1, q2, q3)
+          end
+          DW[k] = alg[CONSUME](d, cost, p1, p2, p3, x)
+          DP[k] = cpos
+        end
       end
+      W[k] = w
     end
-    W[k] = w
-  end
 
-  local out
-  if failed == nil then
-    -- (`RK` lists every key of the request.)
-    local reply = REPLY
-    -- Values in `reply`, and whether a window report is among them.
-    local nv, wide, w = 1, false, false
-    if admitted then
-      reply[1] = 1
-      for i = 1, nr do
-        local k = RK[i]
-        if DIRTY[k] then
-          put(k, LA[k], L1[k], L2[k], L3[k], W[k])
-        elseif STALE[k] then
-          put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
-        end
-      end
-      for c = 1, n do
-        local k = KEY[c]
-        local at = nv + 1
-        nv, w = push(reply, nv, PIECES, c, ENOUGH[c], LA[k][REPORT](W[k], L1[k], L2[k], L3[k], now))
-        wide = wide or w
-        local o = RES and OUTC[c]
-        if o then
-          reply[at] = reply[at] + 4 * o
-          if EXPC[c] > 0 then
-            reply[at] = reply[at] + 32
-            nv = nv + 1
-            reply[nv] = EXPC[c]
-            PIECES[c] = PIECES[c] .. 'I4'
-            wide = true
+    local out
+    if failed == nil then
+      -- (`RK` lists every key of the request.)
+      local reply = REPLY
+      -- Values in `reply`, and whether a window report is among them.
+      local nv, wide, w = 1, false, false
+      if admitted then
+        reply[1] = 1
+        for i = 1, nr do
+          local k = RK[i]
+          if DIRTY[k] then
+            put(k, LA[k], L1[k], L2[k], L3[k], W[k])
+          elseif STALE[k] then
+            put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
           end
         end
-      end
-      for i = 1, nrb do
-        local bk = RB[i]
-        if WBD[bk] then
-          BOOK[bk] = WB[bk]
-          if not BOOKW[bk] then
-            BOOKW[bk] = true
-            nb = nb + 1
-            BORDER[nb] = bk
-          end
-        end
-      end
-    else
-      reply[1] = 0
-      -- What each key had before the request, under each charge's own limit
-      -- (read before this request's writes).
-      pos = first
-      for c = 1, n do
-        local a, k, p1, p2, p3
-        a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
-        pos = pos + 32
-        local alg = ALGORITHMS[a]
-        local at = nv + 1
-        nv, w = push(reply, nv, PIECES, c, ENOUGH[c], alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)), p1, p2, p3, now))
-        wide = wide or w
-        local o = RES and OUTC[c]
-        if o then
-          local rec = RES[(pos - 33) / 32 + 1]
-          local e = EXPC[c]
-          -- A denied request keeps no reserve: only a refusal at the cap
-          -- is reported, and expired entries count where written.
-          if rec[1] == 1 then
-            e = 0
-            if o ~= 3 then
-              o = 0
+        for c = 1, n do
+          local k = KEY[c]
+          local at = nv + 1
+          nv, w = push(reply, nv, PIECES, c, ENOUGH[c], LA[k][REPORT](W[k], L1[k], L2[k], L3[k], now))
+          wide = wide or w
+          local o = RES and OUTC[c]
+          if o then
+            reply[at] = reply[at] + 4 * o
+            if EXPC[c] > 0 then
+              reply[at] = reply[at] + 32
+              nv = nv + 1
+              reply[nv] = EXPC[c]
+              PIECES[c] = PIECES[c] .. 'I4'
+              wide = true
             end
           end
-          reply[at] = reply[at] + 4 * o
-          if e > 0 then
-            reply[at] = reply[at] + 32
-            nv = nv + 1
-            reply[nv] = e
-            PIECES[c] = PIECES[c] .. 'I4'
-            wide = true
+        end
+        for i = 1, nrb do
+          local bk = RB[i]
+          if WBD[bk] then
+            BOOK[bk] = WB[bk]
+            if not BOOKW[bk] then
+              BOOKW[bk] = true
+              nb = nb + 1
+              BORDER[nb] = bk
+            end
+          end
+        end
+      else
+        reply[1] = 0
+        -- What each key had before the request, under each charge's own limit
+        -- (read before this request's writes).
+        pos = first
+        for c = 1, n do
+          local a, k, p1, p2, p3
+          a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
+          pos = pos + 32
+          local alg = ALGORITHMS[a]
+          local at = nv + 1
+          nv, w = push(reply, nv, PIECES, c, ENOUGH[c], alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)), p1, p2, p3, now))
+          wide = wide or w
+          local o = RES and OUTC[c]
+          if o then
+            local rec = RES[(pos - 33) / 32 + 1]
+            local e = EXPC[c]
+            -- A denied request keeps no reserve: only a refusal at the cap
+            -- is reported, and expired entries count where written.
+            if rec[1] == 1 then
+              e = 0
+              if o ~= 3 then
+                o = 0
+              end
+            end
+            reply[at] = reply[at] + 4 * o
+            if e > 0 then
+              reply[at] = reply[at] + 32
+              nv = nv + 1
+              reply[nv] = e
+              PIECES[c] = PIECES[c] .. 'I4'
+              wide = true
+            end
+          end
+        end
+        for i = 1, nrb do
+          local bk = RB[i]
+          if KBD[bk] then
+            BOOK[bk] = KB[bk]
+            if not BOOKW[bk] then
+              BOOKW[bk] = true
+              nb = nb + 1
+              BORDER[nb] = bk
+            end
+          end
+        end
+        for i = 1, nr do
+          local k = RK[i]
+          if DW[k] then
+            put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
+          elseif STALE[k] then
+            put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
           end
         end
       end
+      local fmt
+      if wide then
+        fmt = '>B' .. table.concat(PIECES, '', 1, n)
+      else
+        fmt = FORMATS[n]
+        if fmt == nil then
+          fmt = '>B' .. string.rep('Bi8', n)
+          FORMATS[n] = fmt
+        end
+      end
+      out = spack(fmt, unpack(reply, 1, nv))
+    end
+    -- Empty the working tables for the next request.
+    for i = 1, nr do
+      local k = RK[i]
+      RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k], DP[k] =
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
+    end
+    if RES then
       for i = 1, nrb do
         local bk = RB[i]
-        if KBD[bk] then
-          BOOK[bk] = KB[bk]
-          if not BOOKW[bk] then
-            BOOKW[bk] = true
-            nb = nb + 1
-            BORDER[nb] = bk
-          end
-        end
+        WB[bk], WBD[bk], KB[bk], KBD[bk] = nil, nil, nil, nil
       end
-      for i = 1, nr do
-        local k = RK[i]
-        if DW[k] then
-          put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
-        elseif STALE[k] then
-          put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
-        end
+      nrb = 0
+      for c = 1, n do
+        OUTC[c], EXPC[c] = nil, nil
       end
     end
-    local fmt
-    if wide then
-      fmt = '>B' .. table.concat(PIECES, '', 1, n)
-    else
-      fmt = FORMATS[n]
-      if fmt == nil then
-        fmt = '>B' .. string.rep('Bi8', n)
-        FORMATS[n] = fmt
-      end
+    if failed ~= nil then
+      return nil, failed
     end
-    out = spack(fmt, unpack(reply, 1, nv))
+    return out
   end
-  -- Empty the working tables for the next request.
-  for i = 1, nr do
-    local k = RK[i]
-    RAW[k], W[k], DIRTY[k], LA[k], L1[k], L2[k], L3[k], DW[k], STALE[k], DP[k] =
-      nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
-  end
-  if RES then
-    for i = 1, nrb do
-      local bk = RB[i]
-      WB[bk], WBD[bk], KB[bk], KBD[bk] = nil, nil, nil, nil
-    end
-    nrb = 0
-    for c = 1, n do
-      OUTC[c], EXPC[c] = nil, nil
-    end
-  end
-  if failed ~= nil then
-    return nil, failed
-  end
-  return out
 end
 
 -- Stores the books the requests wrote: only the entries that changed
@@ -937,7 +988,8 @@ local function flush()
   end
   for i = 1, nw do
     local k = ORDER[i]
-    local value, ttl = PA[k][ENCODE](PL[k], now, P1[k], P2[k], P3[k])
+    local r = REC[k]
+    local value, ttl = r[3][ENCODE](r[1], now, r[4], r[5], r[6])
     if value == nil then
       rcall('DEL', KEYS[k])
     else
@@ -958,15 +1010,16 @@ if not batch then
   return reply
 end
 
--- A batch. A request of one charge and no reservation (the usual request)
--- runs inline below: the one-charge case of `general` without its tables.
--- A run of identical such requests (the same 32 bytes of ARGV[3]: one hot
--- bucket, the same limit, cost and flags) is decoded and read once: each
--- repeat starts from the level the request before it left on the key
--- (`rw`, what `readk` would give), and when that request wrote nothing, a
--- repeat at the same now has the same outcome and reply (`rsame`), so it
--- is not computed again. Any other request ends the run (rc = nil).
-local ssub = string.sub
+-- A batch: its runs of identical requests (ARGV[4]) in order. A run of
+-- requests of one charge and no reservation (the usual request; a hot
+-- bucket under load gives long runs) runs inline below: the one-charge
+-- case of `general` without its tables, decoded and read once. Each
+-- request of the run starts from the level the one before it left on the
+-- key (what `readk` would give), and when a request writes nothing, every
+-- later one of the run, at the same now, has the same outcome and reply,
+-- so it is not computed again. The replies of a run are packed in one
+-- `struct.pack`.
+local ssub, srep = string.sub, string.rep
 -- A request of several charges on distinct keys, without reservations (a
 -- request with several descriptors): what `general` does, without its
 -- per-key tables, since each key has one charge: the level after only the
@@ -977,7 +1030,7 @@ local ssub = string.sub
 -- (SW), and repeats a reply when that request wrote nothing (msame). Per
 -- charge c: algorithm, key, limit, cost, flags % 4 and extra parameter (SA,
 -- SK, S1, S2, S3, SC, SL, SX), the level read (SW), stored after now (SS),
--- whether this run wrote the key (SR), the level after the charge, enough,
+-- the level after the charge, enough,
 -- changed, stands (SF, SO, SG, SD); the reply's values and formats (SV,
 -- SP); reply formats by number of charges (SFORMATS). Made by the first
 -- such request of the call (ST), reused after.
@@ -986,236 +1039,307 @@ local mc, msame
 
 -- Its reply, or nil and the error of reading one of its keys; false when
 -- two of its charges share a key (then `general` runs it).
-local function several(first, n)
-  local t = ST
-  if t == nil then
-    t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
-    ST, MARK, SFORMATS = t, {}, {}
-  end
-  local SA, SK, S1, S2, S3, SC, SL, SX, SW = t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]
-  local SS, SR, SF, SO, SG, SD, SV, SP = t[10], t[11], t[12], t[13], t[14], t[15], t[16], t[17]
-  local bytes = ssub(packed, first, first + 32 * n - 1)
-  if bytes == mc then
-    if msame then
-      return msame
+local several
+if batch and multi and RES == nil then
+  several = function(first, n)
+    local t = ST
+    if t == nil then
+      t = { {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} }
+      ST, MARK, SFORMATS = t, {}, {}
     end
-  else
-    mc = nil
-    local pos = first
+    local SA, SK, S1, S2, S3, SC, SL, SX, SW = t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]
+    local SS, SF, SO, SG, SD, SV, SP = t[10], t[12], t[13], t[14], t[15], t[16], t[17]
+    local bytes = ssub(packed, first, first + 32 * n - 1)
+    if bytes == mc then
+      if msame then
+        return msame
+      end
+    else
+      mc = nil
+      local pos = first
+      for c = 1, n do
+        local a, k, p1, p2, p3, cost, flags
+        a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
+        if MARK[k] == first then
+          return false
+        end
+        MARK[k] = first
+        local low = flags % 4
+        -- Exact: flags < 2^35 and the divisors are powers of two.
+        SA[c], SK[c], S1[c], S2[c], S3[c], SC[c], SL[c], SX[c] = ALGORITHMS[a], k, p1, p2, p3, cost, low, (flags - low) / 4
+      end
+      for c = 1, n do
+        local k = SK[c]
+        local s, err = stored(k)
+        if s == nil then
+          return nil, err
+        end
+        SW[c], SS[c] = readk(SA[c], k, s, S1[c], S2[c], S3[c])
+      end
+    end
+    local admitted = true
     for c = 1, n do
-      local a, k, p1, p2, p3, cost, flags
-      a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
-      if MARK[k] == first then
-        return false
+      local alg, low = SA[c], SL[c]
+      if low % 2 == 1 then
+        SF[c], SG[c] = alg[REFUND](SW[c], SC[c], S1[c], S2[c], S3[c], SX[c], now)
+        SO[c], SD[c] = true, false
+      else
+        local ok
+        SF[c], ok, SG[c], SD[c] = alg[CONSUME](SW[c], SC[c], S1[c], S2[c], S3[c], SX[c])
+        SO[c] = ok
+        if not ok and low < 2 then
+          admitted = false
+        end
       end
-      MARK[k] = first
-      local low = flags % 4
-      -- Exact: flags < 2^35 and the divisors are powers of two.
-      SA[c], SK[c], S1[c], S2[c], S3[c], SC[c], SL[c], SX[c] = ALGORITHMS[a], k, p1, p2, p3, cost, low, (flags - low) / 4
     end
+    -- The reply: what each key has left after the request (admitted) or
+    -- had before it (denied), under the charge's limit.
+    local nv, wide = 1, false
+    SV[1] = admitted and 1 or 0
     for c = 1, n do
-      local k = SK[c]
-      local s, err = stored(k)
-      if s == nil then
-        return nil, err
+      local left, prev
+      if admitted then
+        left, prev = SA[c][REPORT](SF[c], S1[c], S2[c], S3[c], now)
+      else
+        left, prev = SA[c][REPORT](SW[c], S1[c], S2[c], S3[c], now)
       end
-      SW[c], SS[c] = readk(SA[c], k, s, S1[c], S2[c], S3[c])
-      SR[c] = false
-    end
-  end
-  local admitted = true
-  for c = 1, n do
-    local alg, low = SA[c], SL[c]
-    if low % 2 == 1 then
-      SF[c], SG[c] = alg[REFUND](SW[c], SC[c], S1[c], S2[c], S3[c], SX[c], now)
-      SO[c], SD[c] = true, false
-    else
-      local ok
-      SF[c], ok, SG[c], SD[c] = alg[CONSUME](SW[c], SC[c], S1[c], S2[c], S3[c], SX[c])
-      SO[c] = ok
-      if not ok and low < 2 then
-        admitted = false
+      local enough = SO[c] and 1 or 0
+      if prev == nil then
+        SV[nv + 1], SV[nv + 2] = enough, left
+        SP[c] = 'Bi8'
+        nv = nv + 2
+      else
+        SV[nv + 1], SV[nv + 2], SV[nv + 3], SV[nv + 4] = enough + 2, left, now, prev
+        SP[c] = 'Bi8I8I8'
+        nv = nv + 4
+        wide = true
       end
     end
-  end
-  -- The reply: what each key has left after the request (admitted) or
-  -- had before it (denied), under the charge's limit.
-  local nv, wide = 1, false
-  SV[1] = admitted and 1 or 0
-  for c = 1, n do
-    local left, prev
-    if admitted then
-      left, prev = SA[c][REPORT](SF[c], S1[c], S2[c], S3[c], now)
+    local fmt
+    if wide then
+      fmt = '>B' .. table.concat(SP, '', 1, n)
     else
-      left, prev = SA[c][REPORT](SW[c], S1[c], S2[c], S3[c], now)
+      fmt = SFORMATS[n]
+      if fmt == nil then
+        fmt = '>B' .. string.rep('Bi8', n)
+        SFORMATS[n] = fmt
+      end
     end
-    local enough = SO[c] and 1 or 0
-    if prev == nil then
-      SV[nv + 1], SV[nv + 2] = enough, left
-      SP[c] = 'Bi8'
-      nv = nv + 2
-    else
-      SV[nv + 1], SV[nv + 2], SV[nv + 3], SV[nv + 4] = enough + 2, left, now, prev
-      SP[c] = 'Bi8I8I8'
-      nv = nv + 4
-      wide = true
-    end
-  end
-  local fmt
-  if wide then
-    fmt = '>B' .. table.concat(SP, '', 1, n)
-  else
-    fmt = SFORMATS[n]
-    if fmt == nil then
-      fmt = '>B' .. string.rep('Bi8', n)
-      SFORMATS[n] = fmt
-    end
-  end
-  local out = spack(fmt, unpack(SV, 1, nv))
-  -- The writes (`put`), and what the next request on each key reads
-  -- (`readk`).
-  local wrote = false
-  for c = 1, n do
-    local level
-    if admitted then
-      if SG[c] then
+    local out = spack(fmt, unpack(SV, 1, nv))
+    -- The writes (`put`), and what the next request on each key reads
+    -- (`readk`).
+    local wrote = false
+    for c = 1, n do
+      local level
+      if admitted then
+        if SG[c] then
+          level = SF[c]
+        elseif SS[c] then
+          level = SW[c]
+        end
+      elseif SD[c] then
         level = SF[c]
       elseif SS[c] then
         level = SW[c]
       end
-    elseif SD[c] then
-      level = SF[c]
-    elseif SS[c] then
-      level = SW[c]
-    end
-    if level ~= nil then
-      wrote = true
-      local alg, k, p1, p2, p3 = SA[c], SK[c], S1[c], S2[c], S3[c]
-      local kept = alg[KEPT](level, p1, p2, p3)
-      if SR[c] then
-        PL[k], PK[k] = level, kept
-      else
-        put(k, alg, p1, p2, p3, level)
-        SR[c] = true
+      if level ~= nil then
+        wrote = true
+        -- What the next request on the key reads (`kept` in the header).
+        local alg, p1, p2, p3 = SA[c], S1[c], S2[c], S3[c]
+        if put(SK[c], alg, p1, p2, p3, level) then
+          SW[c] = level
+        else
+          SW[c] = alg[READ](false, p1, p2, p3, now)
+        end
+        SS[c] = false
       end
-      if kept then
-        SW[c] = alg[REBASE](level, p1, p2, p3, p1, p2, p3)
-      else
-        SW[c] = alg[READ](false, p1, p2, p3, now)
-      end
-      SS[c] = false
     end
+    mc = bytes
+    if wrote then
+      msame = nil
+    else
+      msame = out
+    end
+    return out
   end
-  mc = bytes
-  if wrote then
-    msame = nil
-  else
-    msame = out
-  end
-  return out
 end
 
-local parts = {}
+-- The packed replies of the requests of a run of one charge from the
+-- values V[1..nv]: per request admitted, flags and left, and with a window
+-- report (flags bit 1) now and prev.
+local function pack_run(V, nv, wide)
+  local fmt
+  if wide then
+    local f, nf, j = { '>' }, 1, 1
+    while j <= nv do
+      nf = nf + 1
+      if V[j + 1] >= 2 then
+        f[nf] = 'BBi8I8I8'
+        j = j + 5
+      else
+        f[nf] = 'BBi8'
+        j = j + 3
+      end
+    end
+    fmt = table.concat(f)
+  else
+    fmt = '>' .. srep('BBi8', nv / 3)
+  end
+  return spack(fmt, unpack(V, 1, nv))
+end
+
+local parts, np = {}, 0
 local first = 1
-local rc, rk, ralg, rp1, rp2, rp3, rcost, rlow, rx, rw, rsame, rwrote
-for r = 1, #sizes / 4 do
-  local n = sunpack('>I4', sizes, 4 * r - 3)
-  local reply, err
+-- Reply values of the run being evaluated (reused by every run).
+local V = {}
+for pos = 1, #sizes, 8 do
+  local n, times = sunpack('>I4I4', sizes, pos)
   if n == 1 and RES == nil then
     mc = nil
-    local c = ssub(packed, first, first + 31)
-    if c == rc and rsame then
-      reply = rsame
+    local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
+    local alg = ALGORITHMS[a]
+    local s, err = stored(k)
+    if s == nil then
+      -- Every request of the run fails as its own call would.
+      err = ssub(err, 1, 1000)
+      np = np + 1
+      parts[np] = srep(schar(2) .. spack('>I2', #err) .. err, times)
     else
-      local k, alg, p1, p2, p3, cost, low, x, w, stale
-      if c == rc then
-        k, alg, p1, p2, p3, cost, low, x, w = rk, ralg, rp1, rp2, rp3, rcost, rlow, rx, rw
-      else
-        local a, flags, s
-        a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
-        alg = ALGORITHMS[a]
-        s, err = stored(k)
-        if s ~= nil then
-          low = flags % 4
-          -- Exact: flags < 2^35 and the divisors are powers of two.
-          x = (flags - low) / 4
-          w, stale = readk(alg, k, s, p1, p2, p3)
-          rwrote = false
+      local low = flags % 4
+      -- Exact: flags < 2^35 and the divisors are powers of two.
+      local x = (flags - low) / 4
+      local refund, shadow = low % 2 == 1, low >= 2
+      local consume, refundf, report, keptf, runf = alg[CONSUME], alg[REFUND], alg[REPORT], alg[KEPT], alg[RUN]
+      local w, stale = readk(alg, k, s, p1, p2, p3)
+      -- Whether a request of the run wrote the key (then `put` at the end
+      -- of the run, with what the last of them left).
+      local wrote = false
+      local nv, wide = 0, false
+      -- The reply of the run's request that wrote nothing, and how many
+      -- requests after it repeat it.
+      local same, rest
+      if runf ~= nil and low == 0 and not stale then
+        -- Plain consumes: the algorithm's run (in slices of 200 requests,
+        -- within the Lua stack that `unpack` fills), then no loop below.
+        local todo = times
+        while todo > 0 do
+          local m = todo
+          if m > 200 then
+            m = 200
+          end
+          local written
+          w, nv, written = runf(w, cost, p1, p2, p3, x, m, V, 0)
+          if written > 0 then
+            wrote = true
+          end
+          np = np + 1
+          parts[np] = pack_run(V, nv, false)
+          nv = 0
+          if written < m then
+            rest = todo - written - 1
+            if rest > 0 then
+              same = spack('>BBi8', V[written * 3 + 1], V[written * 3 + 2], V[written * 3 + 3])
+            end
+            break
+          end
+          todo = todo - m
         end
+        times = 0
       end
-      if w ~= nil then
+      for i = 1, times do
         local after, ok, changed, stands
-        if low % 2 == 1 then
-          after, changed = alg[REFUND](w, cost, p1, p2, p3, x, now)
+        if refund then
+          after, changed = refundf(w, cost, p1, p2, p3, x, now)
           ok = true
         else
-          after, ok, changed, stands = alg[CONSUME](w, cost, p1, p2, p3, x)
+          after, ok, changed, stands = consume(w, cost, p1, p2, p3, x)
         end
-        local level, left, prev
-        if ok or low >= 2 then
+        local level, adm, left, prev
+        if ok or shadow then
+          adm = 1
           if changed then
             level = after
           elseif stale then
             level = w
           end
-          left, prev = alg[REPORT](after, p1, p2, p3, now)
-          if prev == nil then
-            reply = spack('>BBi8', 1, ok and 1 or 0, left)
-          else
-            reply = spack('>BBi8I8I8', 1, (ok and 1 or 0) + 2, left, now, prev)
-          end
+          left, prev = report(after, p1, p2, p3, now)
         else
+          adm = 0
           if stands then
             level = after
           elseif stale then
             level = w
           end
-          left, prev = alg[REPORT](w, p1, p2, p3, now)
-          if prev == nil then
-            reply = spack('>BBi8', 0, 0, left)
-          else
-            reply = spack('>BBi8I8I8', 0, 2, left, now, prev)
-          end
+          left, prev = report(w, p1, p2, p3, now)
+        end
+        local enough = ok and 1 or 0
+        if prev == nil then
+          V[nv + 1], V[nv + 2], V[nv + 3] = adm, enough, left
+          nv = nv + 3
+        else
+          V[nv + 1], V[nv + 2], V[nv + 3], V[nv + 4], V[nv + 5] = adm, enough + 2, left, now, prev
+          nv = nv + 5
+          wide = true
         end
         if level == nil then
-          -- Nothing written: the key holds what this request read.
-          rw, rsame = w, reply
-        else
-          -- `put`, and what the next request on the key reads (`readk`).
-          local kept = alg[KEPT](level, p1, p2, p3)
-          if rwrote then
-            PL[k], PK[k] = level, kept
-          else
-            put(k, alg, p1, p2, p3, level)
-            rwrote = true
+          -- Nothing written: the key holds what this request read, so the
+          -- rest of the run repeats its reply.
+          if i < times then
+            if prev == nil then
+              same = spack('>BBi8', adm, enough, left)
+            else
+              same = spack('>BBi8I8I8', adm, enough + 2, left, now, prev)
+            end
+            rest = times - i
           end
-          if kept then
-            rw = alg[REBASE](level, p1, p2, p3, p1, p2, p3)
-          else
-            rw = alg[READ](false, p1, p2, p3, now)
-          end
-          rsame = nil
+          break
         end
-        rc, rk, ralg, rp1, rp2, rp3, rcost, rlow, rx = c, k, alg, p1, p2, p3, cost, low, x
-      else
-        rc = nil
+        -- What the next request reads (`kept` in the header).
+        if keptf(level, p1, p2, p3) then
+          w = level
+        else
+          w = alg[READ](false, p1, p2, p3, now)
+        end
+        stale, wrote = false, true
+        if nv > 600 then
+          -- (Within the Lua stack that `unpack` fills.)
+          np = np + 1
+          parts[np] = pack_run(V, nv, wide)
+          nv, wide = 0, false
+        end
+      end
+      if wrote then
+        put(k, alg, p1, p2, p3, w)
+      end
+      if nv > 0 then
+        np = np + 1
+        parts[np] = pack_run(V, nv, wide)
+      end
+      if same then
+        np = np + 1
+        parts[np] = srep(same, rest)
       end
     end
-  elseif n > 1 and RES == nil then
-    rc = nil
-    reply, err = several(first, n)
-    if reply == false then
-      reply, err = general(first, n)
-    end
   else
-    rc, mc = nil, nil
-    reply, err = general(first, n)
+    for _ = 1, times do
+      local reply, err
+      if n > 1 and RES == nil then
+        reply, err = several(first, n)
+        if reply == false then
+          reply, err = general(first, n)
+        end
+      else
+        mc = nil
+        reply, err = general(first, n)
+      end
+      if reply == nil then
+        err = ssub(err, 1, 1000)
+        reply = schar(2) .. spack('>I2', #err) .. err
+      end
+      np = np + 1
+      parts[np] = reply
+    end
   end
-  if reply == nil then
-    err = string.sub(err, 1, 1000)
-    reply = schar(2) .. spack('>I2', #err) .. err
-  end
-  parts[r] = reply
   first = first + 32 * n
 end
 flush()

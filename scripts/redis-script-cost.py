@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Redis's own time per call of the token bucket script, for 1 and N buckets.
 
-Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B] [NAME=FILE.lua ...]
+Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B [--per-request]] [NAME=FILE.lua ...]
 
 Starts its own redis-server on a free loopback port (no persistence), loads
 each script (default: the request script as `script`, assembled as
@@ -18,12 +18,18 @@ charged bucket written with its own expiry): `floor-none` (returns at once),
 PX per key, a packed reply).
 
 With --batch B (B > 1) each call carries B requests on the same buckets
-(lua/request.lua, "Batch": ARGV[4]), and the times printed are per request
-(usec_per_call / B); the reference scripts are left out.
+(lua/request.lua, "Batch": ARGV[4], one run of B identical requests; with
+--per-request, for scripts before runs, one size per request), and the
+times printed are per request (usec_per_call / B); the reference scripts
+are left out.
 
 The argument format is the script's own (lua/request.lua, ARGV[3]).
 """
 import os, socket, struct, subprocess, sys, tempfile, time
+
+# Batches in the script's format of runs (ARGV[4]: charges per request and
+# requests, per run); --per-request: the older format of one size per request.
+RUNS = True
 
 FLOORS = {
     "floor-none": "return 'x'",
@@ -103,7 +109,11 @@ def charges(n):
 
 
 def usec_per_call(conn, sha, keys, calls, batch=1):
-    if batch > 1:
+    if batch > 1 and RUNS:
+        # One run of B identical requests (lua/request.lua, ARGV[4]).
+        sizes = struct.pack(">II", len(keys), batch)
+        packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)), sizes)
+    elif batch > 1:
         sizes = struct.pack(">I", len(keys)) * batch
         packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)) * batch, sizes)
     else:
@@ -135,6 +145,9 @@ def main():
             calls = int(args.pop(0))
         elif a == "--batch":
             batch = int(args.pop(0))
+        elif a == "--per-request":
+            global RUNS
+            RUNS = False
         elif "=" in a:
             name, path = a.split("=", 1)
             scripts[name] = open(path).read()
@@ -146,15 +159,15 @@ def main():
         # The same text as `SOURCE` in src/storage/redis/script.rs.
         parts = ["token_bucket.lua", "fixed_window.lua", "sliding_window.lua"]
         scripts["script"] = (
-            "local PARTS = {\n"
+            "local function PART(a)\n"
             + "".join(
-                "[%d] = function()\n%s\nend,\n"
+                "if a == %d then\n%s\nend\n"
                 % (i, open(os.path.join(lua, "algorithms", f)).read())
                 for i, f in enumerate(parts)
             )
-            + "}\n"
+            + "end\n"
             + "local ALGORITHMS = setmetatable({}, { __index = function(t, a)\n"
-            + "  local f = PARTS[a]()\n  t[a] = f\n  return f\nend })\n"
+            + "  local f = PART(a)\n  t[a] = f\n  return f\nend })\n"
             + open(os.path.join(lua, "request.lua")).read()
         )
     if batch == 1:

@@ -44,12 +44,6 @@ local TWO53 = 9007199254740992
 local fmod, ceil = math.fmod, math.ceil
 local spack, sunpack, sbyte = struct.pack, struct.unpack, string.byte
 
--- Exact integer division of non-negative integers below 2^53.
-local function divmod(a, b)
-  local r = fmod(a, b)
-  return (a - r) / b, r
-end
-
 -- Packing with Redis's built-in `struct` library (one C call instead of a
 -- byte loop in Lua). Every value packed is an integer below 2^53, exact in
 -- the library's 64-bit integers.
@@ -57,75 +51,10 @@ end
 -- writes both).
 local PACK = { [0] = '>I7', '>I7I1', '>I7I2', '>I7I3', '>I7I4', '>I7I5', '>I7I6', '>I7I7', '>I7I8' }
 
--- Bytes needed for a magnitude below 2^56 (0 for 0).
-local function width(v)
-  if v < 4294967296 then
-    if v < 65536 then
-      if v == 0 then
-        return 0
-      elseif v < 256 then
-        return 1
-      end
-      return 2
-    elseif v < 16777216 then
-      return 3
-    end
-    return 4
-  elseif v < 1099511627776 then
-    return 5
-  elseif v < 281474976710656 then
-    return 6
-  end
-  return 7
-end
-
--- A balance in debt is written as its magnitude in one byte more than it
--- needs, so it starts with a 0 byte, which a minimal encoding never does.
-local function encode(tokens, updated)
-  if tokens < 0 then
-    return spack(PACK[width(-tokens) + 1], updated, -tokens)
-  end
-  local m = width(tokens)
-  if m == 0 then
-    return spack('>I7', updated)
-  end
-  return spack(PACK[m], updated, tokens)
-end
-
--- Micro-tokens at `now` (token_bucket.rs BucketState::tokens_at). The refill
--- floor(elapsed * R / U) would exceed 2^53, so it is computed as
--- q*R + r*a + floor(r*b/U) with q, r = divmod(elapsed, U) and
--- a, b = divmod(R, U): r*a < R and r*b < U^2 < 2^53, and q*R is only used
--- when it is below the deficit (else the bucket is full).
-local function tokens_at(have, updated, R, U, cap, now)
-  if have >= cap then
-    return cap
-  end
-  local elapsed = now - updated
-  if elapsed <= 0 then
-    return have
-  end
-  if U == 1 then
-    -- Per-second rules, the usual case: q = elapsed, r = 0 below.
-    local qr = elapsed * R
-    if qr >= cap - have then
-      return cap
-    end
-    return have + qr
-  end
-  local q, r = divmod(elapsed, U)
-  local qr = q * R
-  if qr >= cap - have then
-    return cap
-  end
-  local a, b = divmod(R, U)
-  local frac = divmod(r * b, U)
-  local t = have + qr + r * a + frac
-  if t > cap then
-    t = cap
-  end
-  return t
-end
+-- The helpers below are written out where they are used, not as functions
+-- of their own: the script makes this part's functions on every call that
+-- uses it, and each function costs there. Exact integer division of
+-- non-negative integers below 2^53 is `r = fmod(a, b); q = (a - r) / b`.
 
 -- `balance` after a debt charge of `cost` tokens on a bucket whose debt
 -- bound is `debt` micro-tokens (token_bucket.rs charge_debt): down by the cost,
@@ -140,31 +69,6 @@ local function charge_debt(balance, cost, debt)
     return floor
   end
   return after
-end
-
--- Milliseconds until a bucket holding `tokens` (of `cap`; negative in
--- debt) is full (ceil, at least 1; the driver applies its bounds).
-local function ttl_ms(R, U, cap, tokens)
-  local p = (cap - tokens) * U
-  local ms
-  if p < TWO53 then
-    local us, rem = divmod(p, R)
-    if rem > 0 then
-      us = us + 1
-    end
-    local rr = fmod(us, 1000)
-    ms = (us - rr) / 1000
-    if rr > 0 then
-      ms = ms + 1
-    end
-  else
-    -- Years-long waits: doubles with an upward margin.
-    ms = ceil((cap - tokens) / R * U / 1000 * (1 + 1e-9)) + 1
-  end
-  if ms < 1 then
-    ms = 1
-  end
-  return ms
 end
 
 -- Each function below computes the capacity in micro-tokens itself (0
@@ -190,7 +94,40 @@ local function read(s, R, U, C, now)
         tokens = -tokens
       end
     end
-    return tokens_at(tokens, updated, R, U, cap, now), updated > now
+    -- The balance at now (token_bucket.rs BucketState::tokens_at). The
+    -- refill floor(elapsed * R / U) would exceed 2^53, so it is computed
+    -- as q*R + r*a + floor(r*b/U) with q, r = divmod(elapsed, U) and
+    -- a, b = divmod(R, U): r*a < R and r*b < U^2 < 2^53, and q*R is only
+    -- used when it is below the deficit (else the bucket is full).
+    local elapsed = now - updated
+    if tokens >= cap then
+      tokens = cap
+    elseif elapsed > 0 then
+      if U == 1 then
+        -- Per-second rules, the usual case: q = elapsed, r = 0 below.
+        local qr = elapsed * R
+        if qr >= cap - tokens then
+          tokens = cap
+        else
+          tokens = tokens + qr
+        end
+      else
+        local r = fmod(elapsed, U)
+        local qr = (elapsed - r) / U * R
+        if qr >= cap - tokens then
+          tokens = cap
+        else
+          local b = fmod(R, U)
+          local rb = r * b
+          local rem = fmod(rb, U)
+          tokens = tokens + qr + r * ((R - b) / U) + (rb - rem) / U
+          if tokens > cap then
+            tokens = cap
+          end
+        end
+      end
+    end
+    return tokens, updated > now
   end
   return cap, false
 end
@@ -258,7 +195,67 @@ local function encode_state(w, now, R, U, C)
   if w >= cap or R == 0 then
     return nil
   end
-  return encode(w, now), ttl_ms(R, U, cap, w)
+  -- The value: 7 bytes of now, then the balance's magnitude in as few
+  -- bytes as it needs (below 2^56; none for 0). A balance in debt is
+  -- written in one byte more than it needs, so it starts with a 0 byte,
+  -- which a minimal encoding never does.
+  local v = w
+  if w < 0 then
+    v = -w
+  end
+  local m
+  if v < 4294967296 then
+    if v < 65536 then
+      if v == 0 then
+        m = 0
+      elseif v < 256 then
+        m = 1
+      else
+        m = 2
+      end
+    elseif v < 16777216 then
+      m = 3
+    else
+      m = 4
+    end
+  elseif v < 1099511627776 then
+    m = 5
+  elseif v < 281474976710656 then
+    m = 6
+  else
+    m = 7
+  end
+  local value
+  if w < 0 then
+    value = spack(PACK[m + 1], now, v)
+  elseif m == 0 then
+    value = spack('>I7', now)
+  else
+    value = spack(PACK[m], now, v)
+  end
+  -- Milliseconds until the bucket is full (ceil, at least 1; the driver
+  -- applies its bounds).
+  local p = (cap - w) * U
+  local ms
+  if p < TWO53 then
+    local rem = fmod(p, R)
+    local us = (p - rem) / R
+    if rem > 0 then
+      us = us + 1
+    end
+    local rr = fmod(us, 1000)
+    ms = (us - rr) / 1000
+    if rr > 0 then
+      ms = ms + 1
+    end
+  else
+    -- Years-long waits: doubles with an upward margin.
+    ms = ceil((cap - w) / R * U / 1000 * (1 + 1e-9)) + 1
+  end
+  if ms < 1 then
+    ms = 1
+  end
+  return value, ms
 end
 
 -- Whether encode_state stores a value (a bucket below its capacity under a
@@ -298,7 +295,79 @@ local function settle(w, held, cost, R, U, C, D)
   return charge_debt(w, cost, debt)
 end
 
+-- `times` plain consumes of `cost` in a row from the balance w, each
+-- exactly as consume above, each starting from what the one before it
+-- left (every balance a charge writes under a rate above 0 is kept)
+-- (lua/request.lua, run): a batch's hot bucket without a function call
+-- per request. Appends each request's admitted,
+-- enough and left to V after nv; returns the balance after, the new nv and
+-- how many requests wrote the bucket (all of them with a debt bound; else
+-- up to the first denied, which writes nothing; none for a check).
+local function run(w, cost, R, U, C, D, times, V, nv)
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
+  local need = cost
+  if need < 1 then
+    need = 1
+  end
+  need = need * MICRO
+  if need > cap + MICRO then
+    need = cap + MICRO
+  end
+  if cost == 0 then
+    -- A check changes nothing.
+    local ok = 0
+    if w >= need then
+      ok = 1
+    end
+    V[nv + 1], V[nv + 2], V[nv + 3] = ok, ok, w
+    return w, nv + 3, 0
+  end
+  local take = cost * MICRO
+  if D > 0 then
+    -- Every charge is taken, clamped at -D (charge_debt), and stands.
+    local bound = -D * MICRO
+    for _ = 1, times do
+      local floor = bound
+      if floor > w then
+        floor = w
+      end
+      local after = w - take
+      if after < floor then
+        after = floor
+      end
+      if w >= need then
+        V[nv + 1], V[nv + 2], V[nv + 3] = 1, 1, after
+      else
+        V[nv + 1], V[nv + 2], V[nv + 3] = 0, 0, w
+      end
+      nv = nv + 3
+      -- (Under a rate of 0 nothing is kept: the next charge finds the
+      -- bucket full, as a missing one. The caller never sends a debt
+      -- bound with a rate of 0; the line keeps run equal to consume.)
+      if R > 0 then
+        w = after
+      else
+        w = cap
+      end
+    end
+    return w, nv, times
+  end
+  for i = 1, times do
+    if w < need then
+      V[nv + 1], V[nv + 2], V[nv + 3] = 0, 0, w
+      return w, nv + 3, i - 1
+    end
+    w = w - take
+    V[nv + 1], V[nv + 2], V[nv + 3] = 1, 1, w
+    nv = nv + 3
+  end
+  return w, nv, times
+end
+
 -- In the order of lua/request.lua's contract (an array: cheaper to build
 -- on every call than a table with named fields); the eighth, settle, is
--- the token bucket's alone (reservations).
-return { read, rebase, consume, refund, report, encode_state, kept, settle }
+-- the token bucket's alone (reservations), as is the ninth, run.
+return { read, rebase, consume, refund, report, encode_state, kept, settle, run }

@@ -13,11 +13,11 @@ use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 /// The script source: the table of algorithms, then `lua/quota.lua`.
 pub const SOURCE: &str = concat!(
-    "local PARTS = {\n",
+    "local function PART(a)\n",
     algorithm_part!(0, "token_bucket.lua"),
     algorithm_part!(1, "fixed_window.lua"),
     algorithm_part!(2, "sliding_window.lua"),
-    "}\n",
+    "end\n",
     algorithms_table!(),
     include_str!("../../../lua/quota.lua")
 );

@@ -16,29 +16,31 @@ use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 /// Wraps one algorithm's script part (`lua/algorithms/<name>.lua`, a chunk
-/// that returns its functions) as the entry `$id` of the `PARTS` table
-/// constructor: a function that makes the part's functions; `$id` is the
-/// algorithm's
-/// [`SCRIPT_ID`](crate::storage::algorithm::Algorithm::SCRIPT_ID).
+/// that returns its functions) as the branch `$id` of the function `PART`,
+/// which makes the part's functions of the algorithm it is given; `$id` is
+/// the algorithm's
+/// [`SCRIPT_ID`](crate::storage::algorithm::Algorithm::SCRIPT_ID). (One
+/// function with a branch per part, not a table of functions: the script
+/// makes its functions and tables on every call.)
 macro_rules! algorithm_part {
     ($id:literal, $file:literal) => {
         concat!(
-            "[",
+            "if a == ",
             $id,
-            "] = function()\n",
+            " then\n",
             include_str!(concat!("../../../lua/algorithms/", $file)),
-            "\nend,\n"
+            "\nend\n"
         )
     };
 }
 
-/// The driver's `ALGORITHMS` table over `PARTS`: an algorithm's functions
+/// The driver's `ALGORITHMS` table over `PART`: an algorithm's functions
 /// are made the first time a call uses it, so a call pays for the
 /// algorithms its charges use, not for every algorithm the script has (a
 /// part's functions are closures, made anew on every call).
 macro_rules! algorithms_table {
     () => {
-        "local ALGORITHMS = setmetatable({}, { __index = function(t, a)\n  local f = PARTS[a]()\n  t[a] = f\n  return f\nend })\n"
+        "local ALGORITHMS = setmetatable({}, { __index = function(t, a)\n  local f = PART(a)\n  t[a] = f\n  return f\nend })\n"
     };
 }
 
@@ -49,11 +51,11 @@ pub(crate) use {algorithm_part, algorithms_table};
 /// request driver (`lua/request.lua`), so a request is one `EVALSHA`
 /// whatever mix of algorithms it carries.
 pub const SOURCE: &str = concat!(
-    "local PARTS = {\n",
+    "local function PART(a)\n",
     algorithm_part!(0, "token_bucket.lua"),
     algorithm_part!(1, "fixed_window.lua"),
     algorithm_part!(2, "sliding_window.lua"),
-    "}\n",
+    "end\n",
     algorithms_table!(),
     include_str!("../../../lua/request.lua")
 );
@@ -200,7 +202,9 @@ pub struct ScriptCall {
     pub keys: Vec<String>,
     /// ARGV: explicit now (or empty), shortest expiry in ms (or empty), then
     /// every charge packed in one binary argument ([`CHARGE_BYTES`] each),
-    /// and for a batch the charges per request (4 bytes each).
+    /// and for a batch its runs of identical requests: per run the charges
+    /// per request and the requests (4 bytes each; the run's charges are
+    /// packed once).
     pub args: Vec<Vec<u8>>,
     /// Number of charges (the reply of one request has `1 + 9 * charges`
     /// bytes, and 16 more per window charge).
@@ -291,9 +295,11 @@ impl ScriptCall {
     /// expiry): the keys of all of them once each (a key several requests
     /// charge is read and written once), their charges one request after
     /// the other with the key numbers of the batch, and the charges per
-    /// request (`ARGV[4]`). The script evaluates the requests in turn, each
-    /// as if alone (lua/request.lua, "Batch"). A single request stays its
-    /// own call, unchanged.
+    /// request (`ARGV[4]`). Consecutive identical requests (the same keys
+    /// and charges, no reservation: a hot bucket under load) are sent once
+    /// with their number, as a run. The script evaluates the requests in
+    /// turn, each as if alone (lua/request.lua, "Batch"). A single request
+    /// stays its own call, unchanged.
     #[must_use]
     pub fn batch(calls: &[&Self]) -> Self {
         if let [one] = calls {
@@ -304,13 +310,30 @@ impl ScriptCall {
         let mut index: std::collections::HashMap<&str, usize> =
             std::collections::HashMap::with_capacity(total);
         let mut packed = Vec::with_capacity(CHARGE_BYTES * total);
-        let mut sizes = Vec::with_capacity(4 * calls.len());
+        // Per run of identical requests: charges per request, requests.
+        let mut runs: Vec<(u32, u32)> = Vec::with_capacity(calls.len());
         let mut records = Vec::new();
         let mut before = 0;
         let mut requests = Vec::with_capacity(calls.len());
         // Per request: its key numbers in the batch.
         let mut local: Vec<usize> = Vec::new();
+        // The request before, when it may start a run (no reservation).
+        let mut run_of: Option<&Self> = None;
         for call in calls {
+            requests.push(call.charges);
+            let plain = call.args.get(4).is_none_or(Vec::is_empty);
+            if let Some(prev) = run_of
+                && plain
+                && prev.keys == call.keys
+                && prev.args.get(2) == call.args.get(2)
+            {
+                // The same request again: one more of the run.
+                if let Some((_, times)) = runs.last_mut() {
+                    *times = times.saturating_add(1);
+                }
+                continue;
+            }
+            run_of = plain.then_some(*call);
             local.clear();
             for k in &call.keys {
                 let next = index.len();
@@ -348,12 +371,12 @@ impl ScriptCall {
                 }
             }
             before += call.charges;
-            sizes.extend_from_slice(
-                &u32::try_from(call.charges)
-                    .unwrap_or(u32::MAX)
-                    .to_be_bytes(),
-            );
-            requests.push(call.charges);
+            runs.push((u32::try_from(call.charges).unwrap_or(u32::MAX), 1u32));
+        }
+        let mut sizes = Vec::with_capacity(8 * runs.len());
+        for (charges, times) in runs {
+            sizes.extend_from_slice(&charges.to_be_bytes());
+            sizes.extend_from_slice(&times.to_be_bytes());
         }
         let first = calls.first().map(|c| c.args.as_slice()).unwrap_or_default();
         let arg = |i: usize| first.get(i).cloned().unwrap_or_default();
@@ -694,6 +717,33 @@ mod tests {
         assert_eq!(call.args, vec![Vec::new(), Vec::new(), packed]);
         assert!(
             ScriptCall::new(&[charge("a", 1, ChargeKind::Consume, false)], Some(1 << 53)).is_err()
+        );
+    }
+
+    #[test]
+    fn consecutive_identical_requests_are_sent_as_one_run() {
+        let one = |key: &str| {
+            ScriptCall::new(&[charge(key, 1, ChargeKind::Consume, false)], None).expect("valid")
+        };
+        let (a, b) = (one("a"), one("b"));
+        let call = ScriptCall::batch(&[&a, &a, &a, &b, &a, &a]);
+        assert_eq!(call.keys, vec!["a", "b"]);
+        assert_eq!(call.requests, vec![1; 6]);
+        // Runs: 3 x a, 1 x b, 2 x a; each run's charge packed once.
+        let mut sizes = Vec::new();
+        for times in [3u32, 1, 2] {
+            sizes.extend_from_slice(&1u32.to_be_bytes());
+            sizes.extend_from_slice(&times.to_be_bytes());
+        }
+        assert_eq!(call.args[3], sizes);
+        assert_eq!(call.args[2].len(), 3 * CHARGE_BYTES);
+        assert_eq!(
+            call.args[2][..CHARGE_BYTES],
+            call.args[2][2 * CHARGE_BYTES..]
+        );
+        assert_ne!(
+            call.args[2][..CHARGE_BYTES],
+            call.args[2][CHARGE_BYTES..2 * CHARGE_BYTES]
         );
     }
 
