@@ -28,6 +28,8 @@
 //!    two calls cannot take the sum above the budget.
 
 mod bucket;
+#[cfg(test)]
+mod recheck_tests;
 pub mod share;
 #[cfg(test)]
 mod tests;
