@@ -99,6 +99,60 @@ async fn a_recheck_after_a_reload_that_lowers_the_rule_grants_from_the_new_rule(
     );
 }
 
+const OPEN: &str = "
+domain: edge
+descriptors:
+  - key: tenant
+    value: acme
+    rate_limit: { unlimited: true }
+";
+
+/// A reload makes the rule unlimited while a newcomer waits: the holder's
+/// next report moves it to allow-all and removes its record. The
+/// newcomer's recheck must not, alone in the old rule's records, take the
+/// whole old rule as a token bucket: it stops waiting and sends nothing;
+/// its next report allows all.
+#[tokio::test]
+async fn a_recheck_after_a_reload_that_lifts_the_rule_sends_nothing() {
+    let (l, clock) = setup(FAST);
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
+    let mut a = l.quota_stream("edge").expect("bound");
+    a.report(&[usage(id, 1, 0)]).await.expect("a");
+    clock.advance(REPORT_INTERVAL);
+    a.report(&[usage(id, 450, 500)]).await.expect("a");
+    let mut b = l.quota_stream("edge").expect("bound");
+    b.report(&[usage(id, 1, 0)]).await.expect("b");
+    assert!(b.waiting());
+    l.swap_config(config(OPEN));
+    clock.advance(REPORT_INTERVAL);
+    let open = a.report(&[usage(id, 450, 500)]).await.expect("a");
+    assert!(
+        matches!(
+            open[0].answer,
+            Answer::Assign {
+                action: Action::AllowAll,
+                ..
+            }
+        ),
+        "{open:?}"
+    );
+    let grown = b.recheck().await.expect("recheck");
+    assert!(grown.is_empty(), "{grown:?}");
+    assert!(!b.waiting());
+    clock.advance(Duration::from_secs(1));
+    let next = b.report(&[usage(id, 5, 0)]).await.expect("b");
+    assert!(
+        matches!(
+            next[0].answer,
+            Answer::Assign {
+                action: Action::AllowAll,
+                ..
+            }
+        ),
+        "{next:?}"
+    );
+}
+
 const SHAPES: &str = "
 domain: edge
 descriptors:
