@@ -540,11 +540,39 @@ impl QuotaStream {
     /// whose assignment changed: a newcomer gets its part about a second
     /// after the holders moved to theirs, not at its own next report (up to
     /// a reporting interval later). The grant is cut by storage as every
-    /// recorded assignment is, so the sum bound holds.
+    /// recorded assignment is, so the sum bound holds. A bucket whose rule
+    /// a reload changed since its last report stops waiting: its next
+    /// report answers it under the new rule.
     ///
     /// # Errors
     /// [`QuotaError::Storage`] when storage fails (the buckets stay waiting).
     pub async fn recheck(&mut self) -> Result<Vec<BucketAnswer>, QuotaError> {
+        // A reload since the last report may have changed a waiting
+        // bucket's rule (its budget, its storage key, or made it a blanket
+        // rule): such a bucket is not rechecked under the rule it had, which
+        // could grant a part of a budget no longer in force; its next report
+        // answers it under the new rule.
+        let config = self.limiter.config();
+        for (id, t) in &mut self.tracks {
+            if !t.cut {
+                continue;
+            }
+            let same = match (resolve(&self.limiter, &config, &self.domain, id), &t.stored) {
+                (
+                    Resolved::Limited {
+                        key, limit, budget, ..
+                    },
+                    Some(stored),
+                ) => {
+                    key == stored.bucket && limit == stored.charge.limit && Some(budget) == t.budget
+                }
+                _ => false,
+            };
+            if !same {
+                t.cut = false;
+            }
+        }
+        drop(config);
         let mut waiting: Vec<(&BucketId, &Track)> = self
             .tracks
             .iter()
