@@ -74,6 +74,13 @@ pub const DEBT_SECS: u64 = 5;
 /// waits, so that a newcomer gets its part within about a second of the
 /// holders moving to theirs, not at its own next report.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a bucket cut below its part is rechecked: two reporting
+/// intervals, time for every holder to report once and shrink (one
+/// interval) with room to spare. A bucket still cut after that (the holders
+/// never reach their targets, e.g. replicas whose configs disagree on the
+/// rule) stops waiting until it is cut afresh (uncut, then cut again), so a
+/// stream never calls storage every second for good.
+pub const RECHECK_FOR: Duration = Duration::from_secs(10);
 
 /// The bounds of one stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,6 +204,29 @@ struct Track {
     /// The part sent last was cut below the part it is due: checked again
     /// every [`RECHECK_INTERVAL`].
     cut: bool,
+    /// When `cut` last became true, service clock microseconds.
+    cut_since_us: u64,
+}
+
+impl Track {
+    /// Records whether the part sent is cut below what the bucket is due,
+    /// at `now_us` (a bucket cut afresh starts its [`RECHECK_FOR`] window).
+    fn set_cut(&mut self, cut: bool, now_us: u64) {
+        if cut && !self.cut {
+            self.cut_since_us = now_us;
+        }
+        self.cut = cut;
+    }
+
+    /// Whether the bucket is to be rechecked at `now_us`: cut, limited, and
+    /// within [`RECHECK_FOR`] of being cut.
+    fn rechecking(&self, now_us: u64) -> bool {
+        let window = u64::try_from(RECHECK_FOR.as_micros()).unwrap_or(u64::MAX);
+        self.cut
+            && self.stored.is_some()
+            && self.budget.is_some()
+            && now_us.saturating_sub(self.cut_since_us) < window
+    }
 }
 
 /// The entry that removes `last`'s subscriber record from storage (the
@@ -411,6 +441,7 @@ impl QuotaStream {
                 stored: None,
                 budget: None,
                 cut: false,
+                cut_since_us: now,
             });
             let since = track.last_report_us.unwrap_or(track.bound_us);
             #[allow(clippy::cast_precision_loss)]
@@ -525,11 +556,12 @@ impl QuotaStream {
     }
 
     /// Whether a bucket's part was cut below what it is due at the last
-    /// report or recheck: then [`QuotaStream::recheck`] is due within
-    /// [`RECHECK_INTERVAL`].
+    /// report or recheck, less than [`RECHECK_FOR`] ago: then
+    /// [`QuotaStream::recheck`] is due within [`RECHECK_INTERVAL`].
     #[must_use]
     pub fn waiting(&self) -> bool {
-        self.tracks.values().any(|t| t.cut && t.stored.is_some())
+        let now = self.limiter.quotas.clock.now_us();
+        self.tracks.values().any(|t| t.rechecking(now))
     }
 
     /// Checks again the buckets whose part was cut below what they are due
@@ -573,10 +605,11 @@ impl QuotaStream {
             }
         }
         drop(config);
+        let now = self.limiter.quotas.clock.now_us();
         let mut waiting: Vec<(&BucketId, &Track)> = self
             .tracks
             .iter()
-            .filter(|(_, t)| t.cut && t.stored.is_some() && t.budget.is_some())
+            .filter(|(_, t)| t.rechecking(now))
             .collect();
         waiting.sort_by(|a, b| a.0.cmp(b.0));
         let mut answers = Vec::with_capacity(waiting.len());
@@ -628,6 +661,7 @@ impl QuotaStream {
         pending: Vec<(usize, usize, Budget)>,
         answers: &mut [BucketAnswer],
     ) -> Result<(), QuotaError> {
+        let now = self.limiter.quotas.clock.now_us();
         let mut changed_held = Vec::new();
         // Per recorded change: the answer's index and the bucket's budget.
         let mut changed_at: Vec<(usize, Budget)> = Vec::new();
@@ -659,7 +693,7 @@ impl QuotaStream {
                 let (rule, demand) = match track {
                     Some(t) => {
                         t.held = Some(action);
-                        t.cut = share::is_cut(got, want);
+                        t.set_cut(share::is_cut(got, want), now);
                         (t.rule_label.clone(), t.demand)
                     }
                     None => (None, None),
@@ -750,7 +784,7 @@ impl QuotaStream {
                 let id = &answers[answer_at].bucket;
                 if let Some(t) = self.tracks.get_mut(id) {
                     t.held = Some(action);
-                    t.cut = true;
+                    t.set_cut(true, now);
                 }
                 if let Some(b) = self.view.lock().buckets.get_mut(&id_label(id)) {
                     b.assignment = Some(action);

@@ -274,3 +274,72 @@ async fn reports_and_rechecks_in_any_order_fit_the_rule_and_settle() {
         );
     }
 }
+/// Two replicas on one storage whose configs disagree on a rule (a reload
+/// that failed on one of them, or a rollout half done): 100/s on one, 10/s
+/// on the other. The Envoy on the 100/s replica holds most of 100; the one
+/// on the 10/s replica is cut (nothing is left of 10) and waits for the
+/// other to move to a target it never reaches. Its stream should not go on
+/// making a storage call every second for as long as the disagreement
+/// lasts: after six reporting intervals it no longer waits.
+#[tokio::test]
+async fn a_stream_cut_for_good_by_replicas_that_disagree_stops_rechecking() {
+    let clock = ManualClock::new(1_000_000_000);
+    let storage = Arc::new(MemoryStorage::new(Arc::new(clock.clone())));
+    let replica = |yaml: &str| {
+        Arc::new(
+            Limiter::new(config(yaml), storage.clone(), ServiceSettings::default())
+                .with_quota_clock(Arc::new(clock.clone())),
+        )
+    };
+    let (fast, slow) = (replica(FAST), replica(SLOW));
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
+    let mut a = fast.quota_stream("edge").expect("bound");
+    let mut b = slow.quota_stream("edge").expect("bound");
+    let mut rechecks = 0;
+    for _ in 0..6 {
+        a.report(&[usage(id, 450, 500)]).await.expect("a");
+        clock.advance(Duration::from_secs(2));
+        b.report(&[usage(id, 450, 500)]).await.expect("b");
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(1));
+            if b.waiting() {
+                rechecks += 1;
+                b.recheck().await.expect("recheck");
+            }
+        }
+    }
+    assert!(
+        !b.waiting(),
+        "still waiting after {rechecks} rechecks (one storage call each): {:#?}",
+        slow.quotas().view()
+    );
+}
+
+/// An Envoy that reports `u64::MAX` requests has a measured demand from its
+/// second report on, however large: it never reads as the unmeasured
+/// sentinel (in its record or the admin view), so it does not turn into a
+/// stand-in of the others' mean.
+#[tokio::test]
+async fn a_demand_of_u64_max_requests_stays_measured() {
+    let (l, clock) = setup(FAST);
+    let id: &[(&str, &str)] = &[("tenant", "acme")];
+    let mut a = l.quota_stream("edge").expect("bound");
+    let mut b = l.quota_stream("edge").expect("bound");
+    for _ in 0..3 {
+        a.report(&[usage(id, u64::MAX, u64::MAX)]).await.expect("a");
+        b.report(&[usage(id, 10, 0)]).await.expect("b");
+        clock.advance(REPORT_INTERVAL);
+    }
+    let view = l.quotas().view();
+    let bucket = &view[0].buckets["tenant=acme"];
+    assert!(bucket.demand.is_some_and(|d| d > 1e12), "{bucket:?}");
+    assert!(
+        bucket.subscribers.iter().all(|s| s.demand.is_some()),
+        "{bucket:?}"
+    );
+    let got = a.report(&[usage(id, u64::MAX, 0)]).await.expect("a");
+    assert!(
+        tokens(&got[0]).0 >= 90,
+        "the busy one keeps nearly all: {got:?}"
+    );
+}
