@@ -873,8 +873,19 @@ if need_general then
         end
         for i = 1, nr do
           local k = RK[i]
-          if DW[k] then
-            put(k, LA[k], L1[k], L2[k], L3[k], DW[k])
+          local d = DW[k]
+          if d then
+            -- The charges that stand, applied under their own limits: the
+            -- level is rebased to the limit it is stored under (the key's
+            -- last charge), as the next request reads it.
+            local a, _, q1, q2, q3 = sunpack('>I1I3I4I4I4', packed, DP[k])
+            local alg = LA[k]
+            if ALGORITHMS[a] == alg then
+              d = alg[REBASE](d, L1[k], L2[k], L3[k], q1, q2, q3)
+            else
+              d = alg[READ](false, L1[k], L2[k], L3[k], now)
+            end
+            put(k, alg, L1[k], L2[k], L3[k], d)
           elseif STALE[k] then
             put(k, LA[k], L1[k], L2[k], L3[k], STALE[k])
           end

@@ -9,6 +9,8 @@
 //! stored size of a bucket (BENCHMARKS.md).
 
 mod common;
+#[path = "redis_script/key_changes.rs"]
+mod key_changes;
 
 use bucket_rls::storage::algorithm::{
     self, AlgorithmKind, Book, BucketLimit, BucketState, ChargeKind, ChargeSpec, Held, Limit,
@@ -675,121 +677,6 @@ fn a_foreign_key_fails_only_its_requests_in_a_batch() {
     );
     let raw: Vec<u8> = redis::cmd("GET").arg("good").query(&mut conn).expect("GET");
     assert_eq!(decode_bucket(&raw), (4_000_000, T0_US));
-}
-
-/// A key charged under another algorithm than the one that wrote it (a
-/// reload changed the rule's `algorithm`) is read as never seen, stored or
-/// written earlier in the same batch, and the script and the model agree on
-/// every reply and on what is stored.
-#[test]
-fn a_key_read_under_another_algorithm_starts_afresh() {
-    let (_server, mut conn) = server_with_script();
-    let script = BucketScript::new();
-    let bucket = Limit::TokenBucket(BucketLimit {
-        requests_per_unit: 10,
-        unit_secs: NonZeroU64::new(60).expect("a unit"),
-        burst: 10,
-        max_debt: 0,
-    });
-    let window = Limit::FixedWindow(WindowLimit {
-        requests_per_unit: 10,
-        unit_secs: NonZeroU64::new(60).expect("a unit"),
-        counts_denied: true,
-    });
-    let hourly = Limit::FixedWindow(WindowLimit {
-        requests_per_unit: 10,
-        unit_secs: NonZeroU64::new(3600).expect("a unit"),
-        counts_denied: true,
-    });
-    let sliding = Limit::SlidingWindow(WindowLimit {
-        requests_per_unit: 10,
-        unit_secs: NonZeroU64::new(60).expect("a unit"),
-        counts_denied: false,
-    });
-    let c = |limit: Limit, cost: u64| {
-        vec![Charge {
-            key: "switch".into(),
-            spec: ChargeSpec {
-                limit,
-                cost,
-                kind: ChargeKind::Consume,
-                shadow: false,
-            },
-        }]
-    };
-    // One request per call, then the same mix as one batch of each step.
-    let steps: Vec<Vec<Vec<Charge>>> = vec![
-        vec![c(bucket, 4)],
-        vec![c(window, 3)],
-        vec![c(bucket, 2), c(window, 5), c(hourly, 1), c(window, 2)],
-        vec![c(hourly, 4), c(sliding, 3), c(bucket, 1)],
-        vec![c(sliding, 2), c(window, 1), c(sliding, 9)],
-    ];
-    for batched in [false, true] {
-        let _: () = redis::cmd("DEL")
-            .arg("switch")
-            .query(&mut conn)
-            .expect("DEL");
-        let mut model = Model::default();
-        for (n, requests) in steps.iter().enumerate() {
-            let now = T0_US + 1000 * u64::try_from(n).expect("small");
-            let expected: Vec<RequestResult> = requests
-                .iter()
-                .map(|charges| run_model(&mut model, charges, now).0)
-                .collect();
-            let calls: Vec<ScriptCall> = requests
-                .iter()
-                .map(|charges| {
-                    ScriptCall::new(charges, Some(now))
-                        .expect("encodable")
-                        .with_min_ttl_ms(0)
-                })
-                .collect();
-            let got: Vec<RequestResult> = if batched {
-                let call = ScriptCall::batch(&calls.iter().collect::<Vec<_>>());
-                let reply: redis::Value =
-                    script.evalsha_cmd(&call).query(&mut conn).expect("script");
-                if call.requests.is_empty() {
-                    vec![call.parse_reply(&reply).expect("reply")]
-                } else {
-                    call.parse_batch_reply(&reply)
-                        .expect("reply")
-                        .into_iter()
-                        .map(|r| r.expect("no error"))
-                        .collect()
-                }
-            } else {
-                calls
-                    .iter()
-                    .map(|call| {
-                        let reply: redis::Value =
-                            script.evalsha_cmd(call).query(&mut conn).expect("script");
-                        call.parse_reply(&reply).expect("reply")
-                    })
-                    .collect()
-            };
-            assert_eq!(got, expected, "step {n}, batched {batched}");
-            if n == 1 {
-                // The window does not see the bucket's 4 tokens taken.
-                assert_eq!(got[0].charges[0].remaining_micro, 7_000_000);
-            }
-            let raw: Option<Vec<u8>> = redis::cmd("GET")
-                .arg("switch")
-                .query(&mut conn)
-                .expect("GET");
-            assert_eq!(
-                raw.as_deref().map(decode_state),
-                model.get("switch").copied(),
-                "step {n}"
-            );
-        }
-        // The key ends as the sliding window that charged it last.
-        let last = model.get("switch").copied();
-        assert!(
-            matches!(last, Some(State::SlidingWindow(_))),
-            "the sliding window charged last holds the key: {last:?}"
-        );
-    }
 }
 
 /// Pinned extremes (also reachable by the property test, kept as named cases).

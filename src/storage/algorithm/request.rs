@@ -242,7 +242,10 @@ pub fn apply_request_with_books(
         let written = if admitted {
             dirty.then_some(level)
         } else {
-            kept[i].map(|(k, _)| k)
+            // The charges that stand were applied under their own limits:
+            // their level is rebased to the limit it is stored under (the
+            // key's last charge), as the next request reads it.
+            kept[i].map(|(k, from)| last.rebase(&from, k, now_us))
         };
         // Every write stores now. A key stamped after now (a clock stepped
         // back) that nothing else writes is written as it was read, stamped

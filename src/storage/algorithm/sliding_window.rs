@@ -530,6 +530,52 @@ mod tests {
         assert_eq!(SlidingWindow::expiry_us(&lim(10, 3600), &st(0, 1)), 0);
     }
 
+    /// A denied request whose first charge counts its hits although they
+    /// do not fit (they stand) and whose last charge, on the same key,
+    /// has another window length: the key is stored under the last
+    /// charge's length, and hits counted under another length start anew
+    /// there, as they do between the charges of an admitted request. (They
+    /// used to be stored as the count of the last charge's window, which a
+    /// later request on that key read as its own hits.)
+    #[test]
+    fn hits_that_stand_under_another_window_length_start_anew() {
+        let minute = WindowLimit {
+            counts_denied: true,
+            ..lim(2, 60)
+        };
+        let hour = lim(5, 3600);
+        let mut k = Key { state: None };
+        let r = k.apply(
+            &[
+                spec(minute, 4, ChargeKind::Consume),
+                spec(hour, 1, ChargeKind::Consume),
+            ],
+            T + 10 * SEC,
+        );
+        assert!(!r.admitted);
+        let r = k.apply(&[spec(hour, 5, ChargeKind::Consume)], T + 10 * SEC);
+        assert!(
+            r.admitted,
+            "the hour window holds none of the minute's hits"
+        );
+        assert_eq!(r.charges[0].remaining_micro, 0);
+        // Under one window length the standing hits stay counted.
+        let mut k = Key { state: None };
+        let r = k.apply(
+            &[
+                spec(minute, 4, ChargeKind::Consume),
+                spec(minute, 1, ChargeKind::Consume),
+            ],
+            T + 10 * SEC,
+        );
+        assert!(!r.admitted);
+        assert_eq!(
+            k.state.and_then(|s| s.window().map(|w| w.count)),
+            Some(5),
+            "both charges count their hits when they do not fit"
+        );
+    }
+
     #[test]
     fn refunds_never_go_below_zero_and_returns_find_their_window() {
         let l = lim(10, 60);
