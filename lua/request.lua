@@ -68,6 +68,15 @@ after now:
       that wrote the key (changed, or stood); the one after them, when
       there is one, wrote nothing and is the last evaluated: every later
       request repeats its reply. Returns the level the last one left.
+and a tenth (the token bucket's too), the short cut for a run of
+identical requests of several charges on distinct keys, all plain
+consumes, none on a key stored after now:
+  steps(level, cost, p1, p2, p3, x) -> fits, take
+      from `level`, consumes of `cost` in a row have enough `fits` times,
+      each as consume with enough, changed and not standing, leaving the
+      level minus `take` (kept, and reported as itself); the one after
+      them lacks and changes nothing. nil when consume is not so simple
+      (then the driver evaluates request by request).
 All values are integers below 2^53 (Lua numbers are doubles).
 
 Units: amounts are micro-units (1 token = 1,000,000) and times are
@@ -200,7 +209,7 @@ local spack, sunpack = struct.pack, struct.unpack
 local fmod = math.fmod
 local schar = string.char
 -- Positions of an algorithm's functions in its array (see the header).
-local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT, SETTLE, RUN = 1, 2, 3, 4, 5, 6, 7, 8, 9
+local READ, REBASE, CONSUME, REFUND, REPORT, ENCODE, KEPT, SETTLE, RUN, STEPS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 
 local now
 if ARGV[1] ~= '' then
@@ -1175,6 +1184,106 @@ if batch and multi and RES == nil then
   end
 end
 
+-- A run of `times` identical requests of n charges on distinct keys, each
+-- a plain consume on a key not stored after now whose algorithm has
+-- `steps` (see the header; the token bucket without a debt bound): the
+-- requests admitted one after the other are as many as fit on every key
+-- (the least of the keys' `fits`), each key then written once; the request
+-- after them is denied and writes nothing, so the rest of the run repeats
+-- its reply. Appends the run's replies to `parts` and returns the new
+-- count of parts, or false when the run does not qualify (then each
+-- request runs on its own; nothing was changed but keys read).
+local several_run
+if batch and multi and RES == nil then
+  local RA, RK, R1, R2, R3, RW, RF, RT, RV = {}, {}, {}, {}, {}, {}, {}, {}, {}
+  several_run = function(first, n, times, parts, np)
+    -- (A reply of more values than a slice below holds: request by request.)
+    local per = 1 + 2 * n
+    if per > 600 then
+      return false
+    end
+    if MARK == nil then
+      MARK = {}
+    end
+    local pos = first
+    local admit = times
+    for c = 1, n do
+      local a, k, p1, p2, p3, cost, flags
+      a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
+      if flags % 4 ~= 0 or MARK[k] == -first then
+        return false
+      end
+      MARK[k] = -first
+      local alg = ALGORITHMS[a]
+      local stepsf = alg[STEPS]
+      if stepsf == nil then
+        return false
+      end
+      local s = stored(k)
+      if s == nil then
+        return false
+      end
+      local w, stale = readk(alg, k, s, p1, p2, p3)
+      if stale then
+        return false
+      end
+      local fits, take = stepsf(w, cost, p1, p2, p3, flags / 4)
+      if fits == nil then
+        return false
+      end
+      if fits < admit then
+        admit = fits
+      end
+      RA[c], RK[c], R1[c], R2[c], R3[c], RW[c], RF[c], RT[c] = alg, k, p1, p2, p3, w, fits, take
+    end
+    -- The admitted requests' replies, in slices that stay within the Lua
+    -- stack that `unpack` fills.
+    local slice = (600 - fmod(600, per)) / per
+    local i = 0
+    while i < admit do
+      local m = admit - i
+      if m > slice then
+        m = slice
+      end
+      local nv = 0
+      for j = i + 1, i + m do
+        nv = nv + 1
+        RV[nv] = 1
+        for c = 1, n do
+          RV[nv + 1], RV[nv + 2] = 1, RW[c] - j * RT[c]
+          nv = nv + 2
+        end
+      end
+      np = np + 1
+      parts[np] = spack('>' .. srep('B' .. srep('Bi8', n), m), unpack(RV, 1, nv))
+      i = i + m
+    end
+    if admit < times then
+      -- Denied: what each key has left before it, and which had enough.
+      local nv = 1
+      RV[1] = 0
+      for c = 1, n do
+        local enough = 0
+        if RF[c] > admit then
+          enough = 1
+        end
+        RV[nv + 1], RV[nv + 2] = enough, RW[c] - admit * RT[c]
+        nv = nv + 2
+      end
+      np = np + 1
+      parts[np] = srep(spack('>B' .. srep('Bi8', n), unpack(RV, 1, nv)), times - admit)
+    end
+    if admit > 0 then
+      for c = 1, n do
+        put(RK[c], RA[c], R1[c], R2[c], R3[c], RW[c] - admit * RT[c])
+      end
+    end
+    -- `several` reads its keys anew.
+    mc = nil
+    return np
+  end
+end
+
 -- The packed replies of the requests of a run of one charge from the
 -- values V[1..nv]: per request admitted, flags and left, and with a window
 -- report (flags bit 1) now and prev.
@@ -1332,6 +1441,12 @@ for pos = 1, #sizes, 8 do
       end
     end
   else
+    if times > 1 and n > 1 and RES == nil then
+      local done = several_run(first, n, times, parts, np)
+      if done then
+        np, times = done, 0
+      end
+    end
     for _ = 1, times do
       local reply, err
       if n > 1 and RES == nil then

@@ -11,6 +11,8 @@
 mod common;
 #[path = "redis_script/key_changes.rs"]
 mod key_changes;
+#[path = "redis_script/runs.rs"]
+mod runs;
 
 use bucket_rls::storage::algorithm::{
     self, AlgorithmKind, Book, BucketLimit, BucketState, ChargeKind, ChargeSpec, Held, Limit,

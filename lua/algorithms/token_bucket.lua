@@ -367,7 +367,31 @@ local function run(w, cost, R, U, C, D, times, V, nv)
   return w, nv, times
 end
 
+-- For a run of identical requests of several charges (lua/request.lua,
+-- steps): how many plain consumes of `cost` in a row fit from the balance
+-- w, each taking `take` micro-tokens (every one of them as consume: enough,
+-- changed, not standing; the balance it leaves is below the capacity, so
+-- kept, and reported as itself), the next one not having enough and
+-- changing nothing. nil for a check (it takes nothing) and on a bucket with
+-- a debt bound (every charge stands).
+local function steps(w, cost, R, U, C, D)
+  if D > 0 or cost == 0 then
+    return nil
+  end
+  local cap = 0
+  if R > 0 then
+    cap = C * MICRO
+  end
+  local take = cost * MICRO
+  -- A cost above capacity + 1 needs capacity + 1 tokens: never there.
+  if w < take or take > cap + MICRO then
+    return 0, take
+  end
+  return (w - fmod(w, take)) / take, take
+end
+
 -- In the order of lua/request.lua's contract (an array: cheaper to build
 -- on every call than a table with named fields); the eighth, settle, is
--- the token bucket's alone (reservations), as is the ninth, run.
-return { read, rebase, consume, refund, report, encode_state, kept, settle, run }
+-- the token bucket's alone (reservations), as are the ninth, run, and the
+-- tenth, steps.
+return { read, rebase, consume, refund, report, encode_state, kept, settle, run, steps }

@@ -1,0 +1,106 @@
+//! Runs of identical requests of several charges, the usual shape of a
+//! hot multi-descriptor request: mostly plain consumes on token buckets
+//! without a debt bound (the script's short cut for such runs), between
+//! runs that do not qualify (a check, a shadow or refund charge, a debt
+//! bound, a window, two charges on one key). Every request gets the reply
+//! it gets alone, one after the other, with the same stored state and
+//! expiries.
+
+use super::*;
+
+/// Six keys, mostly token buckets without a debt bound and a small burst
+/// (so that runs cross from admitted to denied), now and then a window or
+/// a bucket with a debt bound.
+fn run_keys() -> impl Strategy<Value = Keys> {
+    let kind = prop_oneof![
+        8 => Just(AlgorithmKind::TokenBucket),
+        1 => Just(AlgorithmKind::FixedWindow),
+        1 => Just(AlgorithmKind::SlidingWindow),
+    ];
+    let bucket = (
+        1u32..30,
+        prop::sample::select(vec![1u64, 60]),
+        1u32..40,
+        prop_oneof![6 => Just(0u32), 1 => 1u32..10],
+    )
+        .prop_map(|(r, u, c, d)| BucketLimit {
+            requests_per_unit: r,
+            unit_secs: NonZeroU64::new(u).expect("a unit"),
+            burst: c,
+            max_debt: d,
+        });
+    (
+        prop::collection::vec(kind, 6),
+        prop::collection::vec((bucket, window_limit()), 6),
+    )
+}
+
+/// A request of 2 to 6 charges, on distinct keys but now and then, each a
+/// plain consume but now and then.
+fn run_request() -> impl Strategy<Value = Vec<ChargeGen>> {
+    let plain = (
+        prop_oneof![12 => 1u64..5, 1 => Just(0u64), 1 => 30u64..60],
+        prop_oneof![
+            20 => Just(KindGen::Consume),
+            1 => Just(KindGen::Refund),
+        ],
+        prop::bool::weighted(0.03),
+    );
+    (
+        Just((0usize..6).collect::<Vec<_>>()).prop_shuffle(),
+        prop::collection::vec(plain, 2..7),
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(order, charges, shared)| {
+            charges
+                .into_iter()
+                .enumerate()
+                .map(|(i, (cost, kind, shadow))| {
+                    // Now and then two charges on one key.
+                    let k = if shared && i == 1 { order[0] } else { order[i] };
+                    (k, None, cost, kind, shadow)
+                })
+                .collect()
+        })
+}
+
+#[test]
+fn runs_of_several_charges_give_the_replies_of_one_at_a_time() {
+    let (_server, conn) = server_with_script();
+    let conn = RefCell::new(conn);
+    let script = BucketScript::new();
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 300,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let step = prop_oneof![2 => Just(0i64), 2 => 1i64..2_000_000, 1 => 1i64..120_000_000];
+    let batches = (
+        run_keys(),
+        prop::collection::vec(
+            (
+                step,
+                prop::collection::vec((run_request(), 1usize..40), 1..4),
+            ),
+            1..5,
+        ),
+    );
+    let result = runner.run(&batches, |(limits, steps)| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let steps: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
+            .into_iter()
+            .map(|(dt, runs)| {
+                let requests = runs
+                    .into_iter()
+                    .flat_map(|(gens, times)| std::iter::repeat_n(gens, times))
+                    .collect();
+                (dt, requests)
+            })
+            .collect();
+        check_batches(&mut conn.borrow_mut(), &script, n, &limits, &steps)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
