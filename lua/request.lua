@@ -155,7 +155,16 @@ starts from what the one before it left (see the end of this file).
 Reply: one binary string, big-endian. Of a batch: the replies of its
 requests one after the other, each as below, or for a request that failed
 the byte 2, then its error's length (u16) and the Redis error text
-(`WRONGTYPE ...`). Of one request, 1 + 9 n bytes, and 16 more per window
+(`WRONGTYPE ...`), or for a run of identical requests answered at once
+(`steps`, below) the byte 3, then the number of requests it answers (u32,
+at least 1) and how many of them, from the first, are admitted (u32), then
+per charge what its key had before the run (i8, micro-units), what each
+admitted request takes from it (u8, above 0) and whether it had enough for
+the first request denied (1 byte, 0 or 1): request j of the run is
+admitted when j <= admitted, every charge then having enough, and each
+charge reports what it had before the run less min(j, admitted) takes
+(what every request of the run would have answered alone; the caller
+expands it, so Redis does no work per request of such a run). Of one request, 1 + 9 n bytes, and 16 more per window
 charge:
   admitted   1 byte: 1 if every non-shadow consume charge had enough
              (then all were charged), else 0 (then only the charges that
@@ -366,7 +375,7 @@ end
 -- algorithm and the limit (p1, p2, p3) it was written under }, encoded
 -- once at the end; the written keys in ORDER. (One table per written key
 -- rather than one per field: a table costs on every call that makes it.)
-local CUR, REC, ORDER = {}, {}, {}
+local CUR, REC, ORDER = { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }
 local nw = 0
 
 -- The stored string of key k (false: missing; true: written in this call),
@@ -1190,20 +1199,25 @@ end
 -- requests admitted one after the other are as many as fit on every key
 -- (the least of the keys' `fits`), each key then written once; the request
 -- after them is denied and writes nothing, so the rest of the run repeats
--- its reply. Appends the run's replies to `parts` and returns the new
--- count of parts, or false when the run does not qualify (then each
--- request runs on its own; nothing was changed but keys read).
+-- its reply. Appends the run's summary (see "Reply" in the header) to
+-- `parts` and returns the new count of parts, or false when the run does
+-- not qualify (then each request runs on its own; nothing was changed but
+-- keys read).
 local several_run
 if batch and multi and RES == nil then
-  local RA, RK, R1, R2, R3, RW, RF, RT, RV = {}, {}, {}, {}, {}, {}, {}, {}, {}
+  -- Per charge: algorithm, key, limit, level, fits, take; the reply's
+  -- values. (Made with room for 8 charges: a table that grows is rehashed
+  -- at every power of two, which costs more than the work here.)
+  local RA, RK, R1, R2, R3 = { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }
+  local RW, RF, RT = { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }
+  local RV, RUNFORMATS = {}, {}
   several_run = function(first, n, times, parts, np)
-    -- (A reply of more values than a slice below holds: request by request.)
-    local per = 1 + 2 * n
-    if per > 600 then
+    -- (A reply of more values than `unpack` can push: request by request.)
+    if n > 1000 then
       return false
     end
     if MARK == nil then
-      MARK = {}
+      MARK = { nil, nil, nil, nil, nil, nil, nil, nil }
     end
     local pos = first
     local admit = times
@@ -1236,43 +1250,24 @@ if batch and multi and RES == nil then
       end
       RA[c], RK[c], R1[c], R2[c], R3[c], RW[c], RF[c], RT[c] = alg, k, p1, p2, p3, w, fits, take
     end
-    -- The admitted requests' replies, in slices that stay within the Lua
-    -- stack that `unpack` fills.
-    local slice = (600 - fmod(600, per)) / per
-    local i = 0
-    while i < admit do
-      local m = admit - i
-      if m > slice then
-        m = slice
+    -- One summary for the whole run (see "Reply" in the header).
+    local nv = 3
+    RV[1], RV[2], RV[3] = 3, times, admit
+    for c = 1, n do
+      local enough = 0
+      if RF[c] > admit then
+        enough = 1
       end
-      local nv = 0
-      for j = i + 1, i + m do
-        nv = nv + 1
-        RV[nv] = 1
-        for c = 1, n do
-          RV[nv + 1], RV[nv + 2] = 1, RW[c] - j * RT[c]
-          nv = nv + 2
-        end
-      end
-      np = np + 1
-      parts[np] = spack('>' .. srep('B' .. srep('Bi8', n), m), unpack(RV, 1, nv))
-      i = i + m
+      RV[nv + 1], RV[nv + 2], RV[nv + 3] = RW[c], RT[c], enough
+      nv = nv + 3
     end
-    if admit < times then
-      -- Denied: what each key has left before it, and which had enough.
-      local nv = 1
-      RV[1] = 0
-      for c = 1, n do
-        local enough = 0
-        if RF[c] > admit then
-          enough = 1
-        end
-        RV[nv + 1], RV[nv + 2] = enough, RW[c] - admit * RT[c]
-        nv = nv + 2
-      end
-      np = np + 1
-      parts[np] = srep(spack('>B' .. srep('Bi8', n), unpack(RV, 1, nv)), times - admit)
+    local fmt = RUNFORMATS[n]
+    if fmt == nil then
+      fmt = '>BI4I4' .. srep('i8I8B', n)
+      RUNFORMATS[n] = fmt
     end
+    np = np + 1
+    parts[np] = spack(fmt, unpack(RV, 1, nv))
     if admit > 0 then
       for c = 1, n do
         put(RK[c], RA[c], R1[c], R2[c], R3[c], RW[c] - admit * RT[c])
@@ -1338,7 +1333,29 @@ for pos = 1, #sizes, 8 do
       -- The reply of the run's request that wrote nothing, and how many
       -- requests after it repeat it.
       local same, rest
-      if runf ~= nil and low == 0 and not stale then
+      local fits, take
+      if low == 0 and not stale and alg[STEPS] ~= nil then
+        fits, take = alg[STEPS](w, cost, p1, p2, p3, x)
+      end
+      if fits ~= nil then
+        -- Plain consumes that the algorithm's steps answer: one summary
+        -- for the whole run (see "Reply" in the header).
+        local admit = times
+        if fits < admit then
+          admit = fits
+        end
+        local enough = 0
+        if fits > admit then
+          enough = 1
+        end
+        np = np + 1
+        parts[np] = spack('>BI4I4i8I8B', 3, times, admit, w, take, enough)
+        if admit > 0 then
+          w = w - admit * take
+          wrote = true
+        end
+        times = 0
+      elseif runf ~= nil and low == 0 and not stale then
         -- Plain consumes: the algorithm's run (in slices of 200 requests,
         -- within the Lua stack that `unpack` fills), then no loop below.
         local todo = times

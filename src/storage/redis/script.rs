@@ -14,6 +14,7 @@ use crate::storage::key;
 use crate::storage::{BackendKind, Charge, StorageError, group_by_key};
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use smallvec::SmallVec;
 
 /// Wraps one algorithm's script part (`lua/algorithms/<name>.lua`, a chunk
 /// that returns its functions) as the branch `$id` of the function `PART`,
@@ -414,11 +415,16 @@ impl ScriptCall {
         };
         let mut out = Vec::with_capacity(self.requests.len());
         let mut rest = bytes.as_slice();
-        for &n in &self.requests {
+        while let Some(&n) = self.requests.get(out.len()) {
             match rest.first() {
                 Some(0 | 1) => {
                     let (result, len) = parse_one(rest, n).map_err(&bad)?;
                     out.push(Ok(result));
+                    rest = &rest[len..];
+                }
+                Some(3) => {
+                    let len = parse_run(rest, n, self.requests.len() - out.len(), &mut out)
+                        .map_err(&bad)?;
                     rest = &rest[len..];
                 }
                 Some(2) => {
@@ -587,6 +593,74 @@ fn parse_packed(bytes: &[u8], charges: usize) -> Result<RequestResult, &'static 
     Ok(result)
 }
 
+/// The reply of a run of identical requests of `charges` charges each,
+/// answered at once (lua/request.lua, "Reply", flag 3) at the start of
+/// `bytes`: each request's result is appended to `out`; returns the bytes
+/// it takes. `left`: how many requests of the call are not answered yet
+/// (a run answers at most that many).
+fn parse_run(
+    bytes: &[u8],
+    charges: usize,
+    left: usize,
+    out: &mut Vec<Result<RequestResult, BatchItemError>>,
+) -> Result<usize, &'static str> {
+    let u32_at = |at: usize| -> Result<u32, &'static str> {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or("run length")
+    };
+    let times = u32_at(1)? as usize;
+    let admitted = u32_at(5)? as usize;
+    if times == 0 || times > left || admitted > times {
+        return Err("run count");
+    }
+    let len = 9 + 17 * charges;
+    let body = bytes.get(9..len).ok_or("run length")?;
+    // Per charge: what the key had at the run's start (micro-units), what
+    // each admitted request takes, and whether it had enough for the
+    // first request denied.
+    let mut per: SmallVec<[(i64, i64, bool); 4]> = SmallVec::with_capacity(charges);
+    for c in body.chunks_exact(17) {
+        let start = i64::from_be_bytes(c[0..8].try_into().map_err(|_| "run length")?);
+        let take = i64::from_be_bytes(c[8..16].try_into().map_err(|_| "run length")?);
+        let enough = match c[16] {
+            0 => false,
+            1 => true,
+            _ => return Err("run enough flag"),
+        };
+        // What the last admitted request leaves: when it fits, so does
+        // every value computed below.
+        let after = i64::try_from(admitted)
+            .ok()
+            .and_then(|a| take.checked_mul(a))
+            .and_then(|t| start.checked_sub(t));
+        if take <= 0 || after.is_none() {
+            return Err("run amounts");
+        }
+        per.push((start, take, enough));
+    }
+    for j in 1..=times {
+        let is_admitted = j <= admitted;
+        let taken = i64::try_from(j.min(admitted)).map_err(|_| "run count")?;
+        let charges = per
+            .iter()
+            .map(|&(start, take, enough)| ChargeResult {
+                enough: is_admitted || enough,
+                remaining_micro: start - taken * take,
+                window: None,
+                reservation: ReservationOutcome::None,
+                expired: 0,
+            })
+            .collect();
+        out.push(Ok(RequestResult {
+            admitted: is_admitted,
+            charges,
+        }));
+    }
+    Ok(len)
+}
+
 /// The reply of one request of `charges` charges at the start of `bytes`,
 /// and the bytes it takes.
 fn parse_one(bytes: &[u8], charges: usize) -> Result<(RequestResult, usize), &'static str> {
@@ -669,108 +743,5 @@ fn server_error(text: &[u8]) -> RedisError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::storage::algorithm::BucketLimit;
-
-    fn charge(key: &str, cost: u64, kind: ChargeKind, shadow: bool) -> Charge {
-        Charge {
-            key: key.into(),
-            spec: ChargeSpec {
-                limit: BucketLimit {
-                    requests_per_unit: 10,
-                    unit_secs: std::num::NonZeroU64::new(60).expect("a minute"),
-                    burst: 20,
-                    max_debt: 0,
-                }
-                .into(),
-                cost,
-                kind,
-                shadow,
-            },
-        }
-    }
-
-    #[test]
-    fn arguments_group_keys_and_clamp_costs() {
-        let call = ScriptCall::new(
-            &[
-                charge("a", u64::MAX, ChargeKind::Consume, false),
-                charge("b", 0, ChargeKind::Consume, true),
-                charge("a", 1000, ChargeKind::Refund, false),
-            ],
-            None,
-        )
-        .expect("valid");
-        assert_eq!(call.keys, vec!["a", "b"]);
-        assert_eq!(call.charges, 3);
-        // (key index, R, U, C, cost, flags) per charge, packed.
-        let mut packed = Vec::new();
-        for (k, cost, flags) in [(1u32, 21u64, 0u64), (2, 0, 2), (1, 1000, 1)] {
-            packed.extend_from_slice(&k.to_be_bytes());
-            packed.extend_from_slice(&10u32.to_be_bytes());
-            packed.extend_from_slice(&60u32.to_be_bytes());
-            packed.extend_from_slice(&20u32.to_be_bytes());
-            packed.extend_from_slice(&cost.to_be_bytes());
-            packed.extend_from_slice(&flags.to_be_bytes());
-        }
-        assert_eq!(call.args, vec![Vec::new(), Vec::new(), packed]);
-        assert!(
-            ScriptCall::new(&[charge("a", 1, ChargeKind::Consume, false)], Some(1 << 53)).is_err()
-        );
-    }
-
-    #[test]
-    fn consecutive_identical_requests_are_sent_as_one_run() {
-        let one = |key: &str| {
-            ScriptCall::new(&[charge(key, 1, ChargeKind::Consume, false)], None).expect("valid")
-        };
-        let (a, b) = (one("a"), one("b"));
-        let call = ScriptCall::batch(&[&a, &a, &a, &b, &a, &a]);
-        assert_eq!(call.keys, vec!["a", "b"]);
-        assert_eq!(call.requests, vec![1; 6]);
-        // Runs: 3 x a, 1 x b, 2 x a; each run's charge packed once.
-        let mut sizes = Vec::new();
-        for times in [3u32, 1, 2] {
-            sizes.extend_from_slice(&1u32.to_be_bytes());
-            sizes.extend_from_slice(&times.to_be_bytes());
-        }
-        assert_eq!(call.args[3], sizes);
-        assert_eq!(call.args[2].len(), 3 * CHARGE_BYTES);
-        assert_eq!(
-            call.args[2][..CHARGE_BYTES],
-            call.args[2][2 * CHARGE_BYTES..]
-        );
-        assert_ne!(
-            call.args[2][..CHARGE_BYTES],
-            call.args[2][CHARGE_BYTES..2 * CHARGE_BYTES]
-        );
-    }
-
-    #[test]
-    fn replies_are_checked() {
-        let packed = |admitted: u8, charges: &[(u8, i64)]| {
-            let mut v = vec![admitted];
-            for (e, t) in charges {
-                v.push(*e);
-                v.extend_from_slice(&t.to_be_bytes());
-            }
-            Value::BulkString(v)
-        };
-        let ok = packed(1, &[(1, 5)]);
-        let r = parse_reply(&ok, 1).expect("valid");
-        assert!(r.admitted);
-        assert_eq!(
-            (r.charges[0].enough, r.charges[0].remaining_micro),
-            (true, 5)
-        );
-        assert!(parse_reply(&ok, 2).is_err());
-        let debt = parse_reply(&packed(0, &[(0, -5)]), 1).expect("valid");
-        assert!(!debt.admitted);
-        assert_eq!(debt.charges[0].remaining_micro, -5);
-        assert!(parse_reply(&packed(2, &[(1, 5)]), 1).is_err());
-        assert!(parse_reply(&packed(1, &[(7, 5)]), 1).is_err());
-        assert!(parse_reply(&Value::Array(vec![Value::Int(1)]), 0).is_err());
-        assert!(parse_reply(&Value::Nil, 0).is_err());
-    }
-}
+#[path = "script_tests.rs"]
+mod tests;
