@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Redis's own time per call of the token bucket script, for 1 and N buckets.
 
-Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B [--per-request]] [NAME=FILE.lua ...]
+Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B [--per-request]] [--callgrind] [NAME=FILE.lua ...]
 
 Starts its own redis-server on a free loopback port (no persistence), loads
 each script (default: the request script as `script`, assembled as
@@ -23,9 +23,18 @@ With --batch B (B > 1) each call carries B requests on the same buckets
 times printed are per request (usec_per_call / B); the reference scripts
 are left out.
 
+With --callgrind, redis-server runs under `valgrind --tool=callgrind` and
+the figures are redis-server's instructions per request over the measured
+calls only (command reading, the script, the reply: deterministic to about
+1 %, whatever else the machine runs), not microseconds; a row `go` then
+gives the Go service's command pattern on the same server, `INCRBY` +
+`EXPIRE` per descriptor and decision, by `redis-benchmark` with 64 clients
+and a pipeline of 2 × B commands (B decisions: its implicit pipelining
+window), per decision.
+
 The argument format is the script's own (lua/request.lua, ARGV[3]).
 """
-import os, socket, struct, subprocess, sys, tempfile, time
+import glob, os, socket, struct, subprocess, sys, tempfile, time
 
 # Batches in the script's format of runs (ARGV[4]: charges per request and
 # requests, per run); --per-request: the older format of one size per request.
@@ -108,6 +117,40 @@ def charges(n):
     return b"".join(struct.pack(">IIIIQQ", i + 1, 1_000_000, 1, 1_000_000, 1, 0) for i in range(n))
 
 
+# Under callgrind: the redis-server process and its output file.
+CALLGRIND = None
+
+
+def instructions(toggle):
+    """Turns callgrind's counting on or off; off returns the instructions
+    counted since it was last turned on."""
+    pid, out = CALLGRIND
+    if toggle:
+        for f in glob.glob(out + "*"):
+            os.remove(f)
+        subprocess.run(["callgrind_control", "-i", "on", str(pid)], stdout=subprocess.DEVNULL, check=True)
+        return 0
+    subprocess.run(["callgrind_control", "-i", "off", str(pid)], stdout=subprocess.DEVNULL, check=True)
+    subprocess.run(["callgrind_control", "-d", str(pid)], stdout=subprocess.DEVNULL, check=True)
+    total = 0
+    for f in glob.glob(out + "*"):
+        # (A dump's `summary:` may read 0; `totals:` has the count.)
+        total += max([int(line.split()[1]) for line in open(f)
+                      if line.startswith(("summary:", "totals:"))] or [0])
+    return total
+
+
+def go_pattern(port, nkeys, calls, batch):
+    """Instructions per decision of INCRBY + EXPIRE per descriptor."""
+    n = calls * batch
+    instructions(True)
+    for k in range(nkeys):
+        for cmd in (["INCRBY", f"go:{k}", "1"], ["EXPIRE", f"go:{k}", "3600"]):
+            subprocess.run(["redis-benchmark", "-p", str(port), "-c", "64", "-n", str(n),
+                            "-P", str(2 * batch), "-q", *cmd], stdout=subprocess.DEVNULL, check=True)
+    return instructions(False) / n
+
+
 def usec_per_call(conn, sha, keys, calls, batch=1):
     if batch > 1 and RUNS:
         # One run of B identical requests (lua/request.lua, ARGV[4]).
@@ -120,8 +163,12 @@ def usec_per_call(conn, sha, keys, calls, batch=1):
         packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)))
     conn.many(packed, 2000)  # warm-up: the buckets exist from here on
     conn.cmd("CONFIG", "RESETSTAT")
+    if CALLGRIND:
+        instructions(True)
     for _ in range(calls // 200):
         conn.many(packed, 200)
+    if CALLGRIND:
+        return instructions(False) / (calls // 200 * 200) / batch
     for line in conn.cmd("INFO", "commandstats").decode().splitlines():
         if line.startswith("cmdstat_evalsha:"):
             return float(line.split("usec_per_call=")[1].split(",")[0]) / batch
@@ -135,6 +182,7 @@ def free_port():
 
 
 def main():
+    global CALLGRIND, RUNS
     args = sys.argv[1:]
     nkeys, calls, batch, scripts = 5, 20000, 1, {}
     while args:
@@ -145,8 +193,9 @@ def main():
             calls = int(args.pop(0))
         elif a == "--batch":
             batch = int(args.pop(0))
+        elif a == "--callgrind":
+            CALLGRIND = True
         elif a == "--per-request":
-            global RUNS
             RUNS = False
         elif "=" in a:
             name, path = a.split("=", 1)
@@ -174,13 +223,18 @@ def main():
         scripts.update(FLOORS)
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
-        server = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", d],
-            stdout=subprocess.DEVNULL,
-        )
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", d]
+        if CALLGRIND:
+            out = os.path.join(d, "callgrind.out")
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                    f"--callgrind-out-file={out}"] + argv
+        server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if CALLGRIND:
+            CALLGRIND = (server.pid, out)
+        unit = "in" if CALLGRIND else "us"
         try:
-            for _ in range(100):
+            for _ in range(600):
                 try:
                     conn = Conn(port)
                     conn.cmd("PING")
@@ -194,7 +248,11 @@ def main():
                 sha = conn.cmd("SCRIPT", "LOAD", src).decode()
                 one = usec_per_call(conn, sha, [f"cost:{name}:0"], calls, batch)
                 many = usec_per_call(conn, sha, [f"cost:{name}:{i}" for i in range(nkeys)], calls, batch)
-                print(f"{name:<12} {one:7.2f} us {many:7.2f} us  {many / one:.2f}")
+                print(f"{name:<12} {one:7.2f} {unit} {many:7.2f} {unit}  {many / one:.2f}")
+            if CALLGRIND:
+                one = go_pattern(port, 1, calls, batch)
+                many = go_pattern(port, nkeys, calls, batch)
+                print(f"{'go':<12} {one:7.2f} in {many:7.2f} in  {many / one:.2f}")
         finally:
             server.terminate()
             server.wait()
