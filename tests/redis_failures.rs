@@ -713,6 +713,48 @@ async fn requests_queued_behind_a_call_share_the_next_one() {
     assert_eq!(server.command_calls("evalsha"), IN_FLIGHT as u64 + 1);
 }
 
+/// With one call in flight, a lone request goes at once (the tests
+/// above), but requests that arrive together wait for that call and go
+/// together in the next one: fewer, larger calls when the node is busy.
+/// (One thread: both requests are queued in the same poll, before the
+/// batching task can look at the queue.)
+#[tokio::test(flavor = "current_thread")]
+async fn requests_that_arrive_together_wait_for_the_call_in_flight() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port()).await;
+    let s = warm_through(&server, &proxy, 20_000).await;
+    // Replies held long enough that the checks below run while the
+    // first one is still held, even on a loaded machine.
+    proxy.delay_replies_ms(1_000);
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { s.apply(&[hourly("together", 40)]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(server.command_calls("evalsha"), 1, "the first call is sent");
+    let pair = tokio::spawn({
+        let s = s.clone();
+        async move {
+            let (ca, cb) = ([hourly("together", 40)], [hourly("together", 40)]);
+            let (a, b) = futures::join!(s.apply(&ca), s.apply(&cb));
+            [a.expect("answer"), b.expect("answer")]
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The first call's reply is still held: the pair waits for it.
+    assert_eq!(server.command_calls("evalsha"), 1);
+    assert!(first.await.expect("task").expect("answer").admitted);
+    let pair = pair.await.expect("task");
+    let mut left: Vec<i64> = pair
+        .iter()
+        .map(|r| r.charges[0].remaining_micro / 1_000_000)
+        .collect();
+    left.sort_unstable();
+    assert_eq!(left, vec![37, 38]);
+    assert_eq!(server.command_calls("evalsha"), 2, "the pair in one call");
+}
+
 /// A request that gives up while queued behind the calls in flight (its
 /// caller went away) is never sent: only the calls in flight charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
