@@ -423,8 +423,13 @@ impl ScriptCall {
                     rest = &rest[len..];
                 }
                 Some(3) => {
-                    let len = parse_run(rest, n, self.requests.len() - out.len(), &mut out)
-                        .map_err(&bad)?;
+                    // The requests a run answers all have its number of
+                    // charges.
+                    let same = self.requests[out.len()..]
+                        .iter()
+                        .take_while(|&&m| m == n)
+                        .count();
+                    let len = parse_run(rest, n, same, &mut out).map_err(&bad)?;
                     rest = &rest[len..];
                 }
                 Some(2) => {
@@ -596,8 +601,8 @@ fn parse_packed(bytes: &[u8], charges: usize) -> Result<RequestResult, &'static 
 /// The reply of a run of identical requests of `charges` charges each,
 /// answered at once (lua/request.lua, "Reply", flag 3) at the start of
 /// `bytes`: each request's result is appended to `out`; returns the bytes
-/// it takes. `left`: how many requests of the call are not answered yet
-/// (a run answers at most that many).
+/// it takes. `left`: how many of the call's next requests have `charges`
+/// charges (a run answers at most that many).
 fn parse_run(
     bytes: &[u8],
     charges: usize,

@@ -163,6 +163,11 @@ fn run_summaries_expand_to_each_request_and_are_checked() {
             .len(),
         4
     );
+    // A run over requests of another size is refused.
+    let one = ScriptCall::new(&[charge("a", 2, ChargeKind::Consume, false)], None).expect("valid");
+    let mixed = ScriptCall::batch(&[&two, &two, &one]);
+    let over = summary(3, 1, [2_000_000, 1_000_000]);
+    assert!(mixed.parse_batch_reply(&Value::BulkString(over)).is_err());
     for bad in [
         summary(5, 2, [2_000_000, 1_000_000]),
         summary(4, 5, [2_000_000, 1_000_000]),
