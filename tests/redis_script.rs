@@ -11,6 +11,8 @@
 mod common;
 #[path = "redis_script/key_changes.rs"]
 mod key_changes;
+#[path = "redis_script/run_edges.rs"]
+mod run_edges;
 #[path = "redis_script/runs.rs"]
 mod runs;
 
