@@ -988,7 +988,28 @@ if need_general then
           FORMATS[n] = fmt
         end
       end
-      out = spack(fmt, unpack(reply, 1, nv))
+      if nv <= 6000 then
+        out = spack(fmt, unpack(reply, 1, nv))
+      else
+        -- A request of thousands of charges: packed in slices of charges,
+        -- within the values `unpack` can push (about 8,000). A piece of k
+        -- letters ('Bi8', 'Bi8I8I8', with 'I4') packs (k + 1) / 2 values.
+        local slices, ns, v, c = { schar(reply[1]) }, 1, 2, 1
+        while c <= n do
+          local f, nf, cnt = { '>' }, 1, 0
+          while c <= n and cnt < 6000 do
+            local piece = PIECES[c]
+            nf = nf + 1
+            f[nf] = piece
+            cnt = cnt + (#piece + 1) / 2
+            c = c + 1
+          end
+          ns = ns + 1
+          slices[ns] = spack(table.concat(f), unpack(reply, v, v + cnt - 1))
+          v = v + cnt
+        end
+        out = table.concat(slices)
+      end
     end
     -- Empty the working tables for the next request.
     for i = 1, nr do

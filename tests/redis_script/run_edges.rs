@@ -601,3 +601,35 @@ fn runs_over_a_small_world_give_the_replies_of_one_at_a_time() {
         panic!("{e}");
     }
 }
+
+/// A lone request of thousands of charges (an operator may raise
+/// `--max-descriptors` that far): its reply is packed in slices, within
+/// the values Lua's `unpack` can push, and it gets the model's reply and
+/// state; token buckets, windows (their reply carries more values per
+/// charge) and keys charged twice, admitted and then denied.
+#[test]
+fn a_request_of_thousands_of_charges_is_answered_whole() {
+    let (_server, mut conn) = server_with_script();
+    let t = T0_US;
+    let window = Limit::FixedWindow(WindowLimit {
+        requests_per_unit: 3,
+        unit_secs: NonZeroU64::new(60).expect("a unit"),
+        counts_denied: true,
+    });
+    let request: Vec<Charge> = (0..4_500usize)
+        .map(|c| {
+            if c % 3 == 0 {
+                charge(&format!("many:w:{c}"), window, 2)
+            } else {
+                // Every 50th charge on the key of the charge before it.
+                let k = if c % 50 == 1 { c - 1 } else { c };
+                charge(&format!("many:b:{k}"), tb(10, 60, 5, 0), 2)
+            }
+        })
+        .collect();
+    agree(
+        &mut conn,
+        "4,500 charges",
+        &[(t, vec![request.clone()]), (t + 1_000, vec![request])],
+    );
+}
