@@ -376,6 +376,25 @@ if not batch and #ARGV[3] == 32 and RES == nil then
   return spack('>BBi8I8I8', admitted and 1 or 0, enough + 2, left, now, prev)
 end
 
+-- The summary reply of a run of `times` requests of n charges, the first
+-- `admit` of them admitted (see "Reply" in the header): per charge c, what
+-- its key had before the run W[c], what each admitted request takes T[c],
+-- and how many would fit F[c] (it had enough for the first one denied when
+-- F[c] > admit). V: a table for the values.
+local function run_summary(times, admit, n, W, T, F, V)
+  V[1], V[2], V[3] = 3, times, admit
+  local nv = 3
+  for c = 1, n do
+    local enough = 0
+    if F[c] > admit then
+      enough = 1
+    end
+    V[nv + 1], V[nv + 2], V[nv + 3] = W[c], T[c], enough
+    nv = nv + 3
+  end
+  return spack('>BI4I4' .. string.rep('i8I8B', n), unpack(V, 1, nv))
+end
+
 -- A batch that is one run of identical requests (the hot bucket under
 -- load: every request of the call carries the same descriptors) of plain
 -- consumes on distinct keys, none stored after now, whose algorithms have
@@ -387,8 +406,7 @@ if batch and RES == nil and #sizes == 8 then
   local n, times = sunpack('>I4I4', sizes, 1)
   if n <= 16 and n == nk then
     local packed = ARGV[3]
-    local fmt = '>BI4I4' .. string.rep('i8I8B', n)
-    local V, pos, admit = { 3, times, 0 }, 1, times
+    local ok, pos, admit = true, 1, times
     -- Per charge: algorithm, level, take, fits. (n == nk: the keys are
     -- distinct.)
     local A, W, T, F = {}, {}, {}, {}
@@ -399,7 +417,7 @@ if batch and RES == nil and #sizes == 8 then
       local stepsf = alg[STEPS]
       local s = vals[k]
       if flags % 4 ~= 0 or stepsf == nil or (not s and foreign) then
-        fmt = nil
+        ok = false
         break
       end
       local w, stale = alg[READ](s, p1, p2, p3, now)
@@ -408,7 +426,7 @@ if batch and RES == nil and #sizes == 8 then
         fits, take = stepsf(w, cost, p1, p2, p3, flags / 4)
       end
       if fits == nil then
-        fmt = nil
+        ok = false
         break
       end
       if fits < admit then
@@ -416,24 +434,17 @@ if batch and RES == nil and #sizes == 8 then
       end
       A[c], W[c], T[c], F[c] = alg, w, take, fits
     end
-    if fmt ~= nil then
-      V[3] = admit
-      local nv = 3
-      pos = 1
-      for c = 1, n do
-        local enough = 0
-        if F[c] > admit then
-          enough = 1
-        end
-        V[nv + 1], V[nv + 2], V[nv + 3] = W[c], T[c], enough
-        nv = nv + 3
-        if admit > 0 then
+    if ok then
+      if admit > 0 then
+        pos = 1
+        for c = 1, n do
           local _, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
           store(k, A[c], W[c] - admit * T[c], p1, p2, p3)
+          pos = pos + 32
         end
-        pos = pos + 32
       end
-      return spack(fmt, unpack(V, 1, nv))
+      -- (Room for two charges' values: a table that grows is rehashed.)
+      return run_summary(times, admit, n, W, T, F, { nil, nil, nil, nil, nil, nil, nil, nil, nil })
     end
   end
 end
@@ -1289,7 +1300,7 @@ if batch and multi and RES == nil then
   -- at every power of two, which costs more than the work here.)
   local RA, RK, R1, R2, R3 = { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }
   local RW, RF, RT = { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }, { nil, nil, nil, nil, nil, nil, nil, nil }
-  local RV, RUNFORMATS = {}, {}
+  local RV = {}
   several_run = function(first, n, times, parts, np)
     -- (A reply of more values than `unpack` can push: request by request.)
     if n > 1000 then
@@ -1329,24 +1340,8 @@ if batch and multi and RES == nil then
       end
       RA[c], RK[c], R1[c], R2[c], R3[c], RW[c], RF[c], RT[c] = alg, k, p1, p2, p3, w, fits, take
     end
-    -- One summary for the whole run (see "Reply" in the header).
-    local nv = 3
-    RV[1], RV[2], RV[3] = 3, times, admit
-    for c = 1, n do
-      local enough = 0
-      if RF[c] > admit then
-        enough = 1
-      end
-      RV[nv + 1], RV[nv + 2], RV[nv + 3] = RW[c], RT[c], enough
-      nv = nv + 3
-    end
-    local fmt = RUNFORMATS[n]
-    if fmt == nil then
-      fmt = '>BI4I4' .. srep('i8I8B', n)
-      RUNFORMATS[n] = fmt
-    end
     np = np + 1
-    parts[np] = spack(fmt, unpack(RV, 1, nv))
+    parts[np] = run_summary(times, admit, n, RW, RT, RF, RV)
     if admit > 0 then
       for c = 1, n do
         put(RK[c], RA[c], R1[c], R2[c], R3[c], RW[c] - admit * RT[c])

@@ -483,6 +483,43 @@ fn check_batches(
     Ok(())
 }
 
+/// Steps of runs: per step a clock move, and runs of (request, copies).
+type RunSteps = Vec<(i64, Vec<(Vec<ChargeGen>, usize)>)>;
+
+/// The property test of batches made of runs: `cases` random cases of
+/// `batches` (keys, and per step its runs), each run expanded into its
+/// copies and each step one script call, checked by [`check_batches`]
+/// against the model one request at a time. Case numbers (which name the
+/// keys) start at `first_case`.
+fn check_runs(cases: u32, first_case: u64, batches: impl Strategy<Value = (Keys, RunSteps)>) {
+    let (_server, conn) = server_with_script();
+    let conn = RefCell::new(conn);
+    let script = BucketScript::new();
+    let case = std::sync::atomic::AtomicU64::new(first_case);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&batches, |(limits, steps)| {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let steps: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
+            .into_iter()
+            .map(|(dt, runs)| {
+                let requests = runs
+                    .into_iter()
+                    .flat_map(|(gens, times)| std::iter::repeat_n(gens, times))
+                    .collect();
+                (dt, requests)
+            })
+            .collect();
+        check_batches(&mut conn.borrow_mut(), &script, n, &limits, &steps)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 /// A fresh `redis-server` with the request script loaded, and a
 /// connection to it.
 fn server_with_script() -> (RedisServer, redis::Connection) {
@@ -576,15 +613,6 @@ fn plain_charge() -> impl Strategy<Value = ChargeGen> {
 /// and expiries.
 #[test]
 fn runs_of_identical_requests_give_the_replies_of_one_at_a_time() {
-    let (_server, conn) = server_with_script();
-    let conn = RefCell::new(conn);
-    let script = BucketScript::new();
-    let case = std::sync::atomic::AtomicU64::new(0);
-    let mut runner = TestRunner::new(Config {
-        cases: 400,
-        failure_persistence: None,
-        ..Config::default()
-    });
     let request = prop_oneof![
         5 => prop::collection::vec(plain_charge(), 1..2),
         3 => prop::collection::vec(plain_charge(), 2..4),
@@ -600,23 +628,7 @@ fn runs_of_identical_requests_give_the_replies_of_one_at_a_time() {
             1..6,
         ),
     );
-    let result = runner.run(&batches, |(limits, steps)| {
-        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let steps: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
-            .into_iter()
-            .map(|(dt, runs)| {
-                let requests = runs
-                    .into_iter()
-                    .flat_map(|(gens, times)| std::iter::repeat_n(gens, times))
-                    .collect();
-                (dt, requests)
-            })
-            .collect();
-        check_batches(&mut conn.borrow_mut(), &script, n, &limits, &steps)
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    check_runs(400, 0, batches);
 }
 
 /// A foreign value under one bucket's name fails only the requests of a

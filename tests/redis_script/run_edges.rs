@@ -437,15 +437,6 @@ fn a_foreign_key_in_a_run_fails_its_requests_only() {
 /// charges, with steps back in time.
 #[test]
 fn runs_over_edge_limits_give_the_replies_of_one_at_a_time() {
-    let (_server, conn) = server_with_script();
-    let conn = RefCell::new(conn);
-    let script = BucketScript::new();
-    let case = std::sync::atomic::AtomicU64::new(0);
-    let mut runner = TestRunner::new(Config {
-        cases: 300,
-        failure_persistence: None,
-        ..Config::default()
-    });
     let bucket = (
         prop::sample::select(vec![0u32, 1, 2, 7, u32::MAX - 1, u32::MAX]),
         prop::sample::select(vec![1u64, 60, 31_536_000]),
@@ -511,23 +502,7 @@ fn runs_over_edge_limits_give_the_replies_of_one_at_a_time() {
         keys,
         prop::collection::vec((step, prop::collection::vec((request, times), 1..4)), 1..5),
     );
-    let result = runner.run(&batches, |(limits, steps)| {
-        let n = 1_000_000 + case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let steps: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
-            .into_iter()
-            .map(|(dt, runs)| {
-                let requests = runs
-                    .into_iter()
-                    .flat_map(|(gens, times)| std::iter::repeat_n(gens, times))
-                    .collect();
-                (dt, requests)
-            })
-            .collect();
-        check_batches(&mut conn.borrow_mut(), &script, n, &limits, &steps)
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    check_runs(300, 1_000_000, batches);
 }
 
 /// Runs over a small world (four keys, small rates, bursts and costs, a
@@ -535,15 +510,6 @@ fn runs_over_edge_limits_give_the_replies_of_one_at_a_time() {
 /// keys, cross from admitted to denied and follow one another often.
 #[test]
 fn runs_over_a_small_world_give_the_replies_of_one_at_a_time() {
-    let (_server, conn) = server_with_script();
-    let conn = RefCell::new(conn);
-    let script = BucketScript::new();
-    let case = std::sync::atomic::AtomicU64::new(0);
-    let mut runner = TestRunner::new(Config {
-        cases: 1500,
-        failure_persistence: None,
-        ..Config::default()
-    });
     let bucket = (
         0u32..3,
         prop::sample::select(vec![1u64, 60]),
@@ -583,23 +549,7 @@ fn runs_over_a_small_world_give_the_replies_of_one_at_a_time() {
             1..6,
         ),
     );
-    let result = runner.run(&batches, |(limits, steps)| {
-        let n = 2_000_000 + case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let steps: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
-            .into_iter()
-            .map(|(dt, runs)| {
-                let requests = runs
-                    .into_iter()
-                    .flat_map(|(gens, times)| std::iter::repeat_n(gens, times))
-                    .collect();
-                (dt, requests)
-            })
-            .collect();
-        check_batches(&mut conn.borrow_mut(), &script, n, &limits, &steps)
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    check_runs(1500, 2_000_000, batches);
 }
 
 /// A lone request of thousands of charges (an operator may raise

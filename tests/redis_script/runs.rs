@@ -66,15 +66,6 @@ fn run_request() -> impl Strategy<Value = Vec<ChargeGen>> {
 
 #[test]
 fn runs_of_several_charges_give_the_replies_of_one_at_a_time() {
-    let (_server, conn) = server_with_script();
-    let conn = RefCell::new(conn);
-    let script = BucketScript::new();
-    let case = std::sync::atomic::AtomicU64::new(0);
-    let mut runner = TestRunner::new(Config {
-        cases: 300,
-        failure_persistence: None,
-        ..Config::default()
-    });
     let step = prop_oneof![2 => Just(0i64), 2 => 1i64..2_000_000, 1 => 1i64..120_000_000];
     let batches = (
         run_keys(),
@@ -86,21 +77,5 @@ fn runs_of_several_charges_give_the_replies_of_one_at_a_time() {
             1..5,
         ),
     );
-    let result = runner.run(&batches, |(limits, steps)| {
-        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let steps: Vec<(i64, Vec<Vec<ChargeGen>>)> = steps
-            .into_iter()
-            .map(|(dt, runs)| {
-                let requests = runs
-                    .into_iter()
-                    .flat_map(|(gens, times)| std::iter::repeat_n(gens, times))
-                    .collect();
-                (dt, requests)
-            })
-            .collect();
-        check_batches(&mut conn.borrow_mut(), &script, n, &limits, &steps)
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    check_runs(300, 0, batches);
 }
