@@ -3,16 +3,15 @@
 //! (docs/design.md, "Batched script calls").
 //!
 //! Each node (a single node, the Sentinel master) and each Cluster hash slot has
-//! one [`BatchQueue`] and one task that drains it: while fewer than
-//! [`MAX_IN_FLIGHT`] calls are in flight (with one in flight, only for a
-//! lone queued request), it takes the next request and every request
-//! queued behind it (at most [`MAX_BATCH_REQUESTS`]
+//! one [`BatchQueue`] and one task that drains it: with no call in flight,
+//! or one in flight and a lone request queued, it takes the next request
+//! and every request queued behind it (at most [`MAX_BATCH_REQUESTS`]
 //! requests and [`MAX_BATCH_CHARGES`] charges), sends them as one script
 //! call ([`ScriptCall::batch`]) and hands each request its own outcome.
-//! There is no timer: a request that finds room is sent at once, alone, in
-//! the same call it would have had without batching; only requests that
-//! arrive while the calls in flight fill the room wait, together, for the
-//! first of them to end.
+//! There is no timer: a lone request is sent at once, alone, in the same
+//! call it would have had without batching, unless [`MAX_IN_FLIGHT`] calls
+//! are in flight; several queued requests wait until no call is in flight
+//! and go together.
 //!
 //! What stays per request is done by the request itself, in
 //! [`Pipeline::apply`](super::Pipeline::apply): the local over-limit cache,
@@ -39,9 +38,9 @@ pub const MAX_BATCH_CHARGES: usize = 512;
 /// Script calls of one queue in flight at once. Two: a lone request that
 /// arrives while one call is in flight is sent at once, as without
 /// batching (a request queued behind a call waits up to a round trip more,
-/// which at moderate rates showed in the p99); requests that arrive
-/// together while one call is in flight, or while both are, go together in
-/// the next call once the first ends (fewer, larger calls when busy).
+/// which at moderate rates showed in the p99); several queued requests
+/// wait until no call is in flight and go together in one call (fewer,
+/// larger calls when busy).
 pub const MAX_IN_FLIGHT: usize = 2;
 
 /// A request's outcome, and whether a call was sent for it (an error
@@ -118,8 +117,8 @@ async fn drive<T: BatchTarget>(
         // Start calls while there is room and a request waits. With a call
         // in flight, a second one starts at once only for a lone request
         // (a moderate rate: it goes as it would without batching); when
-        // more wait (the node is busy), they wait for the call in flight
-        // and go together, in fewer and larger calls.
+        // more wait (the node is busy), they wait until no call is in
+        // flight and go together, in fewer and larger calls.
         while in_flight.len() < MAX_IN_FLIGHT {
             if !in_flight.is_empty() && rx.len() + usize::from(carry.is_some()) > 1 {
                 break;
