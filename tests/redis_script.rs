@@ -11,6 +11,8 @@
 mod common;
 #[path = "redis_script/key_changes.rs"]
 mod key_changes;
+#[path = "redis_script/named_steps.rs"]
+mod named_steps;
 #[path = "redis_script/run_edges.rs"]
 mod run_edges;
 #[path = "redis_script/runs.rs"]
@@ -23,6 +25,7 @@ use bucket_rls::storage::algorithm::{
 use bucket_rls::storage::redis::script::{BucketScript, SOURCE, ScriptCall};
 use bucket_rls::storage::{Charge, group_by_key};
 use common::redis::{RedisServer, decode_bucket, decode_window};
+use named_steps::{Steps, agree, consume};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::cell::RefCell;

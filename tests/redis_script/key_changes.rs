@@ -5,81 +5,38 @@
 
 use super::*;
 
-/// Runs `steps` (per step, its requests, all on the key `key`) one
-/// request per call and then again as one batch per step, each from an
-/// empty key, against the model: identical replies and stored state after
-/// every step. Returns the replies of the one-per-call run.
+/// Runs `steps` (per step, its requests, all on the key `key`, at 1 ms
+/// steps) one request per call and then again as one batch per step, each
+/// from an empty key, against the model ([`agree`]): identical replies and
+/// stored state after every step. Returns the replies of the one-per-call
+/// run, by step.
 fn script_and_model_agree(
     conn: &mut redis::Connection,
     key: &str,
     steps: &[Vec<Vec<Charge>>],
 ) -> Vec<Vec<RequestResult>> {
-    let script = BucketScript::new();
-    let mut alone = Vec::new();
-    for batched in [false, true] {
-        let _: () = redis::cmd("DEL").arg(key).query(conn).expect("DEL");
-        let mut model = Model::default();
-        for (n, requests) in steps.iter().enumerate() {
-            let now = T0_US + 1000 * u64::try_from(n).expect("small");
-            let expected: Vec<RequestResult> = requests
-                .iter()
-                .map(|charges| run_model(&mut model, charges, now).0)
-                .collect();
-            let calls: Vec<ScriptCall> = requests
-                .iter()
-                .map(|charges| {
-                    ScriptCall::new(charges, Some(now))
-                        .expect("encodable")
-                        .with_min_ttl_ms(0)
-                })
-                .collect();
-            let got: Vec<RequestResult> = if batched {
-                let call = ScriptCall::batch(&calls.iter().collect::<Vec<_>>());
-                let reply: redis::Value = script.evalsha_cmd(&call).query(conn).expect("script");
-                if call.requests.is_empty() {
-                    vec![call.parse_reply(&reply).expect("reply")]
-                } else {
-                    call.parse_batch_reply(&reply)
-                        .expect("reply")
-                        .into_iter()
-                        .map(|r| r.expect("no error"))
-                        .collect()
-                }
-            } else {
-                calls
-                    .iter()
-                    .map(|call| {
-                        let reply: redis::Value =
-                            script.evalsha_cmd(call).query(conn).expect("script");
-                        call.parse_reply(&reply).expect("reply")
-                    })
-                    .collect()
-            };
-            assert_eq!(got, expected, "step {n}, batched {batched}");
-            let raw: Option<Vec<u8>> = redis::cmd("GET").arg(key).query(conn).expect("GET");
-            assert_eq!(
-                raw.as_deref().map(decode_state),
-                model.get(key).copied(),
-                "step {n}, batched {batched}"
-            );
-            if !batched {
-                alone.push(got);
-            }
-        }
-    }
-    alone
-}
-
-fn consume(key: &str, limit: Limit, cost: u64) -> Charge {
-    Charge {
-        key: key.into(),
-        spec: ChargeSpec {
-            limit,
-            cost,
-            kind: ChargeKind::Consume,
-            shadow: false,
-        },
-    }
+    let at = |n: usize| T0_US + 1000 * u64::try_from(n).expect("small");
+    let _: () = redis::cmd("DEL").arg(key).query(conn).expect("DEL");
+    // One request per call: each its own step, at its step's time.
+    let alone: Steps = steps
+        .iter()
+        .enumerate()
+        .flat_map(|(n, requests)| requests.iter().map(move |r| (at(n), vec![r.clone()])))
+        .collect();
+    let replies = agree(conn, &format!("{key}, one per call"), &alone);
+    let _: () = redis::cmd("DEL").arg(key).query(conn).expect("DEL");
+    let batched: Steps = steps
+        .iter()
+        .enumerate()
+        .map(|(n, requests)| (at(n), requests.clone()))
+        .collect();
+    agree(conn, &format!("{key}, batched"), &batched);
+    // Back to the steps' grouping.
+    let mut replies = replies.into_iter().flatten();
+    steps
+        .iter()
+        .map(|requests| replies.by_ref().take(requests.len()).collect())
+        .collect()
 }
 
 /// A key charged under another algorithm than the one that wrote it is
