@@ -157,7 +157,7 @@ for i = 1, n do
     sunpack('>I1I3I4I4I4I8I8I8I4I4I8I4I4', packed, pos)
   local bucket, records = KEYS[2 * i - 1], KEYS[2 * i]
   local subscriber = ARGV[3 + i]
-  local alg = ALGORITHMS[a]
+  local alg = (ALGORITHMS[a] or MAKE(a))
   -- The charge: GET (fails with WRONGTYPE on a foreign key), consume.
   local low = flags % 4
   local x = (flags - low) / 4

@@ -12,12 +12,17 @@ under lua/algorithms/. It implements exactly the reference model
 (`src/storage/algorithm/<name>.rs`); the Rust tests compare the two on
 random inputs.
 
-Assembly: src/storage/redis/script.rs builds the script text at build time
-as `local function PART(a)`, then per algorithm
+Assembly: src/storage/redis/script.rs builds the text at build time as
+`local function PART(a)`, then per algorithm
 `if a == id then <lua/algorithms/<name>.lua> end`, then `end`, a table
-`ALGORITHMS` whose entry `id` is made by `PART(id)` the first time a
-call uses it (a call pays for the algorithms it uses only), and this file.
-So one EVALSHA serves any mix of algorithms, and this file names none. Each algorithm part returns an array of seven functions, in this order,
+`ALGORITHMS` whose entry `id` is made by `MAKE(id)` (which calls
+`PART(id)`) the first time it is used (write `(ALGORITHMS[a] or MAKE(a))`),
+then this file as the body of `local function REQUEST(KEYS, ARGV)`. The
+script ends with `return REQUEST(KEYS, ARGV)`: all of it runs on every
+call, so a call pays for the algorithms it uses only. The Redis Functions
+library registers `REQUEST` as its function instead: `ALGORITHMS` lives as
+long as the library, and an algorithm's functions are made once. So one
+call serves any mix of algorithms, and this file names none. Each algorithm part returns an array of seven functions, in this order,
 over its limit's three parameters p1, p2, p3 and its extra parameter x (see
 ARGV[3]), and over a *level*: the working value of one key during a request
 (a number, or a table the part makes anew on every change), opaque here:
@@ -338,7 +343,7 @@ end
 -- functions below costs more than this path's own work).
 if not batch and #ARGV[3] == 32 and RES == nil then
   local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', ARGV[3], 1)
-  local alg = ALGORITHMS[a]
+  local alg = (ALGORITHMS[a] or MAKE(a))
   local s = vals[k]
   if not s and foreign then
     -- Missing, or another type: GET tells them apart (WRONGTYPE).
@@ -413,7 +418,7 @@ if batch and RES == nil and #sizes == 8 then
     for c = 1, n do
       local a, k, p1, p2, p3, cost, flags
       a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
-      local alg = ALGORITHMS[a]
+      local alg = (ALGORITHMS[a] or MAKE(a))
       local stepsf = alg[STEPS]
       local s = vals[k]
       if flags % 4 ~= 0 or stepsf == nil or (not s and foreign) then
@@ -732,7 +737,7 @@ if need_general then
       local a, k, p1, p2, p3, cost, flags
       local cpos = pos
       a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
-      local alg = ALGORITHMS[a]
+      local alg = (ALGORITHMS[a] or MAKE(a))
       KEY[c] = k
       -- Exact: flags < 2^35 and the divisors are powers of two.
       local low = flags % 4
@@ -932,7 +937,7 @@ if need_general then
           local a, k, p1, p2, p3
           a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
           pos = pos + 32
-          local alg = ALGORITHMS[a]
+          local alg = (ALGORITHMS[a] or MAKE(a))
           local at = nv + 1
           nv, w = push(reply, nv, PIECES, c, ENOUGH[c], alg[REPORT]((readk(alg, k, RAW[k], p1, p2, p3)), p1, p2, p3, now))
           wide = wide or w
@@ -978,7 +983,7 @@ if need_general then
             -- last charge), as the next request reads it.
             local a, _, q1, q2, q3 = sunpack('>I1I3I4I4I4', packed, DP[k])
             local alg = LA[k]
-            if ALGORITHMS[a] == alg then
+            if (ALGORITHMS[a] or MAKE(a)) == alg then
               d = alg[REBASE](d, L1[k], L2[k], L3[k], q1, q2, q3)
             else
               d = alg[READ](false, L1[k], L2[k], L3[k], now)
@@ -1185,7 +1190,7 @@ if batch and multi and RES == nil then
         MARK[k] = first
         local low = flags % 4
         -- Exact: flags < 2^35 and the divisors are powers of two.
-        SA[c], SK[c], S1[c], S2[c], S3[c], SC[c], SL[c], SX[c] = ALGORITHMS[a], k, p1, p2, p3, cost, low, (flags - low) / 4
+        SA[c], SK[c], S1[c], S2[c], S3[c], SC[c], SL[c], SX[c] = (ALGORITHMS[a] or MAKE(a)), k, p1, p2, p3, cost, low, (flags - low) / 4
       end
       for c = 1, n do
         local k = SK[c]
@@ -1318,7 +1323,7 @@ if batch and multi and RES == nil then
         return false
       end
       MARK[k] = -first
-      local alg = ALGORITHMS[a]
+      local alg = (ALGORITHMS[a] or MAKE(a))
       local stepsf = alg[STEPS]
       if stepsf == nil then
         return false
@@ -1386,7 +1391,7 @@ for pos = 1, #sizes, 8 do
   if n == 1 and RES == nil then
     mc = nil
     local a, k, p1, p2, p3, cost, flags = sunpack('>I1I3I4I4I4I8I8', packed, first)
-    local alg = ALGORITHMS[a]
+    local alg = (ALGORITHMS[a] or MAKE(a))
     local s, err = stored(k)
     if s == nil then
       -- Every request of the run fails as its own call would.

@@ -50,7 +50,7 @@ rticks() { awk '{print $14 + $15}' "/proc/$rpid/stat"; }
 # evalsha: "calls usec" of EVALSHA so far
 evalsha() {
   redis-cli -p "$rp" info commandstats | tr -d '\r' |
-    awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $3, $5; f = 1} END {if (!f) print 0, 0}'
+    awk -F'[:=,]' '/^cmdstat_(evalsha|fcall):/ {c += $3; u += $5} END {print c + 0, u + 0}'
 }
 shape() { case $1 in 1) echo "1 1" ;; 16) echo "4 4" ;; 64) echo "4 16" ;; *) echo "4 $(($1 / 4))" ;; esac; }
 # row NAME STREAMS N RPS T0 T1 [C0 U0 C1 U1]

@@ -36,6 +36,10 @@ The argument format is the script's own (lua/request.lua, ARGV[3]).
 """
 import glob, os, socket, struct, subprocess, sys, tempfile, time
 
+# Marks a text as a Functions library (loaded with FUNCTION LOAD, called
+# with FCALL) rather than a script.
+LIBRARY = "--library\n"
+
 # Batches in the script's format of runs (ARGV[4]: charges per request and
 # requests, per run); --per-request: the older format of one size per request.
 RUNS = True
@@ -151,16 +155,17 @@ def go_pattern(port, nkeys, calls, batch):
     return instructions(False) / n
 
 
-def usec_per_call(conn, sha, keys, calls, batch=1):
+def usec_per_call(conn, call, keys, calls, batch=1):
+    """call: ("EVALSHA", sha) or ("FCALL", function name)."""
     if batch > 1 and RUNS:
         # One run of B identical requests (lua/request.lua, ARGV[4]).
         sizes = struct.pack(">II", len(keys), batch)
-        packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)), sizes)
+        packed = enc(*call, len(keys), *keys, "", "", charges(len(keys)), sizes)
     elif batch > 1:
         sizes = struct.pack(">I", len(keys)) * batch
-        packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)) * batch, sizes)
+        packed = enc(*call, len(keys), *keys, "", "", charges(len(keys)) * batch, sizes)
     else:
-        packed = enc("EVALSHA", sha, len(keys), *keys, "", "", charges(len(keys)))
+        packed = enc(*call, len(keys), *keys, "", "", charges(len(keys)))
     conn.many(packed, 2000)  # warm-up: the buckets exist from here on
     conn.cmd("CONFIG", "RESETSTAT")
     if CALLGRIND:
@@ -170,9 +175,9 @@ def usec_per_call(conn, sha, keys, calls, batch=1):
     if CALLGRIND:
         return instructions(False) / (calls // 200 * 200) / batch
     for line in conn.cmd("INFO", "commandstats").decode().splitlines():
-        if line.startswith("cmdstat_evalsha:"):
+        if line.startswith("cmdstat_%s:" % call[0].lower()):
             return float(line.split("usec_per_call=")[1].split(",")[0]) / batch
-    raise RuntimeError("no EVALSHA in INFO commandstats")
+    raise RuntimeError("no %s in INFO commandstats" % call[0])
 
 
 def free_port():
@@ -205,9 +210,10 @@ def main():
     if not scripts:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         lua = os.path.join(root, "lua")
-        # The same text as `SOURCE` in src/storage/redis/script.rs.
+        # The same texts as `SOURCE` and `LIBRARY` in
+        # src/storage/redis/script.rs.
         parts = ["token_bucket.lua", "fixed_window.lua", "sliding_window.lua"]
-        scripts["script"] = (
+        body = (
             "local function PART(a)\n"
             + "".join(
                 "if a == %d then\n%s\nend\n"
@@ -215,10 +221,14 @@ def main():
                 for i, f in enumerate(parts)
             )
             + "end\n"
-            + "local ALGORITHMS = setmetatable({}, { __index = function(t, a)\n"
-            + "  local f = PART(a)\n  t[a] = f\n  return f\nend })\n"
+            + "local ALGORITHMS = {}\nlocal function MAKE(a)\n"
+            + "  local f = PART(a)\n  ALGORITHMS[a] = f\n  return f\nend\n"
+            + "local function REQUEST(KEYS, ARGV)\n"
             + open(os.path.join(lua, "request.lua")).read()
+            + "\nend\n"
         )
+        scripts["script"] = body + "return REQUEST(KEYS, ARGV)\n"
+        scripts["library"] = LIBRARY + body
     if batch == 1:
         scripts.update(FLOORS)
     port = free_port()
@@ -245,9 +255,16 @@ def main():
                 sys.exit("redis-server did not start")
             print(f"{'script':<12} {'1 key':>9} {str(nkeys) + ' keys':>9}  ratio")
             for name, src in scripts.items():
-                sha = conn.cmd("SCRIPT", "LOAD", src).decode()
-                one = usec_per_call(conn, sha, [f"cost:{name}:0"], calls, batch)
-                many = usec_per_call(conn, sha, [f"cost:{name}:{i}" for i in range(nkeys)], calls, batch)
+                if src.startswith(LIBRARY):
+                    # A Functions library: loaded once, called with FCALL.
+                    src = src.replace(LIBRARY, "#!lua name=cost_%s\n" % name, 1)
+                    src += "redis.register_function('cost_%s', REQUEST)\n" % name
+                    conn.cmd("FUNCTION", "LOAD", "REPLACE", src)
+                    call = ("FCALL", "cost_%s" % name)
+                else:
+                    call = ("EVALSHA", conn.cmd("SCRIPT", "LOAD", src).decode())
+                one = usec_per_call(conn, call, [f"cost:{name}:0"], calls, batch)
+                many = usec_per_call(conn, call, [f"cost:{name}:{i}" for i in range(nkeys)], calls, batch)
                 print(f"{name:<12} {one:7.2f} {unit} {many:7.2f} {unit}  {many / one:.2f}")
             if CALLGRIND:
                 one = go_pattern(port, 1, calls, batch)

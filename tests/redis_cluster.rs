@@ -101,10 +101,7 @@ async fn keys_of_one_request_on_three_masters() {
     let a = value_in(&shards[0], &prefix, "c", "user", "a", &[]);
     let b = value_in(&shards[1], &prefix, "c", "user", "b", &[]);
     let r = value_in(&shards[2], &prefix, "c", "route", "r", &[]);
-    let evalsha_before: Vec<u64> = shards
-        .iter()
-        .map(|s| c.command_calls(s.master, "evalsha"))
-        .collect();
+    let evalsha_before: Vec<u64> = shards.iter().map(|s| c.script_calls(s.master)).collect();
     let s = storage(c, Duration::from_secs(1)).await;
     let l = limiter(USER_AND_ROUTE, Arc::new(s), &prefix);
     let d = [
@@ -143,7 +140,7 @@ async fn keys_of_one_request_on_three_masters() {
     // Every master ran scripts; no node ever answered CROSSSLOT.
     for (s, before) in shards.iter().zip(evalsha_before) {
         assert!(
-            c.command_calls(s.master, "evalsha") > before,
+            c.script_calls(s.master) > before,
             "master {} got no script call",
             s.master
         );
@@ -256,11 +253,13 @@ async fn concurrent_callers_never_over_admit_across_masters() {
     }
 }
 
-/// docs/cases.md, "NOSCRIPT is handled", on a cluster: after `SCRIPT FLUSH` on
-/// every master, requests spanning all masters still succeed (NOSCRIPT answered
-/// with EVAL), and exactly one token is consumed per bucket.
+/// docs/cases.md, "NOSCRIPT is handled", on a cluster: after `FUNCTION
+/// FLUSH` and `SCRIPT FLUSH` on every master, requests spanning all masters
+/// still succeed (each node's `Function not found` answered with one
+/// `FUNCTION LOAD` on that node), and exactly one token is consumed per
+/// bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn noscript_on_cluster_nodes_is_transparent() {
+async fn lost_scripts_on_cluster_nodes_are_transparent() {
     let c = shared_async().await;
     let prefix = unique_prefix("noscript");
     let shards = c.shards();
@@ -283,6 +282,7 @@ async fn noscript_on_cluster_nodes_is_transparent() {
         ((OK, 99), (OK, 99), (OK, 99))
     );
     for s in &shards {
+        let _: () = c.node(s.master).query(redis::cmd("FUNCTION").arg("FLUSH"));
         let _: () = c.node(s.master).query(redis::cmd("SCRIPT").arg("FLUSH"));
     }
     let r = call(&l, "c", &descs).await;
@@ -291,6 +291,19 @@ async fn noscript_on_cluster_nodes_is_transparent() {
         (st(&r, 0), st(&r, 1), st(&r, 2)),
         ((OK, 98), (OK, 98), (OK, 98))
     );
+    for s in &shards {
+        let listed: redis::Value = c.node(s.master).query(
+            redis::cmd("FUNCTION")
+                .arg("LIST")
+                .arg("LIBRARYNAME")
+                .arg(&bucket_rls::storage::redis::script::LIBRARY.name),
+        );
+        assert!(
+            matches!(listed, redis::Value::Array(ref v) if v.len() == 1),
+            "master {} has the library again: {listed:?}",
+            s.master
+        );
+    }
 }
 
 /// docs/cases.md, "No CROSSSLOT on a cluster", step 3: a master and its replica
@@ -405,7 +418,7 @@ async fn lost_slot_range_fails_only_its_requests() {
         },
     ];
     match stream.report(&mixed).await {
-        Err(QuotaError::Storage(e)) => assert_eq!(e.kind(), "CLUSTERDOWN"),
+        Err(QuotaError::Storage(e)) => assert_eq!(e.kind(), "CLUSTERDOWN", "{e}"),
         other => panic!("a report touching the lost slots answered {other:?}"),
     }
     let records = bucket_rls::storage::quota::subscribers_key(
@@ -714,7 +727,7 @@ async fn ambiguous_timeout_is_not_replayed() {
     };
     assert!(s.apply(std::slice::from_ref(&warm)).await.is_ok());
     delay_ms.store(1000, Ordering::SeqCst);
-    let before = c.command_calls(slow.master, "evalsha") + c.command_calls(slow.master, "eval");
+    let before = c.script_calls(slow.master) + c.command_calls(slow.master, "eval");
     let t = Instant::now();
     let e = s
         .apply(std::slice::from_ref(&charge))
@@ -728,7 +741,7 @@ async fn ambiguous_timeout_is_not_replayed() {
     );
     // Let the late reply arrive and anything that would replay run.
     tokio::time::sleep(Duration::from_millis(1400)).await;
-    let after = c.command_calls(slow.master, "evalsha") + c.command_calls(slow.master, "eval");
+    let after = c.script_calls(slow.master) + c.command_calls(slow.master, "eval");
     assert_eq!(after - before, 1, "the script ran exactly once");
     let raw: Option<Vec<u8>> = c.node(slow.master).query(redis::cmd("GET").arg(&key));
     let (tokens, _) = common::redis::decode_bucket(&raw.expect("charged once"));

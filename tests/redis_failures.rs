@@ -146,10 +146,12 @@ fn assert_bounded(took: &[Duration]) {
     );
 }
 
-/// `SCRIPT FLUSH` (a) and a restart without persistence (b) are
-/// handled transparently: the script is reloaded and the call retried once.
+/// `FUNCTION FLUSH` with `SCRIPT FLUSH` (a) and a restart without
+/// persistence (b) are
+/// handled transparently: the library is loaded again and the call retried
+/// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn noscript_after_flush_and_restart() {
+async fn lost_library_after_flush_and_restart_is_loaded_again() {
     let _serial = SERIAL.lock().await;
     let mut server = RedisServer::start();
     let s = storage(&server.url(), 1000);
@@ -159,6 +161,7 @@ async fn noscript_after_flush_and_restart() {
         assert_eq!(ok_remaining(&l, &[("k", "v")]).await, (OK, want));
     }
     let before = reload_counter();
+    let _: () = server.query(redis::cmd("FUNCTION").arg("FLUSH"));
     let _: () = server.query(redis::cmd("SCRIPT").arg("FLUSH"));
     assert_eq!(
         ok_remaining(&l, &[("k", "v")]).await,
@@ -174,10 +177,79 @@ async fn noscript_after_flush_and_restart() {
         "(b) fresh bucket, no error"
     );
     assert_eq!(
-        server.command_calls("evalsha"),
+        server.command_calls("fcall"),
         2,
-        "NOSCRIPT, then one retry"
+        "Function not found, then one retry"
     );
+}
+
+/// A Redis that refuses Functions runs the same script as `EVALSHA`, with
+/// the same answers; `SCRIPT FLUSH` (docs/cases.md, "NOSCRIPT is handled")
+/// then costs one `SCRIPT LOAD` and one retry, and exactly one token.
+async fn refused_functions_fall_back_to_evalsha(server: &RedisServer, url: &str, why: &str) {
+    let s = storage(url, 1000);
+    let l = limiter(YAML, s.clone(), &unique_prefix("nofn"));
+    wait_ready(&s).await;
+    for want in [99, 98, 97] {
+        assert_eq!(ok_remaining(&l, &[("k", "v")]).await, (OK, want), "{why}");
+    }
+    let before = reload_counter();
+    let _: () = server.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    assert_eq!(
+        ok_remaining(&l, &[("k", "v")]).await,
+        (OK, 96),
+        "{why}: exactly one token consumed"
+    );
+    assert!(reload_counter() >= before + 1.0, "{why}: reload counted");
+    assert_eq!(server.command_executions("fcall"), 0, "{why}: no FCALL ran");
+    assert!(
+        server.command_executions("evalsha") >= 4,
+        "{why}: the script ran as EVALSHA"
+    );
+}
+
+/// Functions refused by the ACL (`NOPERM`): the script runs as `EVALSHA`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_refused_functions_runs_the_script_as_evalsha() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start();
+    let _: () = server.query(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("nofn")
+            .arg("on")
+            .arg(">pw"),
+    );
+    let _: () = server.query(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("nofn")
+            .arg("~*")
+            .arg("+@all")
+            .arg("-fcall")
+            .arg("-function"),
+    );
+    let url = format!("redis://nofn:pw@127.0.0.1:{}", server.port());
+    refused_functions_fall_back_to_evalsha(&server, &url, "ACL").await;
+    let listed: redis::Value = server.query(redis::cmd("FUNCTION").arg("LIST"));
+    assert_eq!(listed, redis::Value::Array(vec![]), "no library loaded");
+}
+
+/// A Redis without `FCALL` and `FUNCTION` (as before Redis 7: here the
+/// commands are renamed away, so they are unknown): the script runs as
+/// `EVALSHA`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_functions_runs_the_script_as_evalsha() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start_with(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FUNCTION",
+        "",
+    ]);
+    refused_functions_fall_back_to_evalsha(&server, &server.url(), "unknown commands").await;
 }
 
 /// A reply delayed past the timeout gives `UNAVAILABLE` quickly, and
@@ -192,9 +264,10 @@ async fn ambiguous_timeout_is_not_replayed() {
     wait_ready(&s).await;
     // Loaded now, so the count below is not raced by the background load.
     let _: String = server.query(
-        redis::cmd("SCRIPT")
+        redis::cmd("FUNCTION")
             .arg("LOAD")
-            .arg(bucket_rls::storage::redis::script::SOURCE),
+            .arg("REPLACE")
+            .arg(&bucket_rls::storage::redis::script::LIBRARY.code),
     );
     let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
     assert_eq!(ok_remaining(&l, &[("ten", "v")]).await, (OK, 9));
@@ -217,7 +290,7 @@ async fn ambiguous_timeout_is_not_replayed() {
         "OK(6) would be a replay"
     );
     assert_eq!(
-        server.command_executions("evalsha"),
+        server.script_executions(),
         3,
         "the script ran exactly 3 times"
     );
@@ -390,8 +463,10 @@ async fn error_replies_are_classified() {
     let r = storage(&replica.url(), 1000);
     wait_ready(&r).await;
     assert_eq!(kind(r.apply(&[charge("b", 1)]).await), "READONLY");
-    // A check writes nothing, so a replica can answer it.
-    assert!(r.apply(&[charge("b", 0)]).await.is_ok());
+    // Even a check, which writes nothing: the library's function may
+    // write, so a replica refuses it before it runs (a stale primary is
+    // seen at the first request of any kind).
+    assert_eq!(kind(r.apply(&[charge("b", 0)]).await), "READONLY");
 }
 
 /// A key of another type under a bucket's name fails the whole request with
@@ -579,11 +654,7 @@ async fn an_engine_whose_scripts_cannot_read_time_is_refused_with_the_reason() {
         why.to_string().contains("TIME inside a Lua script"),
         "{why}"
     );
-    assert_eq!(
-        server.command_executions("evalsha"),
-        0,
-        "no bucket script ran"
-    );
+    assert_eq!(server.script_executions(), 0, "no bucket script ran");
     acl("+time");
     tokio::time::sleep(bucket_rls::storage::redis::script_clock::RECHECK_AFTER).await;
     assert_eq!(ok_remaining(&l, &[("k", "v")]).await, (OK, 99));
@@ -710,7 +781,7 @@ async fn requests_queued_behind_a_call_share_the_next_one() {
             .all(|r| r.charges[0].remaining_micro < 1_000_000),
         "{left:?}"
     );
-    assert_eq!(server.command_calls("evalsha"), IN_FLIGHT as u64 + 1);
+    assert_eq!(server.script_calls(), IN_FLIGHT as u64 + 1);
 }
 
 /// With one call in flight, a lone request goes at once (the tests
@@ -732,7 +803,7 @@ async fn requests_that_arrive_together_wait_for_the_call_in_flight() {
         async move { s.apply(&[hourly("together", 40)]).await }
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(server.command_calls("evalsha"), 1, "the first call is sent");
+    assert_eq!(server.script_calls(), 1, "the first call is sent");
     let pair = tokio::spawn({
         let s = s.clone();
         async move {
@@ -743,7 +814,7 @@ async fn requests_that_arrive_together_wait_for_the_call_in_flight() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     // The first call's reply is still held: the pair waits for it.
-    assert_eq!(server.command_calls("evalsha"), 1);
+    assert_eq!(server.script_calls(), 1);
     assert!(first.await.expect("task").expect("answer").admitted);
     let pair = pair.await.expect("task");
     let mut left: Vec<i64> = pair
@@ -752,7 +823,7 @@ async fn requests_that_arrive_together_wait_for_the_call_in_flight() {
         .collect();
     left.sort_unstable();
     assert_eq!(left, vec![37, 38]);
-    assert_eq!(server.command_calls("evalsha"), 2, "the pair in one call");
+    assert_eq!(server.script_calls(), 2, "the pair in one call");
 }
 
 /// A request that gives up while queued behind the calls in flight (its
@@ -786,7 +857,7 @@ async fn a_request_dropped_while_queued_is_never_sent() {
     let after = s.apply(&[hourly("gone", 10)]).await.expect("answer");
     let charged = IN_FLIGHT as i64 + 1;
     assert_eq!(after.charges[0].remaining_micro / 1_000_000, 10 - charged);
-    assert_eq!(server.command_calls("evalsha"), IN_FLIGHT as u64 + 1);
+    assert_eq!(server.script_calls(), IN_FLIGHT as u64 + 1);
 }
 
 /// A request's timeout counts from its own arrival, not from the calls it

@@ -386,11 +386,7 @@ async fn a_raising_reload_clears_cached_denials() {
     assert_eq!(s.local_cache_len(), 1, "denial cached");
     let cached = call(&l, "reload", &[("tenant", "t1")], 1).await;
     assert_eq!(cached, denied, "the cache answers exactly as Redis did");
-    assert_eq!(
-        server.command_calls("evalsha"),
-        1,
-        "second denial from the cache"
-    );
+    assert_eq!(server.script_calls(), 1, "second denial from the cache");
     let hits = bucket_rls::metrics::install()
         .render()
         .lines()
@@ -507,7 +503,7 @@ async fn one_script_call_per_request() {
                 .collect();
             assert_eq!(
                 sent,
-                vec![&("evalsha".to_owned(), 1)],
+                vec![&("fcall".to_owned(), 1)],
                 "{n} descriptors: {all:?}"
             );
             assert_eq!(count("mget"), 1, "one MGET for every bucket: {all:?}");
@@ -523,46 +519,51 @@ async fn one_script_call_per_request() {
     println!("{}", report.join("\n"));
 }
 
-/// The first request may reach Redis before the startup `SCRIPT LOAD`:
-/// its `NOSCRIPT` is the first load, not a lost script, so the request
-/// after it is one `EVALSHA` (no second clock check, no cache clearing).
-/// A `NOSCRIPT` once the script has run (here `SCRIPT FLUSH`) is a lost
-/// script: the call after it checks the script's clock again (one `EVAL`).
+/// The first request may reach Redis before the startup `FUNCTION LOAD`:
+/// its `Function not found` is the first load, not a lost library, so the
+/// request after it is one `FCALL` (no second clock check, no cache
+/// clearing). A library lost once it has run (here `FUNCTION FLUSH`) is
+/// lost state: the call after it checks the script's clock again (one
+/// `EVAL`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_a_script_lost_after_it_ran_checks_the_clock_again() {
+async fn only_a_library_lost_after_it_ran_checks_the_clock_again() {
     let server = RedisServer::start();
     let s = storage(&server);
-    let sha = bucket_rls::storage::redis::script::BucketScript::new()
-        .sha()
-        .to_owned();
+    let name = &bucket_rls::storage::redis::script::LIBRARY.name;
     // The startup load has run (it runs once), so it cannot follow the flush.
-    common::eventually::eventually(Duration::from_secs(10), "the startup script load", || {
-        let exists: Vec<i64> = server.query(redis::cmd("SCRIPT").arg("EXISTS").arg(&sha));
-        async move { (exists == [1]).then_some(()) }
+    common::eventually::eventually(Duration::from_secs(10), "the startup library load", || {
+        let listed: redis::Value = server.query(
+            redis::cmd("FUNCTION")
+                .arg("LIST")
+                .arg("LIBRARYNAME")
+                .arg(name),
+        );
+        let loaded = matches!(listed, redis::Value::Array(ref v) if !v.is_empty());
+        async move { loaded.then_some(()) }
     })
     .await;
     let l = limiter(MANY, s.clone(), &unique_prefix("first"));
     // As if the first request had beaten the startup load.
-    let _: () = server.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    let _: () = server.query(redis::cmd("FUNCTION").arg("FLUSH"));
     assert_eq!(call(&l, "many", &[("d", "a")], 1).await.overall_code, OK);
     let sent = |server: &RedisServer| {
         let all = server.all_command_calls();
         let n = |name: &str| all.iter().find(|(c, _)| c == name).map_or(0, |(_, n)| *n);
-        (n("evalsha"), n("eval"))
+        (n("fcall"), n("eval"))
     };
     let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
     assert_eq!(call(&l, "many", &[("d", "a")], 1).await.overall_code, OK);
-    assert_eq!(sent(&server), (1, 0), "after the first load: one EVALSHA");
-    // Lost after it ran: NOSCRIPT, SCRIPT LOAD, EVALSHA again; the next call
-    // checks the clock first.
-    let _: () = server.query(redis::cmd("SCRIPT").arg("FLUSH"));
+    assert_eq!(sent(&server), (1, 0), "after the first load: one FCALL");
+    // Lost after it ran: Function not found, FUNCTION LOAD, FCALL again;
+    // the next call checks the clock first.
+    let _: () = server.query(redis::cmd("FUNCTION").arg("FLUSH"));
     assert_eq!(call(&l, "many", &[("d", "a")], 1).await.overall_code, OK);
     let _: () = server.query(redis::cmd("CONFIG").arg("RESETSTAT"));
     assert_eq!(call(&l, "many", &[("d", "a")], 1).await.overall_code, OK);
     assert_eq!(
         sent(&server),
         (1, 1),
-        "after a lost script: the clock check, then EVALSHA"
+        "after a lost library: the clock check, then FCALL"
     );
 }
 

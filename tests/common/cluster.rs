@@ -442,6 +442,12 @@ impl RedisCluster {
             .map_or(0, |n| n.parse().expect("calls count"))
     }
 
+    /// Calls of the request script on the node `port` since it started,
+    /// whichever way they went (`FCALL` of its library, `EVALSHA`).
+    pub fn script_calls(&self, port: u16) -> u64 {
+        self.command_calls(port, "fcall") + self.command_calls(port, "evalsha")
+    }
+
     /// The temporary directory with the node logs and configs.
     pub fn dir(&self) -> &Path {
         self.dir.path()

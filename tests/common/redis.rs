@@ -181,6 +181,17 @@ impl RedisServer {
         field("calls") - field("failed_calls")
     }
 
+    /// Calls of the request script, whichever way they went: `FCALL` of
+    /// its library and `EVALSHA` (where Functions are refused).
+    pub fn script_calls(&self) -> u64 {
+        self.command_calls("fcall") + self.command_calls("evalsha")
+    }
+
+    /// Successful executions of the request script (`FCALL` and `EVALSHA`).
+    pub fn script_executions(&self) -> u64 {
+        self.command_executions("fcall") + self.command_executions("evalsha")
+    }
+
     /// Every `cmdstat_*` calls count, from `INFO commandstats`.
     pub fn all_command_calls(&self) -> Vec<(String, u64)> {
         let info: String = self.query(redis::cmd("INFO").arg("commandstats"));

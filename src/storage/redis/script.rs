@@ -6,15 +6,11 @@
 //! Sentinel backend calls the same functions per node or per slot.
 
 use crate::metrics as m;
-use crate::storage::algorithm::{
-    ChargeKind, ChargeResult, ChargeSpec, RequestResult, ReservationId, ReservationOutcome,
-    WindowReport,
-};
+use crate::storage::algorithm::{ChargeKind, ChargeSpec, RequestResult, ReservationId};
 use crate::storage::key;
 use crate::storage::{BackendKind, Charge, StorageError, group_by_key};
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
-use smallvec::SmallVec;
 
 /// Wraps one algorithm's script part (`lua/algorithms/<name>.lua`, a chunk
 /// that returns its functions) as the branch `$id` of the function `PART`,
@@ -36,30 +32,69 @@ macro_rules! algorithm_part {
 }
 
 /// The driver's `ALGORITHMS` table over `PART`: an algorithm's functions
-/// are made the first time a call uses it, so a call pays for the
-/// algorithms its charges use, not for every algorithm the script has (a
-/// part's functions are closures, made anew on every call).
+/// are made by `MAKE` the first time they are used (the driver writes
+/// `(ALGORITHMS[a] or MAKE(a))`), so a script call pays for the algorithms
+/// its charges use, not for every algorithm the script has (a script's
+/// closures are made anew on every call; a library's once). No metatable:
+/// a Functions library cannot call `setmetatable` when it is loaded.
 macro_rules! algorithms_table {
     () => {
-        "local ALGORITHMS = setmetatable({}, { __index = function(t, a)\n  local f = PART(a)\n  t[a] = f\n  return f\nend })\n"
+        "local ALGORITHMS = {}\nlocal function MAKE(a)\n  local f = PART(a)\n  ALGORITHMS[a] = f\n  return f\nend\n"
     };
 }
 
 pub(crate) use {algorithm_part, algorithms_table};
 
+/// The text shared by the script and the library: the table of algorithm
+/// parts, the table of algorithms made from them on first use, and the
+/// request driver (`lua/request.lua`) as the function `REQUEST(KEYS,
+/// ARGV)`.
+macro_rules! request_body {
+    () => {
+        concat!(
+            "local function PART(a)\n",
+            algorithm_part!(0, "token_bucket.lua"),
+            algorithm_part!(1, "fixed_window.lua"),
+            algorithm_part!(2, "sliding_window.lua"),
+            "end\n",
+            algorithms_table!(),
+            "local function REQUEST(KEYS, ARGV)\n",
+            include_str!("../../../lua/request.lua"),
+            "\nend\n"
+        )
+    };
+}
+
 /// The script source, assembled at build time: the table of algorithm
 /// parts, the table of algorithms made from them on first use, then the
 /// request driver (`lua/request.lua`), so a request is one `EVALSHA`
-/// whatever mix of algorithms it carries.
-pub const SOURCE: &str = concat!(
-    "local function PART(a)\n",
-    algorithm_part!(0, "token_bucket.lua"),
-    algorithm_part!(1, "fixed_window.lua"),
-    algorithm_part!(2, "sliding_window.lua"),
-    "end\n",
-    algorithms_table!(),
-    include_str!("../../../lua/request.lua")
-);
+/// whatever mix of algorithms it carries. As a script, all of it is made
+/// anew on every call; [`LIBRARY`] holds the same text as a Redis Functions
+/// library, whose functions are made once, when it is loaded.
+pub const SOURCE: &str = concat!(request_body!(), "return REQUEST(KEYS, ARGV)\n");
+
+/// The request script as a Redis Functions library (Redis 7 and later,
+/// Valkey): `name` (`bucket_rls_` and 16 hex digits of the SHA-1 of its
+/// text, so that two versions of the service on one Redis each keep their
+/// own) is the library's and its one function's; `code` is what
+/// `FUNCTION LOAD` takes. Loaded, the algorithms' functions are made once,
+/// on first use, and kept: a call (`FCALL`) runs only the driver.
+pub struct Library {
+    /// The library's name and its function's.
+    pub name: String,
+    /// `#!lua name=<name>`, [`SOURCE`]'s text, and the registration of
+    /// `REQUEST` under `name`.
+    pub code: String,
+}
+
+/// The request library ([`Library`]), made once.
+pub static LIBRARY: std::sync::LazyLock<Library> = std::sync::LazyLock::new(|| {
+    let body = request_body!();
+    let hash = ::redis::Script::new(body).get_hash().to_owned();
+    let name = format!("bucket_rls_{}", &hash[..16]);
+    let code = format!("#!lua name={name}\n{body}redis.register_function('{name}', REQUEST)\n");
+    Library { name, code }
+});
 
 /// Largest explicit `now_us` the script computes with exactly (2^53 - 1).
 pub const MAX_EXPLICIT_NOW_US: u64 = (1 << 53) - 1;
@@ -84,6 +119,11 @@ pub struct BucketScript {
     /// Whether an `EVALSHA` of it has succeeded yet (shared by clones): a
     /// `NOSCRIPT` before that is the first load, not a lost script.
     ran: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Whether calls go as `FCALL` of [`LIBRARY`] (shared by clones): true
+    /// until a Redis refuses Functions (a Redis before 7, an ACL without
+    /// them), then `EVALSHA` of [`SOURCE`]; true again when a later
+    /// [`BucketScript::load`] succeeds.
+    functions: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for BucketScript {
@@ -100,6 +140,26 @@ impl BucketScript {
             sha: ::redis::Script::new(SOURCE).get_hash().to_owned(),
             reloads: std::sync::Arc::default(),
             ran: std::sync::Arc::default(),
+            functions: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        }
+    }
+
+    /// Whether calls go as `FCALL` of [`LIBRARY`] now (false: `EVALSHA` of
+    /// [`SOURCE`], after a Redis refused Functions).
+    #[must_use]
+    pub fn uses_functions(&self) -> bool {
+        self.functions.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Calls go as `EVALSHA` of [`SOURCE`] from now on (until a
+    /// [`BucketScript::load`] of the library succeeds): `e` showed that
+    /// this Redis has no Functions for us. Logged once per switch.
+    pub(crate) fn refuse_functions(&self, e: &RedisError) {
+        if self
+            .functions
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::info!(error = %e, "Redis refused Functions; the token bucket script runs as EVALSHA");
         }
     }
 
@@ -119,11 +179,17 @@ impl BucketScript {
         &self.sha
     }
 
-    /// Runs one prepared call: `EVALSHA`; on `NOSCRIPT` (the script cache was
-    /// flushed, or Redis restarted or failed over) `SCRIPT LOAD` and one more
-    /// `EVALSHA`. `NOSCRIPT` proves the script did not run, so the retry is
-    /// safe; any other failure, in particular a timeout after sending, is
-    /// returned as is and never replayed (docs/design.md, "Ambiguous failures are never replayed"). Counts reloads in
+    /// Runs one prepared call: `FCALL` of [`LIBRARY`], or `EVALSHA` of
+    /// [`SOURCE`] where Redis has no Functions. A library Redis does not
+    /// have (`Function not found`: Redis restarted without persistence,
+    /// `FUNCTION FLUSH`) is loaded (`FUNCTION LOAD REPLACE`) and the call
+    /// sent once more; a script it does not have (`NOSCRIPT`) likewise
+    /// (`SCRIPT LOAD`). Both replies prove the call did not run, so the
+    /// retry is safe; so do a refusal of `FCALL` or `FUNCTION` (an unknown
+    /// command before Redis 7, `NOPERM`), after which calls go as
+    /// `EVALSHA`. Any other failure, in particular a timeout after sending,
+    /// is returned as is and never replayed (docs/design.md, "Ambiguous
+    /// failures are never replayed"). Counts reloads in
     /// `bucket_rls_redis_script_reload_total`.
     ///
     /// # Errors
@@ -134,20 +200,9 @@ impl BucketScript {
         call: &ScriptCall,
     ) -> Result<Value, RedisError> {
         use std::sync::atomic::Ordering;
-        let first = self.evalsha_cmd(call).query_async::<Value>(conn).await;
-        let reply = match first {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
-                if self.ran.load(Ordering::Relaxed) {
-                    self.reloads.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        "Redis lost the token bucket script (NOSCRIPT); loading it again"
-                    );
-                }
-                let _: String = Self::load_cmd().query_async(conn).await?;
-                self.evalsha_cmd(call).query_async::<Value>(conn).await
-            }
-            other => other,
+        let reply = match self.eval_function(conn, call).await {
+            Some(reply) => reply,
+            None => self.eval_script(conn, call).await,
         };
         if reply.is_ok() {
             self.ran.store(true, Ordering::Relaxed);
@@ -155,13 +210,114 @@ impl BucketScript {
         reply
     }
 
-    /// Loads the script into the script cache (`SCRIPT LOAD`), e.g. at startup.
+    /// The call as `FCALL` (loading the library once when Redis lacks it);
+    /// `None` when calls go as `EVALSHA`, or this Redis just refused
+    /// Functions (nothing ran).
+    async fn eval_function<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        call: &ScriptCall,
+    ) -> Option<Result<Value, RedisError>> {
+        if !self.uses_functions() {
+            return None;
+        }
+        match self.fcall_cmd(call).query_async::<Value>(conn).await {
+            Err(e) if refuses_functions(&e) => {
+                self.refuse_functions(&e);
+                None
+            }
+            Err(e) if function_missing(&e) => {
+                self.reloaded("the token bucket library (Function not found)");
+                match Self::function_load_cmd().query_async::<String>(conn).await {
+                    Ok(_) => Some(self.fcall_cmd(call).query_async::<Value>(conn).await),
+                    Err(e) if refuses_functions(&e) => {
+                        self.refuse_functions(&e);
+                        None
+                    }
+                    Err(e) => Some(Err(e)),
+                }
+            }
+            other => Some(other),
+        }
+    }
+
+    /// The call as `EVALSHA` (loading the script once on `NOSCRIPT`).
+    async fn eval_script<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        call: &ScriptCall,
+    ) -> Result<Value, RedisError> {
+        match self.evalsha_cmd(call).query_async::<Value>(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.reloaded("the token bucket script (NOSCRIPT)");
+                let _: String = Self::load_cmd().query_async(conn).await?;
+                self.evalsha_cmd(call).query_async::<Value>(conn).await
+            }
+            other => other,
+        }
+    }
+
+    /// Counts a reload in `bucket_rls_redis_script_reload_total`, and, when
+    /// the script had run before, in [`BucketScript::reloads`] (logged).
+    pub(crate) fn reloaded(&self, what: &str) {
+        use std::sync::atomic::Ordering;
+        metrics::counter!(m::REDIS_SCRIPT_RELOAD).increment(1);
+        if self.ran.load(Ordering::Relaxed) {
+            self.reloads.fetch_add(1, Ordering::Relaxed);
+            tracing::info!("Redis lost {what}; loading it again");
+        }
+    }
+
+    /// Loads the library (`FUNCTION LOAD REPLACE`), or, where Redis refuses
+    /// Functions, the script (`SCRIPT LOAD`), e.g. at startup or after a
+    /// (re)connection: calls then go as `FCALL` or as `EVALSHA`.
     ///
     /// # Errors
     /// The Redis error.
     pub async fn load<C: ConnectionLike + Send>(&self, conn: &mut C) -> Result<(), RedisError> {
-        let _: String = Self::load_cmd().query_async(conn).await?;
-        Ok(())
+        match Self::function_load_cmd().query_async::<String>(conn).await {
+            Ok(_) => {
+                self.functions
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) if refuses_functions(&e) => {
+                self.refuse_functions(&e);
+                let _: String = Self::load_cmd().query_async(conn).await?;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `FUNCTION LOAD REPLACE` of [`LIBRARY`] (on a Cluster connection,
+    /// routed to every master). Replaces a library of the same name, which
+    /// has the same text.
+    #[must_use]
+    pub fn function_load_cmd() -> Cmd {
+        let mut cmd = ::redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(&LIBRARY.code);
+        cmd
+    }
+
+    /// The `FCALL` of [`LIBRARY`]'s function for one call.
+    #[must_use]
+    pub fn fcall_cmd(&self, call: &ScriptCall) -> Cmd {
+        let mut cmd = call.sized_cmd(LIBRARY.name.len());
+        cmd.arg("FCALL").arg(&LIBRARY.name);
+        call.push_keys_and_args(&mut cmd);
+        cmd
+    }
+
+    /// The call's command as calls go now: `FCALL`, or `EVALSHA` where
+    /// Redis refused Functions.
+    #[must_use]
+    pub fn call_cmd(&self, call: &ScriptCall) -> Cmd {
+        if self.uses_functions() {
+            self.fcall_cmd(call)
+        } else {
+            self.evalsha_cmd(call)
+        }
     }
 
     /// `SCRIPT LOAD` of the source (on a Cluster connection, routed to every
@@ -193,6 +349,25 @@ impl BucketScript {
         call.push_keys_and_args(&mut cmd);
         cmd
     }
+}
+
+/// Whether `e` is a refusal of Functions that proves nothing ran: `FCALL`
+/// or `FUNCTION` unknown (Redis before 7: `ERR unknown command`), or not
+/// allowed to this user (`NOPERM`).
+pub(crate) fn refuses_functions(e: &RedisError) -> bool {
+    if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
+        return true;
+    }
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("unknown command"))
+}
+
+/// Whether `e` is Redis's `ERR Function not found`: it does not have the
+/// library (it restarted without persistence, or `FUNCTION FLUSH`); the
+/// call did not run.
+pub(crate) fn function_missing(e: &RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
 }
 
 /// The KEYS and ARGV of one script call: one request (or one slot's part
@@ -557,195 +732,10 @@ pub(crate) fn push_charge(packed: &mut Vec<u8>, key_no: usize, spec: &ChargeSpec
     packed.extend_from_slice(&flags.to_be_bytes());
 }
 
-/// Parses the packed reply (admitted, then per charge enough and tokens)
-/// for `charges` charges.
-///
-/// # Errors
-/// [`StorageError::Backend`] (`reply`) when the reply has another shape.
-pub(crate) fn parse_reply(reply: &Value, charges: usize) -> Result<RequestResult, StorageError> {
-    let bad = |what: &str| {
-        StorageError::backend(
-            BackendKind::Reply,
-            format!("unexpected token bucket script reply ({what}): {reply:?}"),
-        )
-    };
-    let Value::BulkString(bytes) = reply else {
-        return Err(bad("not a string"));
-    };
-    parse_packed(bytes, charges).map_err(bad)
-}
-
-/// Flag of a charge's reply byte: it had enough.
-const REPLY_ENOUGH: u8 = 1;
-/// Flag of a charge's reply byte: a window report (16 bytes) follows what
-/// is left.
-const REPLY_WINDOW: u8 = 2;
-/// Bits of a charge's reply byte: the [`ReservationOutcome::code`].
-const REPLY_OUTCOME: u8 = 0x1c;
-/// Flag of a charge's reply byte: the expired reservations it dropped
-/// (4 bytes) follow.
-const REPLY_EXPIRED: u8 = 0x20;
-
-/// One request's packed reply: the admitted byte, then per charge a flags
-/// byte (enough, window) and what is left as a big-endian i64, and for a
-/// window charge the evaluation time and the previous window's count as
-/// big-endian u64s (lua/request.lua, "Reply"); `Err` names what is wrong.
-fn parse_packed(bytes: &[u8], charges: usize) -> Result<RequestResult, &'static str> {
-    let (result, used) = parse_one(bytes, charges)?;
-    if used != bytes.len() {
-        return Err("wrong length");
-    }
-    Ok(result)
-}
-
-/// The reply of a run of identical requests of `charges` charges each,
-/// answered at once (lua/request.lua, "Reply", flag 3) at the start of
-/// `bytes`: each request's result is appended to `out`; returns the bytes
-/// it takes. `left`: how many of the call's next requests have `charges`
-/// charges (a run answers at most that many).
-fn parse_run(
-    bytes: &[u8],
-    charges: usize,
-    left: usize,
-    out: &mut Vec<Result<RequestResult, BatchItemError>>,
-) -> Result<usize, &'static str> {
-    let u32_at = |at: usize| -> Result<u32, &'static str> {
-        bytes
-            .get(at..at + 4)
-            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-            .ok_or("run length")
-    };
-    let times = u32_at(1)? as usize;
-    let admitted = u32_at(5)? as usize;
-    if times == 0 || times > left || admitted > times {
-        return Err("run count");
-    }
-    let len = 9 + 17 * charges;
-    let body = bytes.get(9..len).ok_or("run length")?;
-    // Per charge: what the key had at the run's start (micro-units), what
-    // each admitted request takes, and whether it had enough for the
-    // first request denied.
-    let mut per: SmallVec<[(i64, i64, bool); 4]> = SmallVec::with_capacity(charges);
-    for c in body.chunks_exact(17) {
-        let start = i64::from_be_bytes(c[0..8].try_into().map_err(|_| "run length")?);
-        let take = i64::from_be_bytes(c[8..16].try_into().map_err(|_| "run length")?);
-        let enough = match c[16] {
-            0 => false,
-            1 => true,
-            _ => return Err("run enough flag"),
-        };
-        // What the last admitted request leaves: when it fits, so does
-        // every value computed below.
-        let after = i64::try_from(admitted)
-            .ok()
-            .and_then(|a| take.checked_mul(a))
-            .and_then(|t| start.checked_sub(t));
-        if take <= 0 || after.is_none() {
-            return Err("run amounts");
-        }
-        per.push((start, take, enough));
-    }
-    for j in 1..=times {
-        let is_admitted = j <= admitted;
-        let taken = i64::try_from(j.min(admitted)).map_err(|_| "run count")?;
-        let charges = per
-            .iter()
-            .map(|&(start, take, enough)| ChargeResult {
-                enough: is_admitted || enough,
-                remaining_micro: start - taken * take,
-                window: None,
-                reservation: ReservationOutcome::None,
-                expired: 0,
-            })
-            .collect();
-        out.push(Ok(RequestResult {
-            admitted: is_admitted,
-            charges,
-        }));
-    }
-    Ok(len)
-}
-
-/// The reply of one request of `charges` charges at the start of `bytes`,
-/// and the bytes it takes.
-fn parse_one(bytes: &[u8], charges: usize) -> Result<(RequestResult, usize), &'static str> {
-    let admitted = match bytes.first() {
-        Some(0) => false,
-        Some(1) => true,
-        Some(_) => return Err("admitted flag"),
-        None => return Err("wrong length"),
-    };
-    let mut pos = 1;
-    let mut out = Vec::with_capacity(charges);
-    let word = |at: usize| -> Result<[u8; 8], &'static str> {
-        bytes
-            .get(at..at + 8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or("wrong length")
-    };
-    for _ in 0..charges {
-        let flags = *bytes.get(pos).ok_or("wrong length")?;
-        if flags & !(REPLY_ENOUGH | REPLY_WINDOW | REPLY_OUTCOME | REPLY_EXPIRED) != 0 {
-            return Err("enough flag");
-        }
-        let reservation = ReservationOutcome::from_code((flags & REPLY_OUTCOME) >> 2)
-            .ok_or("reservation outcome")?;
-        let remaining_micro = i64::from_be_bytes(word(pos + 1)?);
-        pos += 9;
-        let window = if flags & REPLY_WINDOW == 0 {
-            None
-        } else {
-            let at_us = u64::from_be_bytes(word(pos)?);
-            let previous_micro = u64::from_be_bytes(word(pos + 8)?);
-            pos += 16;
-            Some(WindowReport {
-                at_us,
-                previous_micro,
-            })
-        };
-        let expired = if flags & REPLY_EXPIRED == 0 {
-            0
-        } else {
-            let b = bytes.get(pos..pos + 4).ok_or("wrong length")?;
-            pos += 4;
-            u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-        };
-        out.push(ChargeResult {
-            enough: flags & REPLY_ENOUGH != 0,
-            remaining_micro,
-            window,
-            reservation,
-            expired,
-        });
-    }
-    Ok((
-        RequestResult {
-            admitted,
-            charges: out,
-        },
-        pos,
-    ))
-}
-
-/// The Redis error of `text` (`WRONGTYPE Operation against ...`), as the
-/// client reports a server error reply with that text.
-fn server_error(text: &[u8]) -> RedisError {
-    let mut wire = Vec::with_capacity(text.len() + 3);
-    wire.push(b'-');
-    wire.extend(
-        text.iter()
-            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
-    );
-    wire.extend_from_slice(b"\r\n");
-    match ::redis::parse_redis_value(&wire).and_then(Value::extract_error) {
-        Err(e) => e,
-        Ok(_) => RedisError::from((
-            ErrorKind::Extension,
-            "script error",
-            String::from_utf8_lossy(text).into_owned(),
-        )),
-    }
-}
+#[path = "script_reply.rs"]
+mod reply;
+pub(crate) use reply::parse_reply;
+use reply::{parse_one, parse_run, server_error};
 
 #[cfg(test)]
 #[path = "script_tests.rs"]

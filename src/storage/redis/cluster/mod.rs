@@ -316,13 +316,11 @@ impl RedisClusterStorage {
                 let wait = strong.pipeline.timeout.max(MIN_CONNECT_TIMEOUT) * 4;
                 match tokio::time::timeout(wait, client.get_async_connection()).await {
                     Ok(Ok(mut conn)) => {
-                        let loaded = tokio::time::timeout(
-                            wait,
-                            BucketScript::load_cmd().query_async::<Value>(&mut conn),
-                        )
-                        .await;
-                        if !matches!(loaded, Ok(Ok(_))) {
-                            tracing::debug!(nodes = %strong.nodes, "could not load the token bucket script on every master; NOSCRIPT loads it on first use");
+                        let loaded =
+                            tokio::time::timeout(wait, strong.pipeline.script.load(&mut conn))
+                                .await;
+                        if !matches!(loaded, Ok(Ok(()))) {
+                            tracing::debug!(nodes = %strong.nodes, "could not load the token bucket library on every master; a node that lacks it gets it on first use");
                         }
                         *strong.conn.write() = Some(Conn(conn));
                         if first {
