@@ -16,7 +16,11 @@
 # decision and descriptor one INCRBY and one EXPIRE, as one pipeline per
 # decision (`go`) and with WINDOW decisions per pipeline (`go-window`, the
 # Go service's implicit pipelining; default 16), from as many clients as
-# streams; a cold key is `__rand_int__` of 1,000,000.
+# streams (so STREAMS x WINDOW decisions in flight); `go-inflight` is the
+# window with as many decisions in flight as bucket-rls has streams, as the
+# Go service would have (STREAMS / WINDOW clients with WINDOW decisions per
+# pipeline, or one client with STREAMS); a cold key is `__rand_int__` of
+# 1,000,000.
 #
 # Printed per row: decisions/s as the client measured it, Redis CPU per
 # decision in microseconds (user + system time of the redis-server process
@@ -105,12 +109,17 @@ for SCEN in $SCENARIOS; do
     key=bench_hot
     rnd=()
     [ "$cold" = 1 ] && key=bench_cold:__rand_int__ rnd=(-r 1000000)
-    for go in go go-window; do
-      per=1; [ "$go" = go-window ] && per=$WINDOW
+    for go in go go-window go-inflight; do
+      # clients x decisions per pipeline
+      clients=$s per=1
+      [ "$go" = go-window ] && per=$WINDOW
+      if [ "$go" = go-inflight ]; then
+        per=$((s < WINDOW ? s : WINDOW)) clients=$(((s + WINDOW - 1) / WINDOW))
+      fi
       t0=$(rticks) start=$(date +%s.%N)
       for cmd in "INCRBY $key 1" "EXPIRE $key 3600"; do
         # shellcheck disable=SC2086
-        redis-benchmark -p "$rp" -c "$s" -n $((n * d)) -P $((2 * per * d)) "${rnd[@]}" -q $cmd >/dev/null
+        redis-benchmark -p "$rp" -c "$clients" -n $((n * d)) -P $((2 * per * d)) "${rnd[@]}" -q $cmd >/dev/null
       done
       t1=$(rticks) end=$(date +%s.%N)
       rps=$(awk -v n="$n" -v a="$start" -v b="$end" 'BEGIN {print n / (b - a)}')

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Redis's own time per call of the token bucket script, for 1 and N buckets.
 
-Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B [--per-request]] [--callgrind] [NAME=FILE.lua ...]
+Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B [--per-request | --distinct]] [--callgrind] [NAME=FILE.lua ...]
 
 Starts its own redis-server on a free loopback port (no persistence), loads
 each script (default: the request script as `script`, assembled as
@@ -22,6 +22,11 @@ With --batch B (B > 1) each call carries B requests on the same buckets
 --per-request, for scripts before runs, one size per request), and the
 times printed are per request (usec_per_call / B); the reference scripts
 are left out.
+
+With --distinct (and --batch B), each call carries B one-descriptor
+requests, each on a bucket of its own (per-user limits: nothing forms a
+run; the buckets, which refill in 1 ms, are new at every call); the "N
+keys" column then has N x B such requests per call.
 
 With --callgrind, redis-server runs under `valgrind --tool=callgrind` and
 the figures are redis-server's instructions per request over the measured
@@ -121,6 +126,9 @@ def charges(n):
     return b"".join(struct.pack(">IIIIQQ", i + 1, 1_000_000, 1, 1_000_000, 1, 0) for i in range(n))
 
 
+# --distinct: each request of a batch on a bucket of its own.
+DISTINCT = False
+
 # Under callgrind: the redis-server process and its output file.
 CALLGRIND = None
 
@@ -157,7 +165,13 @@ def go_pattern(port, nkeys, calls, batch):
 
 def usec_per_call(conn, call, keys, calls, batch=1):
     """call: ("EVALSHA", sha) or ("FCALL", function name)."""
-    if batch > 1 and RUNS:
+    if batch > 1 and DISTINCT:
+        # B one-descriptor requests on B distinct buckets (runs of one).
+        keys = [f"{k}:{i}" for k in keys for i in range(batch)]
+        sizes = struct.pack(">II", 1, 1) * len(keys)
+        packed = enc(*call, len(keys), *keys, "", "", charges(len(keys)), sizes)
+        batch = len(keys)
+    elif batch > 1 and RUNS:
         # One run of B identical requests (lua/request.lua, ARGV[4]).
         sizes = struct.pack(">II", len(keys), batch)
         packed = enc(*call, len(keys), *keys, "", "", charges(len(keys)), sizes)
@@ -187,7 +201,7 @@ def free_port():
 
 
 def main():
-    global CALLGRIND, RUNS
+    global CALLGRIND, RUNS, DISTINCT
     args = sys.argv[1:]
     nkeys, calls, batch, scripts = 5, 20000, 1, {}
     while args:
@@ -202,6 +216,8 @@ def main():
             CALLGRIND = True
         elif a == "--per-request":
             RUNS = False
+        elif a == "--distinct":
+            DISTINCT = True
         elif "=" in a:
             name, path = a.split("=", 1)
             scripts[name] = open(path).read()
