@@ -397,7 +397,11 @@ local function run_summary(times, admit, n, W, T, F, V)
     V[nv + 1], V[nv + 2], V[nv + 3] = W[c], T[c], enough
     nv = nv + 3
   end
-  return spack('>BI4I4' .. string.rep('i8I8B', n), unpack(V, 1, nv))
+  local fmt = '>BI4I4i8I8B'
+  if n > 1 then
+    fmt = '>BI4I4' .. string.rep('i8I8B', n)
+  end
+  return spack(fmt, unpack(V, 1, nv))
 end
 
 -- A batch that is one run of identical requests (the hot bucket under
@@ -414,7 +418,8 @@ if batch and RES == nil and #sizes == 8 then
     local ok, pos, admit = true, 1, times
     -- Per charge: algorithm, level, take, fits. (n == nk: the keys are
     -- distinct.)
-    local A, W, T, F = {}, {}, {}, {}
+    -- (Room for two charges: a table that grows is rehashed.)
+    local A, W, T, F = { nil, nil }, { nil, nil }, { nil, nil }, { nil, nil }
     for c = 1, n do
       local a, k, p1, p2, p3, cost, flags
       a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
