@@ -459,6 +459,59 @@ if batch and RES == nil and #sizes == 8 then
   end
 end
 
+-- A batch of requests of one charge each, every one on a key of its own
+-- (per-user limits: nothing repeats, so nothing forms a run), all plain
+-- consumes on algorithms with `steps` (the token bucket without a debt
+-- bound): each request is answered as its own call would be, from what
+-- its key holds (a key stored after now is written as read when its
+-- request is denied, as on the one-charge path), without the per-key
+-- records the paths below keep for keys charged twice. Any other batch
+-- goes on below; this path has only read until it knows it answers the
+-- whole batch.
+if batch and RES == nil and not multi and nk >= 2 and sizes == string.rep('\0\0\0\1\0\0\0\1', nk) then
+  local packed = ARGV[3]
+  local ok, pos = true, 1
+  -- Per request c: its reply's values V[3c - 2 .. 3c], and the level its
+  -- key is written with, LV[c] (false: not written).
+  local V, LV = { nil, nil, nil, nil, nil, nil }, { nil, nil }
+  for c = 1, nk do
+    local a, k, p1, p2, p3, cost, flags
+    a, k, p1, p2, p3, cost, flags, pos = sunpack('>I1I3I4I4I4I8I8', packed, pos)
+    local alg = (ALGORITHMS[a] or MAKE(a))
+    local stepsf = alg[STEPS]
+    local s = vals[k]
+    if flags % 4 ~= 0 or stepsf == nil or (not s and foreign) then
+      ok = false
+      break
+    end
+    local w, stale = alg[READ](s, p1, p2, p3, now)
+    local fits, take = stepsf(w, cost, p1, p2, p3, flags / 4)
+    if fits == nil then
+      ok = false
+      break
+    end
+    if fits > 0 then
+      V[3 * c - 2], V[3 * c - 1], V[3 * c] = 1, 1, w - take
+      LV[c] = w - take
+    else
+      V[3 * c - 2], V[3 * c - 1], V[3 * c] = 0, 0, w
+      LV[c] = stale and w
+    end
+  end
+  if ok then
+    pos = 1
+    for c = 1, nk do
+      local level = LV[c]
+      if level then
+        local a, k, p1, p2, p3 = sunpack('>I1I3I4I4I4', packed, pos)
+        store(k, ALGORITHMS[a], level, p1, p2, p3)
+      end
+      pos = pos + 32
+    end
+    return spack('>' .. string.rep('BBi8', nk), unpack(V, 1, 3 * nk))
+  end
+end
+
 -- Per key k (index into KEYS): its stored string as read (CUR[k], false:
 -- missing; nil: not read yet; true: written by a request of this call);
 -- for a written key REC[k] = { level, whether encode keeps it, the

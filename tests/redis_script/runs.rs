@@ -79,3 +79,43 @@ fn runs_of_several_charges_give_the_replies_of_one_at_a_time() {
     );
     check_runs(300, 0, batches);
 }
+
+/// Batches of requests of one charge each, every one on a bucket of its
+/// own (per-user limits: the script's short cut for them), now and then
+/// with a request that does not qualify (a check, a shadow or refund
+/// charge, a debt bound, a window, a key charged twice) and with the clock
+/// stepping back (keys stored after now): every request gets the reply it
+/// gets alone, one after the other, with the same stored state and
+/// expiries.
+#[test]
+fn requests_on_buckets_of_their_own_give_the_replies_of_one_at_a_time() {
+    let step = prop_oneof![
+        2 => Just(0i64),
+        3 => 1i64..2_000_000,
+        1 => 1i64..120_000_000,
+        1 => -3_000_000i64..0,
+    ];
+    let one = (
+        prop_oneof![12 => 1u64..5, 1 => Just(0u64), 1 => 30u64..60],
+        prop_oneof![20 => Just(KindGen::Consume), 1 => Just(KindGen::Refund)],
+        prop::bool::weighted(0.03),
+    );
+    let batch = (
+        Just((0usize..6).collect::<Vec<_>>()).prop_shuffle(),
+        prop::collection::vec(one, 2..7),
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(order, requests, shared)| {
+            requests
+                .into_iter()
+                .enumerate()
+                .map(|(i, (cost, kind, shadow))| {
+                    // Now and then a key charged by two requests.
+                    let k = if shared && i == 1 { order[0] } else { order[i] };
+                    (vec![(k, None, cost, kind, shadow)], 1)
+                })
+                .collect::<Vec<_>>()
+        });
+    let batches = (run_keys(), prop::collection::vec((step, batch), 1..6));
+    check_runs(400, 20_000, batches);
+}
