@@ -9,7 +9,7 @@
 use crate::metrics as m;
 use crate::storage::redis::quota_script::{QuotaArgs, QuotaScript};
 use crate::storage::redis::script::{
-    BucketScript, ScriptCall, function_missing, refuses_functions,
+    BucketScript, ScriptCall, function_missing, refused_for_memory, refuses_functions,
 };
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -177,6 +177,10 @@ pub(crate) async fn eval_in_slot<S: SlotScript>(
                 call.refuse_functions(&e);
                 with_source = true;
             }
+            // Memory full: the node refused the function before running
+            // it; as a script (`EVAL`) a call that writes nothing is
+            // answered, one that writes refused at its first write.
+            _ if library.is_some() && refused_for_memory(&e) => with_source = true,
             _ if library.is_some() && function_missing(&e) && !loaded => {
                 loaded = true;
                 call.reloaded();
@@ -190,6 +194,7 @@ pub(crate) async fn eval_in_slot<S: SlotScript>(
                         call.refuse_functions(&le);
                         with_source = true;
                     }
+                    Err(le) if refused_for_memory(&le) => with_source = true,
                     Err(le) => return Err(le),
                 }
             }
