@@ -197,3 +197,38 @@ async fn a_library_flushed_under_load_charges_each_request_once() {
         .expect("answered");
     assert_eq!(left(&r), 100_000 - REQUESTS as i64, "one token each");
 }
+
+/// A single node that refused Functions (its ACL: calls go as
+/// `EVALSHA`) and is back with them after a restart (its configured user
+/// may call them): once the background ping has seen it down, the library
+/// is loaded when it answers, and calls go as `FCALL` again, without a
+/// restart of the service (docs/redis.md, "Redis Functions").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_are_used_again_after_redis_comes_back_with_them() {
+    let mut server = RedisServer::start_with(&["--user", "fn", "on", ">pw", "~*", "+@all"]);
+    let _: () = server.query(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("fn")
+            .arg("-fcall")
+            .arg("-function"),
+    );
+    let s = storage(&format!("redis://fn:pw@127.0.0.1:{}", server.port()));
+    wait_ready(&s).await;
+    assert!(s.apply(&[charge("k", 1, 10)]).await.is_ok());
+    assert_eq!(server.command_executions("fcall"), 0);
+    assert!(server.command_executions("evalsha") >= 1);
+    server.stop();
+    // Down long enough for a few background pings to fail.
+    tokio::time::sleep(bucket_rls::storage::redis::HEALTH_INTERVAL * 3).await;
+    server.restart();
+    common::eventually::eventually(
+        Duration::from_secs(10),
+        "calls go as FCALL again",
+        || async {
+            let answered = s.apply(&[charge("k", 1, 10)]).await.is_ok();
+            (answered && server.command_executions("fcall") > 0).then_some(())
+        },
+    )
+    .await;
+}
