@@ -1,7 +1,9 @@
 //! One script call in one hash slot, routed as the cluster answers: `MOVED`
 //! and `ASK` are followed, `TRYAGAIN` waits and retries, `NOSCRIPT` is
 //! answered with one `EVAL` of the full source, and a library the node does
-//! not have (`Function not found`) with one `FUNCTION LOAD` on that node.
+//! not have (`Function not found`) with one `FUNCTION LOAD` on that node;
+//! a refusal of Functions and an `OOM` (memory full refuses a function
+//! before it runs; a script only at its first write) with one `EVAL`.
 //! Each of these replies proves the script did not run, so the retry is
 //! safe; nothing else is retried. The same routing serves the request
 //! script and the quota script.
