@@ -232,3 +232,29 @@ async fn functions_are_used_again_after_redis_comes_back_with_them() {
     )
     .await;
 }
+
+/// An ACL user allowed `FCALL` but not `FUNCTION LOAD` (an operator loads
+/// the library): its calls go as `FCALL` of the library loaded for it;
+/// once the library is lost (`FUNCTION FLUSH`), the refused load makes
+/// them go as `EVALSHA`, with exactly one token per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_function_load_calls_a_library_loaded_for_it() {
+    let server = RedisServer::start();
+    let _: String =
+        server.query(&bucket_rls::storage::redis::script::BucketScript::function_load_cmd());
+    for rules in [&["on", ">pw"][..], &["~*", "+@all", "-function"][..]] {
+        let _: () = server.query(redis::cmd("ACL").arg("SETUSER").arg("fn").arg(rules));
+    }
+    let s = storage(&format!("redis://fn:pw@127.0.0.1:{}", server.port()));
+    wait_ready(&s).await;
+    let r = s.apply(&[charge("k", 1, 10)]).await.expect("answered");
+    assert_eq!(left(&r), 9);
+    assert_eq!(server.command_executions("fcall"), 1, "the library ran");
+    let _: () = server.query(redis::cmd("FUNCTION").arg("FLUSH"));
+    let r = s.apply(&[charge("k", 1, 10)]).await.expect("answered");
+    assert_eq!(left(&r), 8, "exactly one token");
+    let r = s.apply(&[charge("k", 1, 10)]).await.expect("answered");
+    assert_eq!(left(&r), 7);
+    assert_eq!(server.command_executions("fcall"), 1);
+    assert_eq!(server.command_executions("evalsha"), 2, "the script ran");
+}

@@ -278,8 +278,12 @@ impl BucketScript {
     }
 
     /// Loads the library (`FUNCTION LOAD REPLACE`), or, where Redis refuses
-    /// Functions, the script (`SCRIPT LOAD`), e.g. at startup or after a
-    /// (re)connection: calls then go as `FCALL` or as `EVALSHA`.
+    /// it, the script (`SCRIPT LOAD`), e.g. at startup or after a
+    /// (re)connection: calls then go as `FCALL` (once loaded), or as they
+    /// went. A refused `FUNCTION LOAD` does not make calls leave `FCALL`:
+    /// an ACL user may be allowed `FCALL` of a library another user loaded;
+    /// the first call tells (a refused `FCALL`, or `Function not found`
+    /// and a refused load, make calls go as `EVALSHA`).
     ///
     /// # Errors
     /// The Redis error.
@@ -291,7 +295,6 @@ impl BucketScript {
                 Ok(())
             }
             Err(e) if refuses_functions(&e) => {
-                self.refuse_functions(&e);
                 let _: String = Self::load_cmd().query_async(conn).await?;
                 Ok(())
             }
