@@ -258,3 +258,29 @@ async fn a_user_without_function_load_calls_a_library_loaded_for_it() {
     assert_eq!(server.command_executions("fcall"), 1);
     assert_eq!(server.command_executions("evalsha"), 2, "the script ran");
 }
+
+/// A restart with persistence keeps the library (the append-only file has
+/// its `FUNCTION LOAD`), so no `Function not found` tells that Redis went
+/// away, as `NOSCRIPT` did for the script: the script's clock is checked
+/// again all the same once the background ping has seen Redis down, as
+/// after any reconnection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clock_is_checked_again_after_a_restart_that_kept_the_library() {
+    let mut server = RedisServer::start_with(&["--appendonly", "yes"]);
+    let s = storage(&server.url());
+    wait_ready(&s).await;
+    assert!(s.apply(&[charge("k", 1, 10)]).await.is_ok());
+    server.stop();
+    // Down long enough for a few background pings to fail.
+    tokio::time::sleep(bucket_rls::storage::redis::HEALTH_INTERVAL * 3).await;
+    server.restart();
+    wait_ready(&s).await;
+    let r = s.apply(&[charge("k", 1, 10)]).await.expect("answered");
+    assert_eq!(left(&r), 8, "the bucket was kept");
+    assert_eq!(
+        server.command_calls("fcall"),
+        1,
+        "the library was kept: no Function not found"
+    );
+    assert_eq!(server.command_calls("eval"), 1, "one clock check");
+}

@@ -145,8 +145,8 @@ impl RedisStorage {
     /// idle), and on the first answer (and the first after a failed ping)
     /// loads the library and checks the eviction policy. It never closes
     /// the circuit breaker (a node that answers `PING` may still refuse
-    /// every charge); a failed ping clears the local over-limit cache.
-    /// Ends when the storage is dropped.
+    /// every charge); a failed ping clears the local over-limit cache and
+    /// the script clock's verdict. Ends when the storage is dropped.
     fn spawn_health_task(&self) {
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -180,11 +180,15 @@ impl RedisStorage {
                     }
                     failed => {
                         // Redis may be restarting: what it said about
-                        // buckets may not hold when it is back, and the
-                        // library is loaded again when it answers (so a
-                        // Redis that refused Functions and now has them is
-                        // called with `FCALL` again).
+                        // buckets may not hold when it is back, its
+                        // script clock is checked again (a library kept in
+                        // its persistence says nothing of a restart, where
+                        // a lost script said `NOSCRIPT`), and the library
+                        // is loaded again when it answers (so a Redis that
+                        // refused Functions and now has them is called
+                        // with `FCALL` again).
                         p.clear_cache();
+                        p.clock.forget();
                         ready = false;
                         if !warned {
                             let e = match failed {
