@@ -176,11 +176,10 @@ async fn lost_library_after_flush_and_restart_is_loaded_again() {
         (OK, 99),
         "(b) fresh bucket, no error"
     );
-    assert_eq!(
-        server.command_calls("fcall"),
-        2,
-        "Function not found, then one retry"
-    );
+    // Function not found, then one retry (or none lost: the health task
+    // loads the library again once Redis answers after a failed ping).
+    assert_eq!(server.command_executions("fcall"), 1, "ran once");
+    assert!(server.command_calls("fcall") <= 2, "at most one retry");
 }
 
 /// A Redis that refuses Functions runs the same script as `EVALSHA`, with

@@ -57,6 +57,9 @@ pub(crate) fn classify(
             // with `requirepass`, the ACL user changed): the client library
             // reports these as plain server errors.
             Some("NOAUTH" | "WRONGPASS") => BackendKind::Auth,
+            // The library lost again between its reload and the retry
+            // (`FUNCTION FLUSH` twice): `NOSCRIPT`'s case for a function.
+            _ if super::script::function_missing(e) => BackendKind::NoScript,
             _ if message.contains("script") => BackendKind::Script,
             _ => BackendKind::Redis,
         },
@@ -126,6 +129,11 @@ mod tests {
         let e = classify(&script, t, None);
         assert_eq!(e.kind(), "script");
         assert!(!e.is_transient());
+        let missing = ::redis::parse_redis_value(b"-ERR Function not found\r\n")
+            .expect("an error reply")
+            .extract_error()
+            .expect_err("a server error");
+        assert_eq!(classify(&missing, t, None).kind(), "NOSCRIPT");
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(classify(&refused, t, None).kind(), "unreachable");
     }

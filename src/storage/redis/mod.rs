@@ -14,8 +14,10 @@
 //!   exactly the semantics of
 //!   [`algorithm::apply_request`](crate::storage::algorithm::apply_request). Time
 //!   comes from Redis `TIME`, so replicas never disagree about a bucket and a
-//!   skewed service clock cannot mint tokens (docs/design.md, "Time"). The script is called with
-//!   `EVALSHA`; `NOSCRIPT` (restart, failover, `SCRIPT FLUSH`) loads it and
+//!   skewed service clock cannot mint tokens (docs/design.md, "Time"). The script is called
+//!   as `FCALL` of a Redis Functions library (`EVALSHA` where Redis refuses
+//!   Functions, and for one call that `OOM` refused); `Function not found`
+//!   or `NOSCRIPT` (restart, `FUNCTION FLUSH`, `SCRIPT FLUSH`) loads it and
 //!   retries once (docs/design.md, "NOSCRIPT"). Nothing else is ever retried: after a timeout the
 //!   script may have run, so the call fails with
 //!   [`StorageError::Timeout`] and is not replayed (docs/design.md, "Ambiguous failures are never replayed").
@@ -738,8 +740,9 @@ impl Pipeline {
         }
     }
 
-    /// A `NOSCRIPT` since the last call (Redis restarted, failed over or
-    /// flushed its scripts; not the first load of the script) clears the
+    /// A lost library or script since the last call (`Function not found`,
+    /// `NOSCRIPT`: Redis restarted, failed over or flushed its functions or
+    /// scripts; not the first load) clears the
     /// local cache and makes the next call check the script's clock again:
     /// the node may be another. With or without a cache.
     pub(crate) fn note_reloads(&self) {

@@ -186,8 +186,11 @@ impl BucketScript {
     /// sent once more; a script it does not have (`NOSCRIPT`) likewise
     /// (`SCRIPT LOAD`). Both replies prove the call did not run, so the
     /// retry is safe; so do a refusal of `FCALL` or `FUNCTION` (an unknown
-    /// command before Redis 7, `NOPERM`), after which calls go as
-    /// `EVALSHA`. Any other failure, in particular a timeout after sending,
+    /// command before Redis 7, a `NOPERM` naming the command), after which
+    /// calls go as `EVALSHA`, and an `OOM` (memory full: a function that
+    /// may write is refused before it runs), after which this call goes as
+    /// `EVALSHA`, answered if it writes nothing. Any other failure, in
+    /// particular a timeout after sending,
     /// is returned as is and never replayed (docs/design.md, "Ambiguous
     /// failures are never replayed"). Counts reloads in
     /// `bucket_rls_redis_script_reload_total`.
@@ -201,8 +204,8 @@ impl BucketScript {
     ) -> Result<Value, RedisError> {
         use std::sync::atomic::Ordering;
         let reply = match self.eval_function(conn, call).await {
-            Some(reply) => reply,
-            None => self.eval_script(conn, call).await,
+            Ok(reply) => reply,
+            Err(count) => self.eval_script(conn, call, count).await,
         };
         if reply.is_ok() {
             self.ran.store(true, Ordering::Relaxed);
@@ -211,45 +214,51 @@ impl BucketScript {
     }
 
     /// The call as `FCALL` (loading the library once when Redis lacks it);
-    /// `None` when calls go as `EVALSHA`, or this Redis just refused
-    /// Functions (nothing ran).
+    /// `Err` when it is to go as `EVALSHA` (nothing ran): calls go so, or
+    /// this Redis just refused Functions (`Err(true)`), or it refused this
+    /// call because memory is full (`Err(false)`: a `NOSCRIPT` then is the
+    /// script's first load, not a lost script).
     async fn eval_function<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         call: &ScriptCall,
-    ) -> Option<Result<Value, RedisError>> {
+    ) -> Result<Result<Value, RedisError>, bool> {
         if !self.uses_functions() {
-            return None;
+            return Err(true);
         }
-        match self.fcall_cmd(call).query_async::<Value>(conn).await {
+        let mut reply = self.fcall_cmd(call).query_async::<Value>(conn).await;
+        if reply.as_ref().is_err_and(function_missing) {
+            self.reloaded("the token bucket library (Function not found)");
+            reply = match Self::function_load_cmd().query_async::<String>(conn).await {
+                Ok(_) => self.fcall_cmd(call).query_async::<Value>(conn).await,
+                Err(e) => Err(e),
+            };
+        }
+        match reply {
             Err(e) if refuses_functions(&e) => {
                 self.refuse_functions(&e);
-                None
+                Err(true)
             }
-            Err(e) if function_missing(&e) => {
-                self.reloaded("the token bucket library (Function not found)");
-                match Self::function_load_cmd().query_async::<String>(conn).await {
-                    Ok(_) => Some(self.fcall_cmd(call).query_async::<Value>(conn).await),
-                    Err(e) if refuses_functions(&e) => {
-                        self.refuse_functions(&e);
-                        None
-                    }
-                    Err(e) => Some(Err(e)),
-                }
-            }
-            other => Some(other),
+            // This call alone goes as `EVALSHA`: answered if it writes
+            // nothing, refused at its first write otherwise.
+            Err(e) if refused_for_memory(&e) => Err(false),
+            other => Ok(other),
         }
     }
 
-    /// The call as `EVALSHA` (loading the script once on `NOSCRIPT`).
+    /// The call as `EVALSHA` (loading the script once on `NOSCRIPT`,
+    /// counted as a reload when `count`).
     async fn eval_script<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         call: &ScriptCall,
+        count: bool,
     ) -> Result<Value, RedisError> {
         match self.evalsha_cmd(call).query_async::<Value>(conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.reloaded("the token bucket script (NOSCRIPT)");
+                if count {
+                    self.reloaded("the token bucket script (NOSCRIPT)");
+                }
                 let _: String = Self::load_cmd().query_async(conn).await?;
                 self.evalsha_cmd(call).query_async::<Value>(conn).await
             }
@@ -269,8 +278,12 @@ impl BucketScript {
     }
 
     /// Loads the library (`FUNCTION LOAD REPLACE`), or, where Redis refuses
-    /// Functions, the script (`SCRIPT LOAD`), e.g. at startup or after a
-    /// (re)connection: calls then go as `FCALL` or as `EVALSHA`.
+    /// it, the script (`SCRIPT LOAD`), e.g. at startup or after a
+    /// (re)connection: calls then go as `FCALL` (once loaded), or as they
+    /// went. A refused `FUNCTION LOAD` does not make calls leave `FCALL`:
+    /// an ACL user may be allowed `FCALL` of a library another user loaded;
+    /// the first call tells (a refused `FCALL`, or `Function not found`
+    /// and a refused load, make calls go as `EVALSHA`).
     ///
     /// # Errors
     /// The Redis error.
@@ -282,7 +295,6 @@ impl BucketScript {
                 Ok(())
             }
             Err(e) if refuses_functions(&e) => {
-                self.refuse_functions(&e);
                 let _: String = Self::load_cmd().query_async(conn).await?;
                 Ok(())
             }
@@ -354,11 +366,29 @@ impl BucketScript {
 /// Whether `e` is a refusal of Functions that proves nothing ran: `FCALL`
 /// or `FUNCTION` unknown (Redis before 7: `ERR unknown command`), or not
 /// allowed to this user (`NOPERM`).
+/// A `NOPERM` about a key (an ACL that limits the user's keys) refuses
+/// the call's keys, not Functions: `EVALSHA` would be refused alike, so it
+/// is no reason to leave `FCALL` (the requests on permitted keys go on as
+/// they were).
 pub(crate) fn refuses_functions(e: &RedisError) -> bool {
     if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
-        return true;
+        // Redis 7.0: "this user has no permissions to run the 'fcall'
+        // command"; Redis 7.2 and Valkey: "User <name> has no permissions
+        // to run the 'function|load' command".
+        return e
+            .detail()
+            .is_some_and(|d| d.contains("'fcall'") || d.contains("'function"));
     }
     e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("unknown command"))
+}
+
+/// Whether `e` is Redis refusing, before running it, a function that may
+/// write because memory is full (`OOM` under `noeviction`): a function is
+/// refused whole where a script (`EVALSHA`, `EVAL`) runs and is refused
+/// only at its first write, so a call that writes nothing (a denial, a
+/// check) is still answered as a script. Nothing ran.
+pub(crate) fn refused_for_memory(e: &RedisError) -> bool {
+    e.code() == Some("OOM")
 }
 
 /// Whether `e` is Redis's `ERR Function not found`: it does not have the

@@ -395,10 +395,11 @@ async fn discover(
     let mut conn = master
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
-    // Best effort: a promoted replica has an empty script cache; NOSCRIPT
-    // would reload it anyway.
+    // Best effort: a promoted replica normally has the library (Redis
+    // replicates it) but not the script; `Function not found` or
+    // `NOSCRIPT` would load them on first use anyway.
     if let Err(e) = inner.pipeline.script.load(&mut conn).await {
-        tracing::debug!(error = %redact(&e.to_string(), inner.pipeline.secret.as_deref()), "SCRIPT LOAD on the new master failed; NOSCRIPT reloads it on first use");
+        tracing::debug!(error = %redact(&e.to_string(), inner.pipeline.secret.as_deref()), "loading the token bucket library on the new master failed; the first call loads it");
     }
     Ok(Some((addr, conn)))
 }

@@ -142,10 +142,11 @@ impl RedisStorage {
     /// Spawns the background health task: every [`HEALTH_INTERVAL`] a `PING`
     /// (bounded by the timeout). It makes the connection manager notice a dead
     /// connection and reconnect before a request would (Redis restarted while
-    /// idle), and on the first answer loads the script and checks the
-    /// eviction policy. It never closes the circuit breaker (a node that
-    /// answers `PING` may still refuse every charge); a failed ping clears
-    /// the local over-limit cache. Ends when the storage is dropped.
+    /// idle), and on the first answer (and the first after a failed ping)
+    /// loads the library and checks the eviction policy. It never closes
+    /// the circuit breaker (a node that answers `PING` may still refuse
+    /// every charge); a failed ping clears the local over-limit cache and
+    /// the script clock's verdict. Ends when the storage is dropped.
     fn spawn_health_task(&self) {
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -179,8 +180,16 @@ impl RedisStorage {
                     }
                     failed => {
                         // Redis may be restarting: what it said about
-                        // buckets may not hold when it is back.
+                        // buckets may not hold when it is back, its
+                        // script clock is checked again (a library kept in
+                        // its persistence says nothing of a restart, where
+                        // a lost script said `NOSCRIPT`), and the library
+                        // is loaded again when it answers (so a Redis that
+                        // refused Functions and now has them is called
+                        // with `FCALL` again).
                         p.clear_cache();
+                        p.clock.forget();
+                        ready = false;
                         if !warned {
                             let e = match failed {
                                 Ok(Err(e)) => p.classify(&e),

@@ -82,9 +82,11 @@
 //! when the script may already have run (docs/design.md, "Ambiguous failures are never replayed"). Instead each slot call
 //! (`route`) follows `MOVED` (to the named node; the client refreshes its slot map) and
 //! `ASK` (`ASKING` then the call, on the named node), waits briefly and retries
-//! on `TRYAGAIN` (keys of a slot split by a migration), and answers `NOSCRIPT`
+//! on `TRYAGAIN` (keys of a slot split by a migration), answers `Function
+//! not found` with one `FUNCTION LOAD` on that node, and `NOSCRIPT`, a
+//! refusal of Functions or `OOM` (which refuses a function before it runs)
 //! with one `EVAL` of the full source (which also loads the script on that
-//! node, e.g. a replica promoted by a failover; docs/design.md, "NOSCRIPT"): each of these replies
+//! node; docs/design.md, "NOSCRIPT"): each of these replies
 //! proves the script did not run, so the retry is safe. `READONLY` fails the
 //! call. All of it is bounded by `--redis-timeout` per slot call.
 //!

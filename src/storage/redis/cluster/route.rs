@@ -1,7 +1,9 @@
 //! One script call in one hash slot, routed as the cluster answers: `MOVED`
 //! and `ASK` are followed, `TRYAGAIN` waits and retries, `NOSCRIPT` is
 //! answered with one `EVAL` of the full source, and a library the node does
-//! not have (`Function not found`) with one `FUNCTION LOAD` on that node.
+//! not have (`Function not found`) with one `FUNCTION LOAD` on that node;
+//! a refusal of Functions and an `OOM` (memory full refuses a function
+//! before it runs; a script only at its first write) with one `EVAL`.
 //! Each of these replies proves the script did not run, so the retry is
 //! safe; nothing else is retried. The same routing serves the request
 //! script and the quota script.
@@ -9,7 +11,7 @@
 use crate::metrics as m;
 use crate::storage::redis::quota_script::{QuotaArgs, QuotaScript};
 use crate::storage::redis::script::{
-    BucketScript, ScriptCall, function_missing, refuses_functions,
+    BucketScript, ScriptCall, function_missing, refused_for_memory, refuses_functions,
 };
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -177,6 +179,10 @@ pub(crate) async fn eval_in_slot<S: SlotScript>(
                 call.refuse_functions(&e);
                 with_source = true;
             }
+            // Memory full: the node refused the function before running
+            // it; as a script (`EVAL`) a call that writes nothing is
+            // answered, one that writes refused at its first write.
+            _ if library.is_some() && refused_for_memory(&e) => with_source = true,
             _ if library.is_some() && function_missing(&e) && !loaded => {
                 loaded = true;
                 call.reloaded();
@@ -190,6 +196,7 @@ pub(crate) async fn eval_in_slot<S: SlotScript>(
                         call.refuse_functions(&le);
                         with_source = true;
                     }
+                    Err(le) if refused_for_memory(&le) => with_source = true,
                     Err(le) => return Err(le),
                 }
             }
