@@ -204,6 +204,15 @@ async fn failover_during_traffic() {
     );
     assert!(st.discoveries() >= 2);
     assert!(st.ping().await.is_ok());
+    // The new master's script clock was checked before it served (`EVAL`
+    // of the check; the bucket calls are `FCALL`s).
+    let stats: String = s
+        .data_node(new)
+        .query(redis::cmd("INFO").arg("commandstats"));
+    assert!(
+        stats.lines().any(|l| l.starts_with("cmdstat_eval:")),
+        "the new master's script clock is checked: {stats}"
+    );
 }
 
 /// The master is killed (no graceful failover): requests answer UNAVAILABLE

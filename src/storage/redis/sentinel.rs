@@ -322,8 +322,11 @@ impl RedisSentinelStorage {
                             Some(old) => {
                                 tracing::warn!(old = %old, master = %addr, name = %inner.master_name, generation, "Sentinel names a new Redis master; switching");
                                 // What the old master said about buckets may
-                                // not hold on the new one (replication lag).
+                                // not hold on the new one (replication lag),
+                                // and its script clock is its own: checked
+                                // before it serves.
                                 inner.pipeline.clear_cache();
+                                inner.pipeline.clock.forget();
                             }
                             None => {
                                 tracing::info!(master = %addr, name = %inner.master_name, sentinels = %inner.sentinels, generation, "Redis master found through Sentinel");
