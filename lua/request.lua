@@ -75,7 +75,8 @@ after now:
       request repeats its reply. Returns the level the last one left.
 and a tenth (the token bucket's too), the short cut for a run of
 identical requests of several charges on distinct keys, all plain
-consumes, none on a key stored after now:
+consumes, none on a key stored after now (and for a batch of one-charge
+requests each on a key of its own, answered request by request):
   steps(level, cost, p1, p2, p3, x) -> fits, take
       from `level`, consumes of `cost` in a row have enough `fits` times,
       each as consume with enough, changed and not standing, leaving the

@@ -29,7 +29,7 @@
 # Redis spent inside them per decision (bucket-rls rows only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { sed -n 2,25p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,29p "$0"; exit 2; }
 OLD=$1 NEW=$2
 SCENARIOS=${SCENARIOS:-hot1 hot5 cold1 cold5}
 STREAMS=${STREAMS:-1 16 64}
@@ -51,7 +51,7 @@ PIDS+=("$rpid")
 for _ in $(seq 50); do redis-cli -p "$rp" ping >/dev/null 2>&1 && break; sleep 0.1; done
 hz=$(getconf CLK_TCK)
 rticks() { awk '{print $14 + $15}' "/proc/$rpid/stat"; }
-# evalsha: "calls usec" of EVALSHA so far
+# evalsha: "calls usec" of the request script so far (EVALSHA and FCALL)
 evalsha() {
   redis-cli -p "$rp" info commandstats | tr -d '\r' |
     awk -F'[:=,]' '/^cmdstat_(evalsha|fcall):/ {c += $3; u += $5} END {print c + 0, u + 0}'

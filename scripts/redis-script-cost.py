@@ -4,12 +4,15 @@
 Usage: scripts/redis-script-cost.py [--keys N] [--calls C] [--batch B [--per-request | --distinct]] [--callgrind] [NAME=FILE.lua ...]
 
 Starts its own redis-server on a free loopback port (no persistence), loads
-each script (default: the request script as `script`, assembled as
+each script (default: the request script as `script`, called with EVALSHA,
+and the same text as a Redis Functions library as `library`, called with
+FCALL; a NAME=FILE.lua whose text starts with `--library` is loaded as a
+library too; both assembled as
 src/storage/redis/script.rs does: the parts under lua/algorithms/, made on
 first use, then lua/request.lua; a NAME=FILE.lua is a whole script), and sends C calls
 (default 20000, pipelined 200 at a time) on hot buckets that exist, 1 key
 and then N keys (default 5), each key charged 1 token of 1,000,000 per
-second. It prints Redis's usec_per_call of EVALSHA from INFO commandstats
+second. It prints Redis's usec_per_call of EVALSHA or FCALL from INFO commandstats
 (server time only: the client's speed does not count), and the ratio of N
 keys to 1. Three reference scripts with no rate limit logic show the floor
 of any script that keeps the same guarantees (every bucket read, every
@@ -26,7 +29,8 @@ are left out.
 With --distinct (and --batch B), each call carries B one-descriptor
 requests, each on a bucket of its own (per-user limits: nothing forms a
 run; the buckets, which refill in 1 ms, are new at every call); the "N
-keys" column then has N x B such requests per call.
+keys" column then has N x B such requests per call, and the `go` row is
+one descriptor per decision on new keys (`__rand_int__` of 1,000,000).
 
 With --callgrind, redis-server runs under `valgrind --tool=callgrind` and
 the figures are redis-server's instructions per request over the measured
@@ -153,13 +157,17 @@ def instructions(toggle):
 
 
 def go_pattern(port, nkeys, calls, batch):
-    """Instructions per decision of INCRBY + EXPIRE per descriptor."""
+    """Instructions per decision of INCRBY + EXPIRE per descriptor (with
+    --distinct, on new keys: `__rand_int__` of 1,000,000)."""
     n = calls * batch
+    rnd = ["-r", "1000000"] if DISTINCT else []
     instructions(True)
     for k in range(nkeys):
-        for cmd in (["INCRBY", f"go:{k}", "1"], ["EXPIRE", f"go:{k}", "3600"]):
+        key = f"go:{k}:__rand_int__" if DISTINCT else f"go:{k}"
+        for cmd in (["INCRBY", key, "1"], ["EXPIRE", key, "3600"]):
             subprocess.run(["redis-benchmark", "-p", str(port), "-c", "64", "-n", str(n),
-                            "-P", str(2 * batch), "-q", *cmd], stdout=subprocess.DEVNULL, check=True)
+                            "-P", str(2 * batch), *rnd, "-q", *cmd],
+                           stdout=subprocess.DEVNULL, check=True)
     return instructions(False) / n
 
 
@@ -284,7 +292,8 @@ def main():
                 print(f"{name:<12} {one:7.2f} {unit} {many:7.2f} {unit}  {many / one:.2f}")
             if CALLGRIND:
                 one = go_pattern(port, 1, calls, batch)
-                many = go_pattern(port, nkeys, calls, batch)
+                # (--distinct: one descriptor per decision in both columns.)
+                many = go_pattern(port, 1 if DISTINCT else nkeys, calls, batch)
                 print(f"{'go':<12} {one:7.2f} in {many:7.2f} in  {many / one:.2f}")
         finally:
             server.terminate()

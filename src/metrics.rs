@@ -33,7 +33,8 @@ pub const CONFIG_LAST_RELOAD_SUCCESSFUL: &str = "bucket_rls_config_last_reload_s
 /// Gauge: Unix time of the last reload outcome reported (applied, failed, or
 /// the source back to the config in force).
 pub const CONFIG_LAST_RELOAD_TIMESTAMP: &str = "bucket_rls_config_last_reload_timestamp_seconds";
-/// Times the Redis token bucket script was loaded again after `NOSCRIPT`.
+/// Times the Redis request library or script was loaded again after
+/// `Function not found` or `NOSCRIPT`.
 pub const REDIS_SCRIPT_RELOAD: &str = "bucket_rls_redis_script_reload_total";
 /// Requests answered from the local over-limit cache without a Redis call.
 pub const LOCAL_CACHE_HITS: &str = "bucket_rls_local_cache_hits_total";

@@ -280,16 +280,18 @@ where
 pub struct RedisSpan(opentelemetry_sdk::trace::Span);
 
 impl RedisSpan {
-    /// Starts the span for a script call over `keys` bucket keys.
+    /// Starts the span for a script call over `keys` bucket keys, sent as
+    /// `command` (`FCALL`, or `EVALSHA` where Redis refuses Functions): the
+    /// span's name and `db.operation.name`.
     #[must_use]
-    pub fn start(keys: usize) -> Option<Self> {
+    pub fn start(keys: usize, command: &'static str) -> Option<Self> {
         let tracer = tracer()?;
         let span = tracer
-            .span_builder("EVALSHA")
+            .span_builder(command)
             .with_kind(SpanKind::Client)
             .with_attributes([
                 KeyValue::new("db.system.name", "redis"),
-                KeyValue::new("db.operation.name", "EVALSHA"),
+                KeyValue::new("db.operation.name", command),
                 KeyValue::new("ratelimit.buckets", i64::try_from(keys).unwrap_or(i64::MAX)),
             ])
             .start_with_context(tracer, &Context::current());

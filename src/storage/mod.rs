@@ -140,7 +140,8 @@ pub enum BackendKind {
     Ask,
     /// `CROSSSLOT`: keys of several hash slots in one call.
     CrossSlot,
-    /// `NOSCRIPT`: the node does not have the script.
+    /// `NOSCRIPT`: the node does not have the script (or, `Function not
+    /// found`, the library).
     NoScript,
     /// `NOPERM`: the ACL user may not run the command.
     NoPerm,

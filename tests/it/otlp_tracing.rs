@@ -160,7 +160,7 @@ async fn a_sampled_envoy_trace_gets_a_server_span_and_a_redis_span_under_it() {
     );
     let redis_span = &spans
         .iter()
-        .find(|(_, s)| s.name == "EVALSHA")
+        .find(|(_, s)| s.name == "FCALL")
         .expect("Redis span")
         .1;
     assert_eq!(redis_span.trace_id, server.trace_id);

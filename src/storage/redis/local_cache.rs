@@ -20,8 +20,9 @@
 //! Limits of the guarantee: tokens given back by refunds or a config change
 //! on *another* replica, or a key deleted or lost in Redis, are not seen
 //! until the entry is replaced or [`MAX_ENTRY_AGE_US`] old (1 s, whatever the
-//! refill rate); a config change on this replica, a SIGHUP, a `NOSCRIPT`
-//! (Redis restarted, failed over or flushed its scripts), a failed
+//! refill rate); a config change on this replica, a SIGHUP, a `Function not
+//! found` or `NOSCRIPT` (Redis restarted, failed over or flushed its
+//! functions or scripts), a failed
 //! background ping and a Sentinel master switch clear the cache ([`LocalCache::clear`], docs/design.md,
 //! "Reloads"), and entries are keyed by limit as well.
 //!

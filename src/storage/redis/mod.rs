@@ -311,7 +311,8 @@ pub(crate) trait ConnSource: Sync {
         &self,
     ) -> impl Future<Output = Result<(Self::Tag, Self::Conn), StorageError>> + Send;
 
-    /// Runs `call` on `conn` (with the script reloaded on `NOSCRIPT`).
+    /// Runs `call` on `conn` (with the library or script reloaded on
+    /// `Function not found` or `NOSCRIPT`).
     fn eval<'a>(
         &'a self,
         conn: &'a mut Self::Conn,
@@ -368,8 +369,8 @@ pub(crate) struct Pipeline {
     pub(crate) secret: Option<String>,
     /// Origin of the local cache's monotonic time line.
     epoch: Instant,
-    /// The script's reload count the local cache last saw: a `NOSCRIPT`
-    /// since then clears the cache.
+    /// The script's reload count the local cache last saw: a `Function not
+    /// found` or `NOSCRIPT` since then clears the cache.
     seen_reloads: std::sync::atomic::AtomicU64,
     /// The reload holds of this backend, one at a time
     /// (`Storage::hold_existing`).
@@ -436,7 +437,12 @@ impl Pipeline {
         let started = Instant::now();
         // The client span is the request's (a child of its server span),
         // from its queueing to its answer.
-        let span = crate::otel::RedisSpan::start(call.keys.len());
+        let command = if self.script.uses_functions() {
+            "FCALL"
+        } else {
+            "EVALSHA"
+        };
+        let span = crate::otel::RedisSpan::start(call.keys.len(), command);
         let answer = queue.push(call);
         let (result, sent) = match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(outcome)) => outcome,

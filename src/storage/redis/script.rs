@@ -1,9 +1,12 @@
 //! The one Rust wrapper of the request script: its text (assembled at build
-//! time from the algorithms' parts and the request driver), argument
-//! encoding, the only builder of its `EVALSHA`, `EVAL` and `SCRIPT LOAD`
-//! commands, the `EVALSHA` call with one reload-and-retry on `NOSCRIPT`, and
-//! reply parsing. Everything here is topology-independent, so a Cluster or
-//! Sentinel backend calls the same functions per node or per slot.
+//! time from the algorithms' parts and the request driver) as a script and
+//! as a Redis Functions library, argument encoding, the only builder of its
+//! `FCALL`, `FUNCTION LOAD`, `EVALSHA`, `EVAL` and `SCRIPT LOAD` commands,
+//! and the call (`FCALL`, or `EVALSHA` where Functions are refused or for
+//! one call refused for memory) with one reload-and-retry on `Function not
+//! found` or `NOSCRIPT`; reply parsing is in `script_reply.rs`. Everything
+//! here is topology-independent, so a Cluster or Sentinel backend calls the
+//! same functions per node or per slot.
 
 use crate::metrics as m;
 use crate::storage::algorithm::{ChargeKind, ChargeSpec, RequestResult, ReservationId};
@@ -67,10 +70,11 @@ macro_rules! request_body {
 
 /// The script source, assembled at build time: the table of algorithm
 /// parts, the table of algorithms made from them on first use, then the
-/// request driver (`lua/request.lua`), so a request is one `EVALSHA`
+/// request driver (`lua/request.lua`), so a request is one script call
 /// whatever mix of algorithms it carries. As a script, all of it is made
 /// anew on every call; [`LIBRARY`] holds the same text as a Redis Functions
-/// library, whose functions are made once, when it is loaded.
+/// library, whose algorithm functions are made once, on first use, and
+/// kept.
 pub const SOURCE: &str = concat!(request_body!(), "return REQUEST(KEYS, ARGV)\n");
 
 /// The request script as a Redis Functions library (Redis 7 and later,
@@ -82,8 +86,9 @@ pub const SOURCE: &str = concat!(request_body!(), "return REQUEST(KEYS, ARGV)\n"
 pub struct Library {
     /// The library's name and its function's.
     pub name: String,
-    /// `#!lua name=<name>`, [`SOURCE`]'s text, and the registration of
-    /// `REQUEST` under `name`.
+    /// `#!lua name=<name>`, the text [`SOURCE`] shares (without its
+    /// `return REQUEST(KEYS, ARGV)`), and the registration of `REQUEST`
+    /// under `name`.
     pub code: String,
 }
 
@@ -110,14 +115,16 @@ const FLAG_REFUND: u8 = 1;
 /// Flag bit of a shadow-mode charge in the script's `flags` argument.
 const FLAG_SHADOW: u8 = 2;
 
-/// The token bucket script: its source and SHA-1 (what `EVALSHA` takes).
+/// The request script and library: how calls go (`FCALL` or `EVALSHA`),
+/// the script's SHA-1 (what `EVALSHA` takes), and the reloads seen.
 #[derive(Clone, Debug)]
 pub struct BucketScript {
     sha: String,
-    /// `NOSCRIPT` replies after the script had run (shared by clones).
+    /// `Function not found` and `NOSCRIPT` replies after a call had run
+    /// (shared by clones).
     reloads: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// Whether an `EVALSHA` of it has succeeded yet (shared by clones): a
-    /// `NOSCRIPT` before that is the first load, not a lost script.
+    /// Whether a call (`FCALL` or `EVALSHA`) has succeeded yet (shared by
+    /// clones): a lost library or script before that is the first load.
     ran: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Whether calls go as `FCALL` of [`LIBRARY`] (shared by clones): true
     /// until a Redis refuses Functions (a Redis before 7, an ACL without
@@ -163,11 +170,11 @@ impl BucketScript {
         }
     }
 
-    /// `NOSCRIPT` replies seen since the script first ran: each means Redis
-    /// restarted, failed over or flushed its scripts, so what it said about
-    /// buckets before may no longer hold. A `NOSCRIPT` before the script
-    /// ever ran (the first request beat the startup `SCRIPT LOAD`) is not
-    /// counted: nothing was said before it.
+    /// `Function not found` and `NOSCRIPT` replies seen since a call first
+    /// ran: each means Redis restarted, failed over or flushed its
+    /// functions or scripts, so what it said about buckets before may no
+    /// longer hold. One before any call ran (the first request beat the
+    /// startup load) is not counted: nothing was said before it.
     #[must_use]
     pub fn reloads(&self) -> u64 {
         self.reloads.load(std::sync::atomic::Ordering::Relaxed)

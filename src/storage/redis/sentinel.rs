@@ -5,8 +5,9 @@
 //! Everything about a call is as on a single node
 //! ([`RedisStorage`](super::RedisStorage)), through the same
 //! `Pipeline`: one atomic script call per request,
-//! `EVALSHA` with one reload on `NOSCRIPT` (a promoted replica never saw
-//! `SCRIPT LOAD`, docs/design.md, "NOSCRIPT"), no replay after a timeout (docs/design.md, "Ambiguous failures are never replayed"), the response
+//! `FCALL` of the library (a promoted replica has it: Redis replicates it)
+//! with one reload on `Function not found` or `NOSCRIPT` (docs/design.md,
+//! "NOSCRIPT"), no replay after a timeout (docs/design.md, "Ambiguous failures are never replayed"), the response
 //! timeout, the circuit breaker and the local over-limit cache. Only the
 //! connection source differs:
 //!
@@ -329,6 +330,13 @@ impl RedisSentinelStorage {
                                 inner.pipeline.clock.forget();
                             }
                             None => {
+                                if generation > 1 {
+                                    // Found again after the one in use
+                                    // failed (a `READONLY` of a demoted
+                                    // master, say): as for a switch.
+                                    inner.pipeline.clear_cache();
+                                    inner.pipeline.clock.forget();
+                                }
                                 tracing::info!(master = %addr, name = %inner.master_name, sentinels = %inner.sentinels, generation, "Redis master found through Sentinel");
                             }
                         }
