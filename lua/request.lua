@@ -468,7 +468,8 @@ end
 -- request is denied, as on the one-charge path), without the per-key
 -- records the paths below keep for keys charged twice. Any other batch
 -- goes on below; this path has only read until it knows it answers the
--- whole batch.
+-- whole batch. (Its decoding repeats the single-run path's above: one
+-- function for both, made on every call, cost each call about 3 % more.)
 if batch and RES == nil and not multi and nk >= 2 and sizes == string.rep('\0\0\0\1\0\0\0\1', nk) then
   local packed = ARGV[3]
   local ok, pos = true, 1

@@ -295,14 +295,9 @@ async fn lost_scripts_on_cluster_nodes_are_transparent() {
         ((OK, 98), (OK, 98), (OK, 98))
     );
     for s in &shards {
-        let listed: redis::Value = c.node(s.master).query(
-            redis::cmd("FUNCTION")
-                .arg("LIST")
-                .arg("LIBRARYNAME")
-                .arg(&bucket_rls::storage::redis::script::LIBRARY.name),
-        );
+        let listed: redis::Value = c.node(s.master).query(&common::redis::list_the_library());
         assert!(
-            matches!(listed, redis::Value::Array(ref v) if v.len() == 1),
+            common::redis::lists_the_library(&listed),
             "master {} has the library again: {listed:?}",
             s.master
         );

@@ -12,7 +12,7 @@ use bucket_rls::grpc::ShouldRateLimit as _;
 use bucket_rls::limiter::Limiter;
 use bucket_rls::storage::Storage;
 use bucket_rls::storage::redis::RedisStorage;
-use common::redis::{FaultProxy, RedisServer};
+use common::redis::{FaultProxy, RedisServer, wait_ready};
 use common::{desc, limiter, req, unique_prefix};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -63,15 +63,6 @@ async fn ok_remaining(l: &Limiter, entries: &[(&str, &str)]) -> (i32, u32) {
         .await
         .unwrap_or_else(|s| panic!("unexpected {s:?}"));
     (r.overall_code, r.statuses[0].limit_remaining)
-}
-
-async fn wait_ready(s: &RedisStorage) {
-    common::eventually::eventually(
-        Duration::from_secs(5),
-        "the Redis backend ready",
-        || async { s.ping().await.ok() },
-    )
-    .await;
 }
 
 /// The Redis timeout of the failure tests (`storage(url, 50)`).

@@ -9,7 +9,7 @@ mod common;
 
 use bucket_rls::storage::redis::RedisStorage;
 use bucket_rls::storage::{Charge, Storage, StorageError};
-use common::redis::RedisServer;
+use common::redis::{RedisServer, wait_ready};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,15 +22,6 @@ fn storage(url: &str) -> Arc<RedisStorage> {
             .build()
             .expect("valid URL"),
     )
-}
-
-async fn wait_ready(s: &RedisStorage) {
-    common::eventually::eventually(
-        Duration::from_secs(5),
-        "the Redis backend ready",
-        || async { s.ping().await.ok() },
-    )
-    .await;
 }
 
 /// A charge of `cost` on a token bucket of `per_day` tokens a day (no

@@ -283,14 +283,9 @@ async fn noscript_after_failover_to_a_fresh_replica() {
     }
     got.sort_unstable();
     assert_eq!(got, (47..=96).collect::<Vec<u32>>(), "one token each");
-    let listed: redis::Value = s.data_node(new).query(
-        redis::cmd("FUNCTION")
-            .arg("LIST")
-            .arg("LIBRARYNAME")
-            .arg(&bucket_rls::storage::redis::script::LIBRARY.name),
-    );
+    let listed: redis::Value = s.data_node(new).query(&common::redis::list_the_library());
     assert!(
-        matches!(listed, redis::Value::Array(ref v) if v.len() == 1),
+        common::redis::lists_the_library(&listed),
         "the requests loaded the library again: {listed:?}"
     );
     assert_eq!(remaining(&l, "v").await, 47);

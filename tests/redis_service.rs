@@ -529,16 +529,10 @@ async fn one_script_call_per_request() {
 async fn only_a_library_lost_after_it_ran_checks_the_clock_again() {
     let server = RedisServer::start();
     let s = storage(&server);
-    let name = &bucket_rls::storage::redis::script::LIBRARY.name;
     // The startup load has run (it runs once), so it cannot follow the flush.
     common::eventually::eventually(Duration::from_secs(10), "the startup library load", || {
-        let listed: redis::Value = server.query(
-            redis::cmd("FUNCTION")
-                .arg("LIST")
-                .arg("LIBRARYNAME")
-                .arg(name),
-        );
-        let loaded = matches!(listed, redis::Value::Array(ref v) if !v.is_empty());
+        let listed: redis::Value = server.query(&common::redis::list_the_library());
+        let loaded = common::redis::lists_the_library(&listed);
         async move { loaded.then_some(()) }
     })
     .await;

@@ -373,3 +373,30 @@ impl Drop for FaultProxy {
         self.task.abort();
     }
 }
+
+/// Waits until a single-node backend answers its ping (connected, library
+/// loaded). Panics after 5 s.
+pub async fn wait_ready(s: &bucket_rls::storage::redis::RedisStorage) {
+    use bucket_rls::storage::Storage as _;
+    super::eventually::eventually(
+        Duration::from_secs(5),
+        "the Redis backend ready",
+        || async { s.ping().await.ok() },
+    )
+    .await;
+}
+
+/// `FUNCTION LIST LIBRARYNAME <the request library>`, for
+/// [`lists_the_library`].
+pub fn list_the_library() -> redis::Cmd {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(&bucket_rls::storage::redis::script::LIBRARY.name);
+    cmd
+}
+
+/// Whether a reply to [`list_the_library`] lists the request library.
+pub fn lists_the_library(reply: &redis::Value) -> bool {
+    matches!(reply, redis::Value::Array(v) if v.len() == 1)
+}
