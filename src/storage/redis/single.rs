@@ -167,7 +167,7 @@ impl RedisStorage {
                         if !ready {
                             match p.script.load(&mut conn).await {
                                 Ok(()) => {
-                                    tracing::info!(url = %inner.url, sha = p.script.sha(), "Redis answers; token bucket script loaded");
+                                    tracing::info!(url = %inner.url, sha = p.script.sha(), functions = p.script.uses_functions(), "Redis answers; token bucket script loaded");
                                     check_eviction_policy(&mut conn, p.timeout).await;
                                     ready = true;
                                 }
