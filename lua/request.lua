@@ -470,7 +470,8 @@ end
 -- goes on below; this path has only read until it knows it answers the
 -- whole batch. (Its decoding repeats the single-run path's above: one
 -- function for both, made on every call, cost each call about 3 % more.)
-if batch and RES == nil and not multi and nk >= 2 and sizes == string.rep('\0\0\0\1\0\0\0\1', nk) then
+if batch and RES == nil and not multi and nk >= 2 and #sizes == 8 * nk
+  and sizes == string.rep('\0\0\0\1\0\0\0\1', nk) then
   local packed = ARGV[3]
   local ok, pos = true, 1
   -- Per request c: its reply's values V[3c - 2 .. 3c], and the level its

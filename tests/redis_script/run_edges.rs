@@ -376,23 +376,8 @@ fn runs_over_edge_limits_give_the_replies_of_one_at_a_time() {
         prop::sample::select(vec![0u32, 1, 3, 10, u32::MAX - 1, u32::MAX]),
         prop_oneof![5 => Just(0u32), 1 => Just(5u32), 1 => Just(u32::MAX)],
     )
-        .prop_map(|(r, u, c, d)| BucketLimit {
-            requests_per_unit: r,
-            unit_secs: NonZeroU64::new(u).expect("a unit"),
-            burst: c,
-            max_debt: if r == 0 { 0 } else { d },
-        });
-    let keys = (
-        prop::collection::vec(
-            prop_oneof![
-                12 => Just(AlgorithmKind::TokenBucket),
-                1 => Just(AlgorithmKind::FixedWindow),
-                1 => Just(AlgorithmKind::SlidingWindow),
-            ],
-            20,
-        ),
-        prop::collection::vec((bucket.clone(), window_limit()), 20),
-    );
+        .prop_map(runs::bucket_of);
+    let keys = runs::keys_of(20, 12, bucket.clone());
     let cost = prop_oneof![
         1 => Just(0u64),
         6 => 1u64..4,
@@ -449,23 +434,8 @@ fn runs_over_a_small_world_give_the_replies_of_one_at_a_time() {
         0u32..5,
         prop_oneof![3 => Just(0u32), 1 => 1u32..3],
     )
-        .prop_map(|(r, u, c, d)| BucketLimit {
-            requests_per_unit: r,
-            unit_secs: NonZeroU64::new(u).expect("a unit"),
-            burst: c,
-            max_debt: if r == 0 { 0 } else { d },
-        });
-    let keys = (
-        prop::collection::vec(
-            prop_oneof![
-                6 => Just(AlgorithmKind::TokenBucket),
-                1 => Just(AlgorithmKind::FixedWindow),
-                1 => Just(AlgorithmKind::SlidingWindow),
-            ],
-            4,
-        ),
-        prop::collection::vec((bucket.clone(), window_limit()), 4),
-    );
+        .prop_map(runs::bucket_of);
+    let keys = runs::keys_of(4, 6, bucket.clone());
     let charge = (
         0usize..4,
         prop_oneof![6 => Just(None), 1 => (bucket, window_limit()).prop_map(Some)],

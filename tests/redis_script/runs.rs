@@ -12,26 +12,42 @@ use super::*;
 /// (so that runs cross from admitted to denied), now and then a window or
 /// a bucket with a debt bound.
 fn run_keys() -> impl Strategy<Value = Keys> {
-    let kind = prop_oneof![
-        8 => Just(AlgorithmKind::TokenBucket),
-        1 => Just(AlgorithmKind::FixedWindow),
-        1 => Just(AlgorithmKind::SlidingWindow),
-    ];
     let bucket = (
         1u32..30,
         prop::sample::select(vec![1u64, 60]),
         1u32..40,
         prop_oneof![6 => Just(0u32), 1 => 1u32..10],
     )
-        .prop_map(|(r, u, c, d)| BucketLimit {
-            requests_per_unit: r,
-            unit_secs: NonZeroU64::new(u).expect("a unit"),
-            burst: c,
-            max_debt: d,
-        });
+        .prop_map(bucket_of);
+    keys_of(6, 8, bucket)
+}
+
+/// The bucket limit of a rate per unit, a unit in seconds, a burst and a
+/// debt bound (none at rate 0).
+pub(super) fn bucket_of((r, u, c, d): (u32, u64, u32, u32)) -> BucketLimit {
+    BucketLimit {
+        requests_per_unit: r,
+        unit_secs: NonZeroU64::new(u).expect("a unit"),
+        burst: c,
+        max_debt: if r == 0 { 0 } else { d },
+    }
+}
+
+/// `n` keys, each a token bucket `buckets` times as often as each window
+/// algorithm, with its limit of `bucket` (or a window limit).
+pub(super) fn keys_of(
+    n: usize,
+    buckets: u32,
+    bucket: impl Strategy<Value = BucketLimit>,
+) -> impl Strategy<Value = Keys> {
+    let kind = prop_oneof![
+        buckets => Just(AlgorithmKind::TokenBucket),
+        1 => Just(AlgorithmKind::FixedWindow),
+        1 => Just(AlgorithmKind::SlidingWindow),
+    ];
     (
-        prop::collection::vec(kind, 6),
-        prop::collection::vec((bucket, window_limit()), 6),
+        prop::collection::vec(kind, n),
+        prop::collection::vec((bucket, window_limit()), n),
     )
 }
 
